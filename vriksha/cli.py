@@ -1,0 +1,59 @@
+"""The `vriksha` command. Each subcommand lives in its package's `cli.py` and registers itself here."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from vriksha.errors import VrikshaError
+
+# subcommand -> module with `register(subparsers)`; each module adds its parser and sets `func`.
+SUBCOMMANDS: dict[str, str] = {
+    "generate": "vriksha.engine.cli",
+    "serve": "vriksha.server.cli",
+    "env": "vriksha.envs.cli",
+    "repo2env": "vriksha.repo2env.cli",
+    "train": "vriksha.train.cli",
+    "profile": "vriksha.profiling.cli",
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="vriksha",
+        description="vriksha: serve Transformers models on a radix-cache engine, build verifiable RL "
+        "environments, train with GRPO on FSDP2, and profile all of it.",
+    )
+    parser.add_argument("--log-level", default="WARNING", help="logging level (DEBUG, INFO, WARNING, ERROR)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, module in SUBCOMMANDS.items():
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                raise
+            continue
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except VrikshaError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

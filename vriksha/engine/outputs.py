@@ -1,0 +1,36 @@
+"""What the engine returns: vLLM-shaped request and completion outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class CompletionOutput:
+    """One sampled sequence of a request (a request with `n > 1` has `n` of these)."""
+
+    index: int
+    text: str
+    token_ids: list[int]
+    # log-probability of each sampled token under the engine's (temperature-free) distribution
+    token_logprobs: list[float]
+    # per step, {token_id: logprob} for the sampled token plus the top-k alternatives; None unless asked
+    logprobs: list[dict[int, float]] | None
+    finish_reason: str | None  # "stop" (eos, stop string or stop token), "length", "abort", or None while running
+    stop_reason: int | str | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    # prompt tokens whose KV came from the prefix cache instead of being computed
+    num_cached_tokens: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)

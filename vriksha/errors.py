@@ -1,0 +1,25 @@
+"""One exception hierarchy: every message says what was wrong and what to do."""
+
+
+class VrikshaError(Exception):
+    """Root of every error vriksha raises on purpose."""
+
+
+class ConfigError(VrikshaError, ValueError):
+    """A configuration or CLI value is invalid; the message names the field."""
+
+
+class ModelLoadError(VrikshaError):
+    """A model path or file could not be loaded."""
+
+
+class InvalidRequestError(VrikshaError, ValueError):
+    """A request (prompt or sampling parameters) is invalid; nothing else is disturbed."""
+
+
+class PromptTooLongError(InvalidRequestError):
+    """A prompt (plus the tokens it asks for) does not fit the model's context."""
+
+
+class OutOfKVMemoryError(VrikshaError):
+    """A single request needs more KV memory than the whole pool holds."""
