@@ -1,0 +1,113 @@
+"""Token-granular KV memory: one preallocated K and V tensor per layer, a slot allocator, a request-to-token table."""
+
+from __future__ import annotations
+
+import torch
+
+from vriksha.errors import ConfigError
+
+
+class SlotAllocator:
+    """Hands out KV slot indices (one slot holds one token's K and V in every layer).
+
+    Slot 0 is reserved as a scratch slot (padding writes land there), so usable slots are 1..num_slots-1.
+    """
+
+    def __init__(self, num_slots: int, device: torch.device | str = "cpu") -> None:
+        if num_slots < 2:
+            raise ConfigError(f"the KV pool needs at least 2 slots, got {num_slots}; raise the KV memory budget")
+        self.num_slots = num_slots
+        self.device = torch.device(device)
+        self._free = torch.arange(1, num_slots, dtype=torch.int64, device=self.device)
+        self._num_free = num_slots - 1
+
+    @property
+    def num_free(self) -> int:
+        return self._num_free
+
+    @property
+    def capacity(self) -> int:
+        return self.num_slots - 1
+
+    def alloc(self, n: int) -> torch.Tensor | None:
+        """Take `n` free slots, or return None (taking nothing) when fewer are free."""
+        if n > self._num_free:
+            return None
+        start = self._num_free - n
+        slots = self._free[start : self._num_free].clone()
+        self._num_free = start
+        return slots
+
+    def free(self, slots: torch.Tensor) -> None:
+        n = slots.numel()
+        if n == 0:
+            return
+        if self._num_free + n > self.capacity:
+            raise RuntimeError(f"KV slots freed twice: {self._num_free} + {n} free slots > capacity {self.capacity}")
+        self._free[self._num_free : self._num_free + n] = slots.to(self.device, torch.int64).flatten()
+        self._num_free += n
+
+    def free_slot_set(self) -> set[int]:
+        return set(self._free[: self._num_free].tolist())
+
+
+class KVPool:
+    """K and V for every layer as [num_slots, num_kv_heads, head_dim] tensors, written in place by slot index."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_slots: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.num_layers = num_layers
+        self.num_slots = num_slots
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        shape = (num_slots, num_kv_heads, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
+
+    @classmethod
+    def slots_for_budget(
+        cls, budget_bytes: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        return max(2, budget_bytes // cls.bytes_per_token(num_layers, num_kv_heads, head_dim, dtype))
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """k, v: [num_tokens, num_kv_heads, head_dim] for the tokens at `slots`."""
+        self.k[layer].index_copy_(0, slots, k.to(self.dtype))
+        self.v[layer].index_copy_(0, slots, v.to(self.dtype))
+
+
+class ReqToTokenTable:
+    """Row per running request: the KV slot of each of its tokens, in order."""
+
+    def __init__(self, max_requests: int, max_context: int, device: torch.device | str = "cpu") -> None:
+        self.table = torch.zeros((max_requests, max_context), dtype=torch.int64, device=device)
+        self._free_rows = list(range(max_requests - 1, -1, -1))
+
+    @property
+    def num_free_rows(self) -> int:
+        return len(self._free_rows)
+
+    def alloc_row(self) -> int | None:
+        return self._free_rows.pop() if self._free_rows else None
+
+    def free_row(self, row: int) -> None:
+        self._free_rows.append(row)
+
+    def write(self, row: int, start: int, slots: torch.Tensor) -> None:
+        self.table[row, start : start + slots.numel()] = slots
+
+    def read(self, row: int, length: int) -> torch.Tensor:
+        return self.table[row, :length]
