@@ -1,0 +1,204 @@
+"""Step-scheduled trace capture: `--profile` flags, `ProfileConfig`, and `StepProfiler`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch.profiler import ProfilerActivity, profile, schedule
+
+from vriksha.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+TRACE_SUFFIX = ".pt.trace.json.gz"
+
+
+@dataclass(slots=True)
+class ProfileConfig:
+    """What to record and when; steps are engine or trainer steps (one `StepProfiler.step()` each)."""
+
+    enabled: bool = False
+    dir: Path = field(default_factory=lambda: Path("profiles"))
+    skip: int = 0
+    wait: int = 1
+    warmup: int = 1
+    active: int = 3
+    repeat: int = 1
+    memory: bool = False
+    shapes: bool = False
+
+    def __post_init__(self) -> None:
+        self.dir = Path(self.dir)
+        for name in ("skip", "wait", "warmup", "repeat"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--profile-{name} must be >= 0, got {getattr(self, name)}; pass 0 or more")
+        if self.active < 1:
+            raise ConfigError(f"--profile-active must be >= 1, got {self.active}; record at least one step")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> ProfileConfig:
+        """Build from a namespace parsed with `add_profile_args`; missing attributes mean defaults."""
+        d = cls()
+        return cls(
+            enabled=bool(getattr(args, "profile", d.enabled)),
+            dir=Path(getattr(args, "profile_dir", d.dir)),
+            skip=int(getattr(args, "profile_skip", d.skip)),
+            wait=int(getattr(args, "profile_wait", d.wait)),
+            warmup=int(getattr(args, "profile_warmup", d.warmup)),
+            active=int(getattr(args, "profile_active", d.active)),
+            repeat=int(getattr(args, "profile_repeat", d.repeat)),
+            memory=bool(getattr(args, "profile_memory", d.memory)),
+            shapes=bool(getattr(args, "profile_shapes", d.shapes)),
+        )
+
+    @property
+    def steps_needed(self) -> int:
+        """Steps after which every scheduled cycle has been recorded (0 when repeat is 0: forever)."""
+        return self.skip + self.repeat * (self.wait + self.warmup + self.active)
+
+
+def add_profile_args(parser: argparse.ArgumentParser) -> None:
+    """Add --profile and its schedule/options to a subcommand's parser."""
+    d = ProfileConfig()
+    g = parser.add_argument_group(
+        "profiling", "record torch.profiler traces; read them with `vriksha profile report`"
+    )
+    g.add_argument(
+        "--profile", action="store_true", help="record gzip'd Chrome/Perfetto traces of a few steps"
+    )
+    g.add_argument(
+        "--profile-dir", type=Path, default=d.dir, help=f"directory for trace files (default: {d.dir})"
+    )
+    g.add_argument(
+        "--profile-skip",
+        type=int,
+        default=d.skip,
+        help=f"steps ignored once at the start (default: {d.skip})",
+    )
+    g.add_argument(
+        "--profile-wait",
+        type=int,
+        default=d.wait,
+        help=f"idle steps at the start of each cycle (default: {d.wait})",
+    )
+    g.add_argument(
+        "--profile-warmup",
+        type=int,
+        default=d.warmup,
+        help=f"traced-but-discarded steps per cycle (default: {d.warmup})",
+    )
+    g.add_argument(
+        "--profile-active", type=int, default=d.active, help=f"recorded steps per cycle (default: {d.active})"
+    )
+    g.add_argument(
+        "--profile-repeat",
+        type=int,
+        default=d.repeat,
+        help=f"number of cycles, 0 = until stopped (default: {d.repeat})",
+    )
+    g.add_argument(
+        "--profile-memory", action="store_true", help="also record tensor allocations (memory timeline)"
+    )
+    g.add_argument("--profile-shapes", action="store_true", help="also record operator input shapes")
+
+
+def trace_path(directory: Path, name: str, rank: int, step: int) -> Path:
+    return Path(directory) / f"{name}_rank{rank}_step{step}{TRACE_SUFFIX}"
+
+
+class StepProfiler:
+    """Wraps `torch.profiler.profile` with the config's schedule; a no-op when `cfg.enabled` is False.
+
+    `start()`, then `step()` once per engine/trainer step, then `stop()`, which returns the trace files
+    written: `<dir>/<name>_rank<rank>_step<N>.pt.trace.json.gz`, N being the step that closed the window.
+    With `use_schedule=False` (the server's /start_profile../stop_profile) everything between start and
+    stop is recorded and written at stop. Step numbers keep counting across start/stop pairs, so a later
+    capture never overwrites an earlier one. Also usable as a context manager.
+    """
+
+    def __init__(
+        self, cfg: ProfileConfig, rank: int = 0, name: str = "vriksha", *, use_schedule: bool = True
+    ) -> None:
+        self.cfg = cfg
+        self.rank = rank
+        self.name = name
+        self.use_schedule = use_schedule
+        self.traces: list[Path] = []
+        self._prof: profile | None = None
+        self._base = 0
+        self._session: list[Path] = []
+
+    @property
+    def enabled(self) -> bool:
+        return self.cfg.enabled
+
+    @property
+    def running(self) -> bool:
+        return self._prof is not None
+
+    def _activities(self) -> list[ProfilerActivity]:
+        acts = [ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            acts.append(ProfilerActivity.CUDA)
+        return acts
+
+    def _on_trace_ready(self, prof: profile) -> None:
+        path = trace_path(self.cfg.dir, self.name, self.rank, self._base + prof.step_num)
+        prof.export_chrome_trace(str(path))
+        self._session.append(path)
+        self.traces.append(path)
+        logger.info("wrote profiler trace %s", path)
+
+    def start(self) -> None:
+        if not self.cfg.enabled or self._prof is not None:
+            return
+        c = self.cfg
+        c.dir.mkdir(parents=True, exist_ok=True)
+        sched = (
+            schedule(skip_first=c.skip, wait=c.wait, warmup=c.warmup, active=c.active, repeat=c.repeat)
+            if self.use_schedule
+            else None
+        )
+        self._session = []
+        self._prof = profile(
+            activities=self._activities(),
+            schedule=sched,
+            on_trace_ready=self._on_trace_ready if self.use_schedule else None,
+            record_shapes=c.shapes,
+            profile_memory=c.memory,
+        )
+        self._prof.start()
+        logger.info(
+            "profiler started for %s rank %d (%s)",
+            self.name,
+            self.rank,
+            "scheduled" if self.use_schedule else "unscheduled",
+        )
+
+    def step(self) -> None:
+        prof = self._prof
+        if prof is not None:
+            prof.step()
+
+    def stop(self) -> list[Path]:
+        """Stop recording, flush a partly recorded window, and return the files written since `start()`."""
+        prof = self._prof
+        if prof is None:
+            return []
+        self._prof = None
+        prof.stop()
+        if not self.use_schedule:
+            self._on_trace_ready(prof)
+        self._base += prof.step_num
+        return list(self._session)
+
+    def __enter__(self) -> StepProfiler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
