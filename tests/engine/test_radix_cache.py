@@ -1,0 +1,346 @@
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from vriksha.engine.kv_pool import SlotAllocator
+from vriksha.engine.radix_cache import RadixCache, RadixCacheError, TreeNode
+from vriksha.errors import VrikshaError
+
+
+def make(num_slots: int = 64, enabled: bool = True) -> tuple[SlotAllocator, RadixCache]:
+    alloc = SlotAllocator(num_slots)
+    return alloc, RadixCache(alloc, enabled=enabled)
+
+
+def put(alloc: SlotAllocator, cache: RadixCache, tokens: list[int]) -> torch.Tensor:
+    """Insert `tokens` with fresh slots, freeing the duplicates as a scheduler would; returns the fresh slots."""
+    slots = alloc.alloc(len(tokens))
+    assert slots is not None
+    n = cache.insert(tokens, slots)
+    alloc.free(slots[:n])
+    return slots
+
+
+def tree_map(cache: RadixCache) -> dict[tuple[int, ...], int]:
+    """Every cached token prefix -> the slot of its last token, by walking the tree without touching it."""
+    out: dict[tuple[int, ...], int] = {}
+    stack: list[tuple[TreeNode, tuple[int, ...]]] = [(cache.root, ())]
+    while stack:
+        node, prefix = stack.pop()
+        assert len(node.key) == node.value.numel()
+        for tok, slot in zip(node.key, node.value.tolist(), strict=True):
+            prefix = (*prefix, tok)
+            out[prefix] = slot
+        for first, child in node.children.items():
+            assert child.key[0] == first and child.parent is node and len(child.key) > 0
+            stack.append((child, prefix))
+    return out
+
+
+def locked_tokens(cache: RadixCache) -> int:
+    return sum(len(n.key) for n in cache._nodes() if n.lock_ref > 0)
+
+
+# ---------------------------------------------------------------- unit tests
+
+
+def test_empty_tree_and_empty_input():
+    alloc, cache = make()
+    m = cache.match_prefix([])
+    assert m.slots.numel() == 0 and m.slots.dtype == torch.int64 and m.last_node is cache.root
+    assert cache.match_prefix([1, 2, 3]).last_node is cache.root
+    assert cache.insert([], torch.empty(0, dtype=torch.int64)) == 0
+    assert cache.total_size() == 0 and cache.slot_set() == set()
+
+
+def test_insert_then_match_returns_inserted_slots():
+    alloc, cache = make()
+    slots = put(alloc, cache, [1, 2, 3, 4])
+    m = cache.match_prefix([1, 2, 3, 4, 5, 6])
+    assert m.slots.tolist() == slots.tolist()
+    assert m.length == 4 and m.last_node.key == [1, 2, 3, 4]
+    assert cache.total_size() == 4 and cache.evictable_size() == 4
+    assert cache.slot_set() == set(slots.tolist())
+
+
+def test_match_inside_node_splits_it():
+    alloc, cache = make()
+    slots = put(alloc, cache, [1, 2, 3, 4, 5])
+    m = cache.match_prefix([1, 2, 3, 9])
+    assert m.slots.tolist() == slots[:3].tolist()
+    assert m.last_node.key == [1, 2, 3] and m.last_node.token_path() == [1, 2, 3]
+    (child,) = m.last_node.children.values()
+    assert child.key == [4, 5] and child.value.tolist() == slots[3:].tolist() and child.parent is m.last_node
+    assert cache.total_size() == 5
+    assert tree_map(cache)[(1, 2, 3, 4, 5)] == slots[4].item()
+
+
+def test_insert_reports_cached_prefix_and_owns_only_the_rest():
+    alloc, cache = make()
+    first = put(alloc, cache, [1, 2, 3, 4])
+    second = alloc.alloc(5)
+    n = cache.insert([1, 2, 7, 8, 9], second)
+    assert n == 2
+    alloc.free(second[:n])
+    assert cache.slot_set() == set(first.tolist()) | set(second[2:].tolist())
+    assert cache.match_prefix([1, 2, 7, 8, 9]).slots.tolist() == first[:2].tolist() + second[2:].tolist()
+    assert cache.insert([1, 2, 3, 4], alloc.alloc(4)) == 4  # fully cached already: nothing new owned
+    assert cache.total_size() == 7
+
+
+def test_insert_rejects_mismatched_slot_count():
+    _, cache = make()
+    with pytest.raises(VrikshaError, match="one slot per token"):
+        cache.insert([1, 2, 3], torch.tensor([1, 2]))
+
+
+def test_insert_accepts_tensor_token_ids():
+    alloc, cache = make()
+    slots = put(alloc, cache, [5, 6, 7])
+    assert cache.match_prefix(torch.tensor([5, 6, 7, 8])).slots.tolist() == slots.tolist()
+
+
+def test_lock_protects_node_and_ancestors_from_eviction():
+    alloc, cache = make()
+    a = put(alloc, cache, [1, 2, 3, 4])
+    b = put(alloc, cache, [1, 2, 5, 6])
+    m = cache.match_prefix([1, 2, 3, 4])
+    cache.inc_lock_ref(m.last_node)
+    assert cache.protected_size() == 4 and cache.evictable_size() == 2
+    assert cache.evict(100) == 2
+    assert set(b[2:].tolist()) <= alloc.free_slot_set()
+    assert cache.slot_set() == set(a.tolist())
+    cache.dec_lock_ref(m.last_node)
+    assert cache.protected_size() == 0 and cache.evictable_size() == 4
+    assert cache.evict(100) == 4 and cache.total_size() == 0
+    assert alloc.num_free == alloc.capacity
+
+
+def test_lock_counts_nest_and_unlock_past_zero_raises():
+    alloc, cache = make()
+    put(alloc, cache, [1, 2, 3])
+    node = cache.match_prefix([1, 2, 3]).last_node
+    cache.inc_lock_ref(node)
+    cache.inc_lock_ref(node)
+    cache.dec_lock_ref(node)
+    assert cache.protected_size() == 3 and cache.evict(3) == 0
+    cache.dec_lock_ref(node)
+    with pytest.raises(RadixCacheError):
+        cache.dec_lock_ref(node)
+
+
+def test_split_of_locked_node_keeps_lock_on_both_parts():
+    alloc, cache = make()
+    put(alloc, cache, [1, 2, 3, 4])
+    node = cache.match_prefix([1, 2, 3, 4]).last_node
+    cache.inc_lock_ref(node)
+    upper = cache.match_prefix([1, 2, 9]).last_node
+    assert upper.key == [1, 2] and upper.lock_ref == 1 and node.lock_ref == 1 and node.parent is upper
+    assert cache.protected_size() == 4 and cache.evictable_size() == 0
+    cache.dec_lock_ref(node)
+    assert upper.lock_ref == 0 and cache.protected_size() == 0 and cache.evictable_size() == 4
+
+
+def test_evict_follows_lru_order():
+    alloc, cache = make()
+    old = put(alloc, cache, [1, 1])
+    mid = put(alloc, cache, [2, 2])
+    new = put(alloc, cache, [3, 3])
+    cache.match_prefix([1, 1])  # touch: [2, 2] is now the least recently used
+    assert cache.evict(1) == 2
+    assert set(mid.tolist()) <= alloc.free_slot_set()
+    assert cache.evict(1) == 2
+    assert set(new.tolist()) <= alloc.free_slot_set()
+    assert cache.slot_set() == set(old.tolist())
+
+
+def test_evict_climbs_to_parent_that_becomes_a_leaf():
+    alloc, cache = make()
+    put(alloc, cache, [1, 2, 3])
+    put(alloc, cache, [1, 2, 4])  # tree: [1,2] -> {[3], [4]}
+    other = put(alloc, cache, [7, 7, 7, 7])
+    cache.match_prefix([7, 7, 7, 7])  # the [1,2] branch is older
+    assert cache.evict(4) == 4  # [3], [4], then their parent [1,2]
+    assert cache.slot_set() == set(other.tolist())
+    assert cache.match_prefix([1, 2]).length == 0
+
+
+def test_evict_frees_whole_leaves_at_least_requested():
+    alloc, cache = make()
+    put(alloc, cache, [1, 2, 3, 4, 5])
+    assert cache.evict(2) == 5
+    assert cache.evict(0) == 0 and cache.evict(3) == 0
+
+
+def test_reset_frees_everything_and_refuses_while_locked():
+    alloc, cache = make()
+    put(alloc, cache, [1, 2, 3])
+    put(alloc, cache, [4, 5])
+    node = cache.match_prefix([4, 5]).last_node
+    cache.inc_lock_ref(node)
+    with pytest.raises(RadixCacheError, match="locked"):
+        cache.reset()
+    assert cache.flush_unlocked() == 3
+    assert cache.total_size() == 2 and cache.slot_set() == set(node.value.tolist())
+    cache.dec_lock_ref(node)
+    cache.reset()
+    assert cache.total_size() == 0 and cache.slot_set() == set() and cache.root.children == {}
+    assert alloc.num_free == alloc.capacity
+    assert cache.match_prefix([4, 5]).length == 0
+
+
+def test_disabled_cache_stores_nothing():
+    alloc, cache = make(enabled=False)
+    slots = alloc.alloc(3)
+    assert cache.insert([1, 2, 3], slots) == 0
+    assert alloc.num_free == alloc.capacity - 3  # nothing freed on the caller's behalf
+    m = cache.match_prefix([1, 2, 3])
+    assert m.length == 0 and m.last_node is cache.root
+    cache.inc_lock_ref(m.last_node)
+    cache.dec_lock_ref(m.last_node)
+    assert cache.total_size() == 0 and cache.slot_set() == set() and cache.evict(10) == 0
+
+
+def test_long_prompt_match():
+    alloc, cache = make(num_slots=20_001)
+    tokens = list(range(10_000))
+    slots = put(alloc, cache, tokens)
+    probe = tokens[:7_000] + [-1]
+    m = cache.match_prefix(probe)
+    assert m.length == 7_000 and torch.equal(m.slots, slots[:7_000])
+    assert "lock=0" in cache.pretty()
+
+
+# ---------------------------------------------------------------- stateful property test
+
+NUM_SLOTS = 48
+token_seqs = st.lists(st.integers(0, 2), min_size=0, max_size=9)
+
+
+class RadixCacheMachine(RuleBasedStateMachine):
+    """A scheduler's use of the cache against a reference model: prefix -> slot, and request-owned slots."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.alloc = SlotAllocator(NUM_SLOTS)
+        self.cache = RadixCache(self.alloc)
+        self.ref: dict[tuple[int, ...], int] = {}
+        # each running request: tokens, all its slots, the locked node, how many of its slots the tree owns
+        self.requests: list[tuple[list[int], torch.Tensor, TreeNode, int]] = []
+
+    def _longest_cached(self, tokens: list[int]) -> int:
+        n = 0
+        while n < len(tokens) and tuple(tokens[: n + 1]) in self.ref:
+            n += 1
+        return n
+
+    def _check_match(self, tokens: list[int]):
+        expect = self._longest_cached(tokens)
+        m = self.cache.match_prefix(tokens)
+        assert m.length == expect
+        assert m.slots.tolist() == [self.ref[tuple(tokens[: i + 1])] for i in range(expect)]
+        assert m.last_node.token_path() == tokens[:expect]
+        return m
+
+    def _forget_freed(self) -> int:
+        free = self.alloc.free_slot_set()
+        gone = [p for p, s in self.ref.items() if s in free]
+        for p in gone:
+            del self.ref[p]
+        return len(gone)
+
+    @rule(tokens=token_seqs)
+    def match_only(self, tokens):
+        self._check_match(tokens)
+
+    @rule(tokens=token_seqs)
+    def start_request(self, tokens):
+        m = self._check_match(tokens)
+        self.cache.inc_lock_ref(m.last_node)
+        need = len(tokens) - m.length
+        fresh = self.alloc.alloc(need)
+        if fresh is None:
+            self.cache.evict(need - self.alloc.num_free)
+            self._forget_freed()
+            fresh = self.alloc.alloc(need)
+        if fresh is None:
+            assert self.alloc.num_free + self.cache.evictable_size() < need
+            self.cache.dec_lock_ref(m.last_node)
+            return
+        self.requests.append((tokens, torch.cat([m.slots, fresh]), m.last_node, m.length))
+
+    @precondition(lambda self: self.requests)
+    @rule(idx=st.integers(0, 100), cache_it=st.booleans())
+    def finish_request(self, idx, cache_it):
+        tokens, slots, node, owned = self.requests.pop(idx % len(self.requests))
+        if cache_it:
+            expect = self._longest_cached(tokens)
+            n = self.cache.insert(tokens, slots)
+            assert n == expect and n >= owned
+            assert all(self.ref[tuple(tokens[: i + 1])] == slots[i].item() for i in range(owned))
+            self.alloc.free(slots[owned:n])
+            for i in range(n, len(tokens)):
+                self.ref[tuple(tokens[: i + 1])] = slots[i].item()
+        else:
+            self.alloc.free(slots[owned:])
+        self.cache.dec_lock_ref(node)
+
+    @rule(k=st.integers(0, NUM_SLOTS))
+    def evict(self, k):
+        evictable = self.cache.evictable_size()
+        freed = self.cache.evict(k)
+        assert freed >= min(k, evictable) and freed <= evictable
+        assert self._forget_freed() == freed
+
+    @rule()
+    def flush_unlocked(self):
+        evictable = self.cache.evictable_size()
+        assert self.cache.flush_unlocked() == evictable
+        assert self.cache.evictable_size() == 0
+        assert self._forget_freed() == evictable
+
+    @rule()
+    def reset(self):
+        if self.requests and self.cache.protected_size() > 0:
+            with pytest.raises(RadixCacheError):
+                self.cache.reset()
+            return
+        self.cache.reset()
+        self._forget_freed()
+        assert not self.ref
+
+    @invariant()
+    def slots_partitioned(self):
+        free = self.alloc.free_slot_set()
+        tree = self.cache.slot_set()
+        held: list[int] = []
+        for _, slots, _, owned in self.requests:
+            held += slots[owned:].tolist()
+        assert len(free) == self.alloc.num_free
+        assert len(set(held)) == len(held)
+        assert not (free & tree) and not (free & set(held)) and not (tree & set(held))
+        assert free | tree | set(held) == set(range(1, NUM_SLOTS))
+
+    @invariant()
+    def tree_matches_reference(self):
+        assert tree_map(self.cache) == self.ref
+        assert self.cache.total_size() == len(self.ref)
+        assert self.cache.protected_size() == locked_tokens(self.cache)
+
+    @invariant()
+    def running_prefixes_stay_cached(self):
+        for tokens, slots, node, owned in self.requests:
+            assert node is self.cache.root or node.lock_ref > 0
+            assert node.token_path() == tokens[:owned]
+            for i in range(owned):
+                assert self.ref[tuple(tokens[: i + 1])] == slots[i].item()
+
+
+RadixCacheMachine.TestCase.settings = settings(
+    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+TestRadixCacheMachine = RadixCacheMachine.TestCase
