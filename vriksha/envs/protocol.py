@@ -1,0 +1,218 @@
+"""The environment server's wire protocol: messages, error codes and errors.
+
+WebSocket (`/v1/ws`; one connection is one session):
+
+- server -> client, first: `{"event": "hello", "session_id", "env", "protocol", "max_sessions",
+  "active_sessions", "heartbeat_s", "idle_timeout_s", "resumed"}`
+- client -> server: `{"id": <str|int>, "op": "reset"|"step"|"state"|"tools"|"call_tool"|"ping"|"close", ...}`
+  with `seed`/`options` (reset), `action` (step), `name`/`arguments` (call_tool)
+- server -> client, one per request, echoing its id: `{"id", "ok": true, "result": ...}` or
+  `{"id", "ok": false, "error": {"code", "message"}}`
+- server -> client, unprompted: `{"event": "heartbeat", "t"}` every `heartbeat_s` (independent of
+  WebSocket pings), `{"event": "closing", "reason"}` before the server ends a session.
+
+The HTTP session API (`/v1/sessions...`) carries the same results and error bodies. These pydantic
+models document the protocol (published at `/schema`) and validate HTTP bodies; the WebSocket hot
+path checks plain dicts and validates only the action.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from vriksha.errors import VrikshaError
+
+PROTOCOL_VERSION = 1
+WS_PATH = "/v1/ws"
+SESSIONS_PATH = "/v1/sessions"
+
+OPS = ("reset", "step", "state", "tools", "call_tool", "ping", "close")
+
+
+class ErrorCode(StrEnum):
+    INVALID_JSON = "invalid_json"
+    INVALID_MESSAGE = "invalid_message"
+    UNKNOWN_OP = "unknown_op"
+    INVALID_ACTION = "invalid_action"
+    EPISODE_STATE = "episode_state"
+    TOOL_ERROR = "tool_error"
+    UNKNOWN_SESSION = "unknown_session"
+    CAPACITY_REACHED = "capacity_reached"
+    SESSION_BUSY = "session_busy"
+    ENV_ERROR = "env_error"
+    SERVER_ERROR = "server_error"
+
+
+# HTTP status for each code on the HTTP session API.
+HTTP_STATUS: dict[ErrorCode, int] = {
+    ErrorCode.INVALID_JSON: 400,
+    ErrorCode.INVALID_MESSAGE: 400,
+    ErrorCode.UNKNOWN_OP: 400,
+    ErrorCode.INVALID_ACTION: 422,
+    ErrorCode.EPISODE_STATE: 409,
+    ErrorCode.TOOL_ERROR: 422,
+    ErrorCode.UNKNOWN_SESSION: 404,
+    ErrorCode.CAPACITY_REACHED: 503,
+    ErrorCode.SESSION_BUSY: 409,
+    ErrorCode.ENV_ERROR: 500,
+    ErrorCode.SERVER_ERROR: 500,
+}
+
+
+# ---------------------------------------------------------------- errors
+
+
+class EnvServerError(VrikshaError):
+    """An error the environment server reports to one session; it carries a wire code."""
+
+    code: ErrorCode = ErrorCode.SERVER_ERROR
+
+    def __init__(self, message: str, code: ErrorCode | None = None, **details: Any) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.details = details
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"code": str(self.code), "message": str(self), **self.details}
+
+
+class ProtocolError(EnvServerError):
+    """A message that is not valid JSON or not a valid request."""
+
+    code = ErrorCode.INVALID_MESSAGE
+
+
+class UnknownSessionError(EnvServerError):
+    """No live session has that id (never created, closed, or reaped after idling)."""
+
+    code = ErrorCode.UNKNOWN_SESSION
+
+
+class SessionCapacityError(EnvServerError):
+    """The server already holds its maximum number of concurrent sessions."""
+
+    code = ErrorCode.CAPACITY_REACHED
+
+
+class RemoteEnvError(VrikshaError):
+    """The client's view of an error the server answered with; `code` is the wire code."""
+
+    def __init__(self, code: str, message: str, details: dict[str, Any] | None = None) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.remote_message = message
+        self.details = details or {}
+
+
+class EnvConnectionError(VrikshaError, ConnectionError):
+    """The client could not reach the environment server or lost it and could not reconnect."""
+
+
+# ---------------------------------------------------------------- messages
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+RequestId = str | int
+
+
+class ResetRequest(_Msg):
+    id: RequestId | None = None
+    op: Literal["reset"] = "reset"
+    seed: int | None = Field(default=None, ge=0, description="same seed, same episode")
+    options: dict[str, Any] | None = Field(default=None, description='e.g. {"split": "test"}')
+
+
+class StepRequest(_Msg):
+    id: RequestId | None = None
+    op: Literal["step"] = "step"
+    action: dict[str, Any] = Field(description="validated against the environment's action schema")
+
+
+class CallToolRequest(_Msg):
+    id: RequestId | None = None
+    op: Literal["call_tool"] = "call_tool"
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+class SimpleRequest(_Msg):
+    id: RequestId | None = None
+    op: Literal["state", "tools", "ping", "close"]
+
+
+class ErrorBody(_Msg):
+    code: ErrorCode
+    message: str
+
+
+class Response(_Msg):
+    id: RequestId | None
+    ok: bool
+    result: Any = None
+    error: ErrorBody | None = None
+
+
+class Hello(_Msg):
+    event: Literal["hello"] = "hello"
+    session_id: str
+    env: str
+    protocol: int = PROTOCOL_VERSION
+    max_sessions: int
+    active_sessions: int
+    heartbeat_s: float
+    idle_timeout_s: float
+    resumed: bool = False
+
+
+class Heartbeat(_Msg):
+    event: Literal["heartbeat"] = "heartbeat"
+    t: float
+
+
+class SessionInfo(_Msg):
+    session_id: str
+    env: str
+    max_sessions: int
+    active_sessions: int
+    idle_timeout_s: float
+
+
+class HttpResetBody(_Msg):
+    seed: int | None = Field(default=None, ge=0)
+    options: dict[str, Any] | None = None
+
+
+class HttpStepBody(_Msg):
+    action: dict[str, Any]
+
+
+class HttpToolBody(_Msg):
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+def protocol_schema() -> dict[str, Any]:
+    """JSON schemas of every message, for `/schema`."""
+    models: dict[str, type[BaseModel]] = {
+        "hello": Hello,
+        "heartbeat": Heartbeat,
+        "reset": ResetRequest,
+        "step": StepRequest,
+        "call_tool": CallToolRequest,
+        "simple": SimpleRequest,
+        "response": Response,
+    }
+    return {
+        "version": PROTOCOL_VERSION,
+        "websocket": WS_PATH,
+        "sessions": SESSIONS_PATH,
+        "ops": list(OPS),
+        "error_codes": [str(c) for c in ErrorCode],
+        "messages": {k: m.model_json_schema() for k, m in models.items()},
+    }

@@ -1,0 +1,518 @@
+"""The environment server: one FastAPI app per environment, served by uvicorn.
+
+Routes (see `protocol.py` for the messages):
+- `WS /v1/ws[?session=ID]`: one connection is one session (`?session=` resumes a dropped one);
+- `POST /v1/sessions`, `POST /v1/sessions/{id}/reset|step`, `GET /v1/sessions/{id}/state|tools`,
+  `POST /v1/sessions/{id}/tools/{name}`, `DELETE /v1/sessions/{id}`: the same over plain HTTP;
+- `GET /health`, `/metadata`, `/schema`;
+- `/mcp`: the episode's tools over MCP streamable HTTP (`mcp_server.py`);
+- OpenEnv's wire format on OpenEnv's paths (`/ws`, `/reset`, `/step`, `/state`; `openenv_compat.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request, WebSocket
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from vriksha.envs.core import (
+    EnvError,
+    Environment,
+    EpisodeStateError,
+    InvalidActionError,
+    StepResult,
+    ToolError,
+)
+from vriksha.envs.protocol import (
+    HTTP_STATUS,
+    PROTOCOL_VERSION,
+    SESSIONS_PATH,
+    WS_PATH,
+    EnvServerError,
+    ErrorCode,
+    HttpResetBody,
+    HttpStepBody,
+    HttpToolBody,
+    ProtocolError,
+    protocol_schema,
+)
+from vriksha.envs.sessions import Session, SessionManager
+
+try:
+    import orjson
+
+    def dumps(obj: Any) -> str:
+        return orjson.dumps(obj).decode()
+
+    loads = orjson.loads
+except ImportError:  # pragma: no cover - orjson is optional
+    import json
+
+    def dumps(obj: Any) -> str:
+        return json.dumps(obj, separators=(",", ":"))
+
+    loads = json.loads
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    max_sessions: int = 64
+    idle_timeout_s: float = 300.0
+    detach_grace_s: float = 30.0
+    heartbeat_s: float = 15.0
+    workers: int | None = None  # env thread pool size; default max_sessions + 4 (at most 64)
+    mcp: bool = True
+    openenv: bool = True
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+def resolve_env_class(env: str | type[Environment]) -> type[Environment]:
+    if isinstance(env, str):
+        from vriksha.envs.registry import get_env_class
+
+        return get_env_class(env)
+    if isinstance(env, type) and issubclass(env, Environment):
+        return env
+    raise TypeError(f"expected an environment name or Environment subclass, got {env!r}")
+
+
+def error_from_exception(exc: BaseException) -> EnvServerError:
+    """Map any exception raised while serving a request to a wire error."""
+    if isinstance(exc, EnvServerError):
+        return exc
+    if isinstance(exc, InvalidActionError):
+        return EnvServerError(str(exc), ErrorCode.INVALID_ACTION)
+    if isinstance(exc, EpisodeStateError):
+        return EnvServerError(str(exc), ErrorCode.EPISODE_STATE)
+    if isinstance(exc, ToolError):
+        return EnvServerError(str(exc), ErrorCode.TOOL_ERROR)
+    if isinstance(exc, ValidationError):
+        return ProtocolError(f"invalid message: {exc.errors(include_url=False)}")
+    if isinstance(exc, EnvError):
+        return EnvServerError(str(exc), ErrorCode.ENV_ERROR)
+    logger.error("environment code raised", exc_info=exc)
+    return EnvServerError(f"the environment raised {type(exc).__name__}: {exc}", ErrorCode.ENV_ERROR)
+
+
+# ---------------------------------------------------------------- operations (JSON strings out)
+
+
+def _reset(env: Environment, seed: Any, options: Any) -> str:
+    if options is not None and not isinstance(options, dict):
+        raise ProtocolError(f"'options' must be a JSON object, got {type(options).__name__}")
+    return env.reset(seed, options).model_dump_json()
+
+
+def _step(env: Environment, action: Any) -> str:
+    return env.step(action).model_dump_json()
+
+
+def _state(env: Environment) -> str:
+    return env.state.model_dump_json()
+
+
+def _tools(env: Environment) -> str:
+    return dumps([t.spec().model_dump() for t in env.tools()])
+
+
+def _call_tool(env: Environment, name: Any, arguments: Any) -> str:
+    if not isinstance(name, str):
+        raise ProtocolError("call_tool needs a string 'name'")
+    return dumps({"output": env.call_tool(name, arguments if arguments is not None else {})})
+
+
+class Dispatcher:
+    """Runs one request against one session and returns the result as a JSON string."""
+
+    def __init__(self, manager: SessionManager) -> None:
+        self.manager = manager
+
+    async def __call__(self, session: Session, op: Any, msg: dict[str, Any]) -> str:
+        run = self.manager.run
+        env = session.env
+        if op == "step":
+            if "action" not in msg:
+                raise ProtocolError("a step needs an 'action' object")
+            session.steps += 1
+            return await run(session, _step, env, msg["action"])
+        if op == "reset":
+            return await run(session, _reset, env, msg.get("seed"), msg.get("options"))
+        if op == "state":
+            return await run(session, _state, env)
+        if op == "tools":
+            return await run(session, _tools, env)
+        if op == "call_tool":
+            return await run(session, _call_tool, env, msg.get("name"), msg.get("arguments"))
+        if op == "ping":
+            session.touch()
+            return dumps({"pong": time.time()})
+        raise EnvServerError(
+            f"unknown op {op!r}; expected one of reset, step, state, tools, call_tool, ping, close",
+            ErrorCode.UNKNOWN_OP,
+        )
+
+
+def _reply_ok(rid_json: str, result_json: str) -> str:
+    return '{"id":' + rid_json + ',"ok":true,"result":' + result_json + "}"
+
+
+def _reply_err(rid_json: str, err: EnvServerError) -> str:
+    return '{"id":' + rid_json + ',"ok":false,"error":' + dumps(err.to_wire()) + "}"
+
+
+# ---------------------------------------------------------------- the app
+
+
+def create_app(env: str | type[Environment], config: ServerConfig | None = None) -> FastAPI:
+    """Build the server app for an environment name (registry) or class."""
+    config = config or ServerConfig()
+    env_cls = resolve_env_class(env)
+    kwargs = dict(config.env_kwargs)
+    manager = SessionManager(
+        lambda: env_cls(**kwargs),
+        max_sessions=config.max_sessions,
+        idle_timeout_s=config.idle_timeout_s,
+        detach_grace_s=config.detach_grace_s,
+        workers=config.workers,
+    )
+    dispatch = Dispatcher(manager)
+    mcp_app = None
+    if config.mcp:
+        from vriksha.envs.mcp_server import build_mcp
+
+        mcp_app = build_mcp(manager, env_cls, config)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        manager.start()
+        async with contextlib.AsyncExitStack() as stack:
+            if mcp_app is not None:
+                await stack.enter_async_context(mcp_app.run())
+            try:
+                yield
+            finally:
+                await manager.shutdown()
+
+    app = FastAPI(
+        title=f"vriksha environment: {env_cls.name}",
+        version=str(PROTOCOL_VERSION),
+        lifespan=lifespan,
+    )
+    app.state.manager = manager
+    app.state.env_cls = env_cls
+    app.state.config = config
+
+    @app.exception_handler(EnvServerError)
+    async def _env_error(request: Request, exc: EnvServerError) -> JSONResponse:
+        return JSONResponse({"error": exc.to_wire()}, status_code=HTTP_STATUS.get(exc.code, 500))
+
+    # -- info --------------------------------------------------------------
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "healthy", "env": env_cls.name, **manager.capacity()}
+
+    def server_info() -> dict[str, Any]:
+        return {
+            "protocol": PROTOCOL_VERSION,
+            **manager.capacity(),
+            "idle_timeout_s": config.idle_timeout_s,
+            "detach_grace_s": manager.detach_grace_s,
+            "heartbeat_s": config.heartbeat_s,
+            "endpoints": {
+                "websocket": WS_PATH,
+                "sessions": SESSIONS_PATH,
+                "mcp": "/mcp" if config.mcp else None,
+                "openenv_websocket": "/ws" if config.openenv else None,
+            },
+        }
+
+    @app.get("/metadata")
+    async def metadata() -> dict[str, Any]:
+        meta = {k: v for k, v in env_cls.metadata().items() if k != "schemas"}
+        return {**meta, "version": str(PROTOCOL_VERSION), "server": server_info()}
+
+    @app.get("/schema")
+    async def schema() -> dict[str, Any]:
+        return {
+            **env_cls.schemas(),
+            "step_result": StepResult.model_json_schema(),
+            "protocol": protocol_schema(),
+        }
+
+    # -- WebSocket ---------------------------------------------------------------
+
+    @app.websocket(WS_PATH)
+    async def ws_session(websocket: WebSocket) -> None:
+        await websocket.accept()
+        resume = websocket.query_params.get("session")
+        try:
+            if resume:
+                session = manager.get(resume)
+                if session.attached:
+                    raise EnvServerError(
+                        f"session {resume!r} is attached to another connection; close that one first",
+                        ErrorCode.SESSION_BUSY,
+                    )
+                manager.attach(session)
+            else:
+                session = await manager.create("ws")
+        except EnvServerError as exc:
+            await websocket.send_text(dumps({"event": "error", "error": exc.to_wire()}))
+            await websocket.close(code=1013 if exc.code == ErrorCode.CAPACITY_REACHED else 1008)
+            return
+        closed_by_server = False
+
+        async def on_close(reason: str) -> None:
+            nonlocal closed_by_server
+            closed_by_server = True
+            with contextlib.suppress(Exception):
+                await websocket.send_text(dumps({"event": "closing", "reason": reason}))
+                await websocket.close(code=1001)
+
+        session.on_close = on_close
+        await websocket.send_text(
+            dumps(
+                {
+                    "event": "hello",
+                    "session_id": session.id,
+                    "env": env_cls.name,
+                    "protocol": PROTOCOL_VERSION,
+                    **manager.capacity(),
+                    "heartbeat_s": config.heartbeat_s,
+                    "idle_timeout_s": config.idle_timeout_s,
+                    "resumed": bool(resume),
+                }
+            )
+        )
+        heartbeat = asyncio.create_task(_heartbeat(websocket, config.heartbeat_s))
+        explicit_close = False
+        receive, send = websocket.receive, websocket.send_text
+        try:
+            while True:
+                message = await receive()
+                if message["type"] == "websocket.disconnect":
+                    break
+                raw = message.get("text")
+                if raw is None:
+                    raw = message.get("bytes")
+                rid_json = "null"
+                try:
+                    try:
+                        msg = loads(raw)
+                    except Exception as exc:
+                        raise EnvServerError(f"not valid JSON: {exc}", ErrorCode.INVALID_JSON) from None
+                    if type(msg) is not dict:
+                        raise ProtocolError("a request must be a JSON object with 'id' and 'op'")
+                    rid = msg.get("id")
+                    if rid is None or type(rid) not in (str, int):
+                        if msg.get("op") == "ping":  # an id-less ping is a bare heartbeat
+                            session.touch()
+                            continue
+                        raise ProtocolError("every request needs an 'id' (string or integer)")
+                    rid_json = dumps(rid)
+                    if rid in session.recent:  # a re-send after a reconnect: answer, don't redo
+                        await send(session.recent[rid])
+                        continue
+                    op = msg.get("op")
+                    if op == "close":
+                        explicit_close = True
+                        await send(_reply_ok(rid_json, '{"closed":true}'))
+                        break
+                    reply = _reply_ok(rid_json, await dispatch(session, op, msg))
+                    session.remember(rid, reply)
+                except Exception as exc:
+                    if session.closed:
+                        break
+                    reply = _reply_err(rid_json, error_from_exception(exc))
+                await send(reply)
+        except Exception:
+            if not closed_by_server:
+                logger.debug("websocket session %s ended abruptly", session.id, exc_info=True)
+        finally:
+            heartbeat.cancel()
+            if explicit_close:
+                await manager.close(session.id, reason="client closed")
+                with contextlib.suppress(Exception):
+                    await websocket.close()
+            elif not session.closed:
+                manager.detach(session)
+
+    # -- HTTP sessions -------------------------------------------------------------
+
+    async def _body(request: Request) -> dict[str, Any]:
+        raw = await request.body()
+        if not raw:
+            return {}
+        try:
+            data = loads(raw)
+        except Exception as exc:
+            raise EnvServerError(f"the body is not valid JSON: {exc}", ErrorCode.INVALID_JSON) from None
+        if not isinstance(data, dict):
+            raise ProtocolError("the body must be a JSON object")
+        return data
+
+    async def _http_op(session_id: str, op: str, msg: dict[str, Any]) -> Response:
+        session = manager.get(session_id)
+        try:
+            out = await dispatch(session, op, msg)
+        except Exception as exc:
+            raise error_from_exception(exc) from None
+        return Response(out, media_type="application/json")
+
+    @app.post(SESSIONS_PATH, status_code=201)
+    async def create_session() -> dict[str, Any]:
+        session = await manager.create("http")
+        return {
+            "session_id": session.id,
+            "env": env_cls.name,
+            **manager.capacity(),
+            "idle_timeout_s": config.idle_timeout_s,
+        }
+
+    @app.post(SESSIONS_PATH + "/{session_id}/reset")
+    async def http_reset(session_id: str, request: Request) -> Response:
+        try:
+            body = HttpResetBody.model_validate(await _body(request))
+        except ValidationError as exc:
+            raise error_from_exception(exc) from None
+        return await _http_op(session_id, "reset", {"seed": body.seed, "options": body.options})
+
+    @app.post(SESSIONS_PATH + "/{session_id}/step")
+    async def http_step(session_id: str, request: Request) -> Response:
+        try:
+            body = HttpStepBody.model_validate(await _body(request))
+        except ValidationError as exc:
+            raise error_from_exception(exc) from None
+        return await _http_op(session_id, "step", {"action": body.action})
+
+    @app.get(SESSIONS_PATH + "/{session_id}/state")
+    async def http_state(session_id: str) -> Response:
+        return await _http_op(session_id, "state", {})
+
+    @app.get(SESSIONS_PATH + "/{session_id}/tools")
+    async def http_tools(session_id: str) -> Response:
+        return await _http_op(session_id, "tools", {})
+
+    @app.post(SESSIONS_PATH + "/{session_id}/tools/{name}")
+    async def http_call_tool(session_id: str, name: str, request: Request) -> Response:
+        try:
+            body = HttpToolBody.model_validate(await _body(request))
+        except ValidationError as exc:
+            raise error_from_exception(exc) from None
+        return await _http_op(session_id, "call_tool", {"name": name, "arguments": body.arguments})
+
+    @app.delete(SESSIONS_PATH + "/{session_id}")
+    async def http_close(session_id: str) -> dict[str, Any]:
+        manager.get(session_id)
+        await manager.close(session_id, reason="client closed")
+        return {"closed": True, "session_id": session_id}
+
+    if config.openenv:
+        from vriksha.envs.openenv_compat import register_openenv_routes
+
+        register_openenv_routes(app, manager, env_cls)
+    if mcp_app is not None:
+        mcp_app.mount(app)
+    return app
+
+
+async def _heartbeat(websocket: WebSocket, every_s: float) -> None:
+    try:
+        while True:
+            await asyncio.sleep(every_s)
+            await websocket.send_text('{"event":"heartbeat","t":' + repr(time.time()) + "}")
+    except Exception:
+        return
+
+
+# ---------------------------------------------------------------- running it
+
+
+def uvicorn_config(app: Any, host: str, port: int, log_level: str = "warning") -> Any:
+    """A uvicorn config with the fastest protocol implementations installed here."""
+    import importlib.util
+
+    import uvicorn
+
+    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        ws="websockets-sansio",
+        http=http,
+        loop=loop,
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
+    )
+
+
+def serve(
+    env: str | type[Environment], config: ServerConfig | None = None, log_level: str = "warning"
+) -> None:
+    """Serve an environment until interrupted (what `vriksha env serve` runs)."""
+    import uvicorn
+
+    config = config or ServerConfig()
+    app = create_app(env, config)
+    uvicorn.Server(uvicorn_config(app, config.host, config.port, log_level)).run()
+
+
+class ServerThread:
+    """Run an app under uvicorn in a background thread (tests, notebooks): `with ServerThread(app) as url:`."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
+        import uvicorn
+
+        self.host = host
+        self.port = port or free_port(host)
+        self.server = uvicorn.Server(uvicorn_config(app, self.host, self.port, log_level))
+        self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
+        self.thread = threading.Thread(target=self.server.run, name="vriksha-env-server", daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the environment server did not start on {self.url}")
+            time.sleep(0.02)
+        return self.url
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout_s)
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]

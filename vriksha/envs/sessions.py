@@ -1,0 +1,218 @@
+"""Sessions: one environment instance each, a cap on how many live at once, idle reaping.
+
+Every session owns its own `Environment` (isolation: one session's failure never touches another),
+runs env code in a thread pool so a slow step never blocks the event loop, and serialises its own
+calls with a lock. A session whose client went away (a dropped WebSocket) stays resumable for
+`detach_grace_s`; any session without a request for `idle_timeout_s` is closed by the reaper.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from vriksha.envs.core import Environment
+from vriksha.envs.protocol import EnvServerError, ErrorCode, SessionCapacityError, UnknownSessionError
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+@dataclass(slots=True)
+class Session:
+    id: str
+    env: Environment
+    kind: str  # "ws" | "http" | "mcp" | "openenv"
+    created_at: float
+    last_active: float
+    steps: int = 0
+    busy: int = 0
+    attached: bool = True
+    detached_at: float | None = None
+    closed: bool = False
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    recent: dict[Any, str] = field(default_factory=dict)  # request id -> reply, to answer re-sends
+    on_close: Callable[[str], Awaitable[None]] | None = None
+
+    def touch(self) -> None:
+        self.last_active = time.monotonic()
+
+    def remember(self, rid: Any, reply: str, keep: int = 32) -> None:
+        recent = self.recent
+        recent[rid] = reply
+        if len(recent) > keep:
+            del recent[next(iter(recent))]
+
+
+class SessionManager:
+    """Creates, finds, runs and reaps sessions for one environment factory."""
+
+    def __init__(
+        self,
+        factory: Callable[[], Environment],
+        *,
+        max_sessions: int = 64,
+        idle_timeout_s: float = 300.0,
+        detach_grace_s: float = 30.0,
+        reap_interval_s: float | None = None,
+        workers: int | None = None,
+    ) -> None:
+        if max_sessions < 1:
+            raise ValueError(f"max_sessions must be >= 1, got {max_sessions}")
+        if idle_timeout_s <= 0:
+            raise ValueError(f"idle_timeout_s must be > 0, got {idle_timeout_s}")
+        self.factory = factory
+        self.max_sessions = max_sessions
+        self.idle_timeout_s = idle_timeout_s
+        self.detach_grace_s = min(detach_grace_s, idle_timeout_s)
+        self.reap_interval_s = reap_interval_s or max(0.05, min(5.0, self.detach_grace_s / 4))
+        self.executor = ThreadPoolExecutor(
+            max_workers=workers or min(64, max_sessions + 4), thread_name_prefix="vriksha-env"
+        )
+        self._sessions: dict[str, Session] = {}
+        self._reserved = 0
+        self._reaper: asyncio.Task[None] | None = None
+        self.total_created = 0
+        self.total_reaped = 0
+
+    # -- counts ----------------------------------------------------------------
+
+    @property
+    def active(self) -> int:
+        return len(self._sessions) + self._reserved
+
+    def capacity(self) -> dict[str, int]:
+        return {"active_sessions": self.active, "max_sessions": self.max_sessions}
+
+    # -- lifecycle -------------------------------------------------------------
+
+    async def create(self, kind: str, session_id: str | None = None) -> Session:
+        """Make a session (the env is built in a thread); `SessionCapacityError` when full."""
+        if self.active >= self.max_sessions:
+            raise SessionCapacityError(
+                f"the server is at its cap of {self.max_sessions} concurrent sessions; close one "
+                "or retry later (or start the server with a larger --max-sessions)",
+                **self.capacity(),
+            )
+        self._reserved += 1
+        try:
+            env = await asyncio.get_running_loop().run_in_executor(self.executor, self.factory)
+        except Exception as exc:
+            raise EnvServerError(
+                f"the environment factory failed: {type(exc).__name__}: {exc}", ErrorCode.ENV_ERROR
+            ) from exc
+        finally:
+            self._reserved -= 1
+        now = time.monotonic()
+        sid = session_id or uuid.uuid4().hex
+        session = Session(id=sid, env=env, kind=kind, created_at=now, last_active=now)
+        self._sessions[sid] = session
+        self.total_created += 1
+        logger.debug("session %s (%s) created; %d active", sid, kind, self.active)
+        return session
+
+    def get(self, session_id: str) -> Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise UnknownSessionError(
+                f"no live session {session_id!r}: it was never created, was closed, or was reaped "
+                f"after {self.idle_timeout_s:g} s idle; create a new one"
+            )
+        return session
+
+    def find(self, session_id: str) -> Session | None:
+        return self._sessions.get(session_id)
+
+    async def close(self, session_id: str, reason: str = "closed") -> bool:
+        session = self._sessions.pop(session_id, None)
+        if session is None:
+            return False
+        session.closed = True
+        if session.on_close is not None:
+            try:
+                await session.on_close(reason)
+            except Exception:
+                logger.debug("session %s on_close failed", session_id, exc_info=True)
+        try:
+            await asyncio.get_running_loop().run_in_executor(self.executor, session.env.close)
+        except Exception:
+            logger.warning("session %s: env.close() failed", session_id, exc_info=True)
+        logger.debug("session %s closed (%s); %d active", session_id, reason, self.active)
+        return True
+
+    def detach(self, session: Session) -> None:
+        session.attached = False
+        session.detached_at = time.monotonic()
+        session.on_close = None
+
+    def attach(self, session: Session) -> None:
+        session.attached = True
+        session.detached_at = None
+        session.touch()
+
+    # -- running env code --------------------------------------------------------
+
+    async def run(self, session: Session, fn: Callable[..., T], *args: Any) -> T:
+        """Run `fn(*args)` (env code) in the thread pool, one call at a time per session."""
+        session.busy += 1
+        try:
+            async with session.lock:
+                if session.closed:
+                    raise UnknownSessionError(f"session {session.id!r} was closed")
+                return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
+        finally:
+            session.busy -= 1
+            session.last_active = time.monotonic()
+
+    # -- reaping ---------------------------------------------------------------------
+
+    def expired(self, now: float | None = None) -> list[tuple[str, str]]:
+        now = time.monotonic() if now is None else now
+        out = []
+        for sid, s in self._sessions.items():
+            if s.busy:
+                continue
+            if not s.attached and s.detached_at is not None and now - s.detached_at >= self.detach_grace_s:
+                out.append((sid, "detached"))
+            elif now - s.last_active >= self.idle_timeout_s:
+                out.append((sid, "idle"))
+        return out
+
+    async def reap_once(self) -> int:
+        victims = self.expired()
+        for sid, why in victims:
+            logger.info("reaping session %s (%s)", sid, why)
+            if await self.close(sid, reason=why):
+                self.total_reaped += 1
+        return len(victims)
+
+    async def _reap_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.reap_interval_s)
+            try:
+                await self.reap_once()
+            except Exception:
+                logger.exception("session reaper failed; continuing")
+
+    def start(self) -> None:
+        if self._reaper is None:
+            self._reaper = asyncio.get_running_loop().create_task(self._reap_loop())
+
+    async def shutdown(self) -> None:
+        if self._reaper is not None:
+            self._reaper.cancel()
+            try:
+                await self._reaper
+            except asyncio.CancelledError:
+                pass
+            self._reaper = None
+        for sid in list(self._sessions):
+            await self.close(sid, reason="server shutting down")
+        self.executor.shutdown(wait=False, cancel_futures=True)
