@@ -84,7 +84,7 @@ class Criterion(Rubric):
 
 def _merge(into: dict[str, float], comps: Mapping[str, float], owner: str) -> None:
     for key, value in comps.items():
-        if key in into:
+        if key in into and into[key] != value:  # the same criterion seen through two branches is fine
             raise ValueError(
                 f"{owner}: component name {key!r} appears twice; give the criteria distinct names"
             )
