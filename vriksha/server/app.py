@@ -1,0 +1,70 @@
+"""The FastAPI app: engine lifecycle, routes, error mapping, auth."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+
+from vriksha.server.admission import Admission
+from vriksha.server.auth import APIKeyMiddleware
+from vriksha.server.config import ServerConfig
+from vriksha.server.engine_client import EngineClient
+from vriksha.server.errors import install_error_handlers
+from vriksha.server.metrics import ServerMetrics
+from vriksha.server.profiler import ServerProfiler
+from vriksha.server.routes_native import router as native_router
+from vriksha.server.routes_openai import router as openai_router
+from vriksha.server.state import ServerState
+
+logger = logging.getLogger(__name__)
+
+
+async def _maybe_await(x: Any) -> Any:
+    return await x if inspect.isawaitable(x) else x
+
+
+def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
+    """An app serving `engine` (an `AsyncEngine`); the engine is started and shut down with the app."""
+    config = config or ServerConfig()
+    admission = Admission(config.max_waiting, config.retry_after_s)
+    metrics = ServerMetrics(engine.stats, lambda: admission.waiting, lambda: admission.in_flight)
+    state = ServerState(
+        engine=engine,
+        config=config,
+        admission=admission,
+        metrics=metrics,
+        client=EngineClient(engine, metrics, admission),
+        profiler=ServerProfiler(config.profile_dir),
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            await _maybe_await(engine.start())
+        except Exception as exc:
+            app.state.startup_error = exc
+            raise
+        logger.info("serving %s (max context %d tokens)", state.model_name, state.max_model_len)
+        try:
+            yield
+        finally:
+            admission.draining = True
+            if state.profiler.running:
+                await state.profiler.stop()
+            await _maybe_await(engine.shutdown(config.shutdown_timeout_s))
+            logger.info("engine shut down")
+
+    app = FastAPI(title="vriksha", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.vriksha = state
+    app.state.startup_error = None
+    install_error_handlers(app)
+    app.include_router(openai_router)
+    app.include_router(native_router)
+    if config.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=config.auth_exempt)
+    return app

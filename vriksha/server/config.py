@@ -1,0 +1,21 @@
+"""What the server needs to know besides the engine: names, auth, admission bound, profiling, shutdown."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    # names a request's `model` may use; the first is the one reported. Empty: the engine's model name.
+    served_model_names: list[str] = field(default_factory=list)
+    api_key: str | None = None
+    # endpoints that need no key even when `api_key` is set
+    auth_exempt: frozenset[str] = frozenset({"/health", "/metrics"})
+    # requests admitted but not yet given their first token; beyond this the server answers 503
+    max_waiting: int = 256
+    retry_after_s: int = 1
+    profile_dir: Path = field(default_factory=lambda: Path("profiles"))
+    # on SIGTERM: how long in-flight requests may run before they are aborted
+    shutdown_timeout_s: float = 30.0

@@ -1,0 +1,161 @@
+"""Server errors and their mapping to OpenAI's error schema: `{"error": {message, type, param, code}}`."""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from vriksha.errors import (
+    InvalidRequestError,
+    OutOfKVMemoryError,
+    PromptTooLongError,
+    VrikshaError,
+)
+
+logger = logging.getLogger(__name__)
+
+
+class ServerError(VrikshaError):
+    """An error with an HTTP status and an OpenAI error type/code."""
+
+    status = 500
+    type = "server_error"
+    code: str | None = None
+
+    def __init__(
+        self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.param = param
+        self.headers = headers or {}
+
+
+class BadRequestError(ServerError):
+    status = 400
+    type = "invalid_request_error"
+
+
+class AuthenticationError(ServerError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class ModelNotFoundError(ServerError):
+    status = 404
+    type = "invalid_request_error"
+    code = "model_not_found"
+
+
+class ConflictError(ServerError):
+    status = 409
+    type = "invalid_request_error"
+
+
+class ServerOverloadedError(ServerError):
+    """The waiting queue is at its bound: retry after `Retry-After` seconds."""
+
+    status = 503
+    type = "server_overloaded"
+    code = "server_overloaded"
+
+
+class ShuttingDownError(ServerOverloadedError):
+    code = "server_shutting_down"
+
+
+class ClientDisconnected(ServerError):
+    """The client went away before its response was ready; its engine requests were aborted."""
+
+    status = 499
+    type = "client_closed_request"
+
+
+def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "param": param, "code": code}}
+
+
+def error_response(
+    status: int,
+    message: str,
+    type_: str,
+    code: str | None = None,
+    param: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    return JSONResponse(error_body(message, type_, code, param), status_code=status, headers=headers)
+
+
+def to_response(exc: Exception) -> JSONResponse:
+    """Any exception raised while serving a request, as an OpenAI error response."""
+    if isinstance(exc, ServerError):
+        return error_response(exc.status, str(exc), exc.type, exc.code, exc.param, exc.headers)
+    if isinstance(exc, PromptTooLongError):
+        return error_response(400, str(exc), "invalid_request_error", "context_length_exceeded")
+    if isinstance(exc, InvalidRequestError):
+        return error_response(400, str(exc), "invalid_request_error", "invalid_value")
+    if isinstance(exc, OutOfKVMemoryError):
+        return error_response(400, str(exc), "invalid_request_error", "context_length_exceeded")
+    if isinstance(exc, VrikshaError):
+        return error_response(500, str(exc), "server_error")
+    logger.exception("unhandled error while serving a request", exc_info=exc)
+    return error_response(500, f"internal server error: {type(exc).__name__}: {exc}", "server_error")
+
+
+def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
+    parts: list[str] = []
+    first_param: str | None = None
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        # unions report one error per member; keep the path to the field, not the union member names
+        loc = [p for p in loc if not any(c in p for c in "[]") and p not in ("str", "int", "list", "dict")]
+        field = ".".join(loc) or "body"
+        first_param = first_param or field
+        kind = err.get("type", "")
+        if kind == "json_invalid":
+            return (
+                f"the request body is not valid JSON ({err.get('ctx', {}).get('error', 'parse error')}); "
+                "send a JSON object with Content-Type: application/json",
+                None,
+            )
+        if kind == "extra_forbidden":
+            parts.append(f"unrecognized request argument supplied: {field}")
+        elif kind == "missing":
+            parts.append(f"missing required parameter: {field}")
+        else:
+            got = json.dumps(err.get("input"), default=str)
+            if len(got) > 80:
+                got = got[:77] + "..."
+            parts.append(f"invalid type or value for {field}: {err.get('msg', 'invalid')} (got {got})")
+    # unions produce duplicates; keep order, drop repeats
+    seen: dict[str, None] = dict.fromkeys(parts)
+    return "; ".join(seen) or "invalid request body", first_param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = _describe_validation(exc)
+        return error_response(400, message, "invalid_request_error", None, param)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+        message = str(exc.detail)
+        if exc.status_code == 404:
+            message = "no such endpoint; see GET /v1/models, POST /v1/completions, POST /v1/chat/completions"
+        return error_response(exc.status_code, message, "invalid_request_error", code, None, exc.headers)
+
+    @app.exception_handler(VrikshaError)
+    async def _vriksha(_: Request, exc: VrikshaError) -> JSONResponse:
+        return to_response(exc)
+
+    @app.exception_handler(Exception)
+    async def _any(_: Request, exc: Exception) -> JSONResponse:
+        return to_response(exc)

@@ -1,0 +1,150 @@
+"""Prometheus metrics: latency histograms and token counters observed by the server, engine gauges read at scrape."""
+
+from __future__ import annotations
+
+import resource
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+PREFIX = "vriksha"
+_TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+_TPOT_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+)
+_E2E_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0)
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size (ru_maxrss is KiB on Linux, bytes on macOS)."""
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
+
+
+class _EngineCollector(Collector):
+    """Reads `engine.stats()` and the admission counters at scrape time."""
+
+    def __init__(
+        self, stats: Callable[[], Any], waiting: Callable[[], int], in_flight: Callable[[], int]
+    ) -> None:
+        self._stats = stats
+        self._waiting = waiting
+        self._in_flight = in_flight
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        s = self._stats()
+
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
+
+        yield gauge("num_requests_running", "requests the engine is decoding", s.num_running)
+        yield gauge("num_requests_waiting", "requests queued in the engine, not yet scheduled", s.num_waiting)
+        yield gauge(
+            "server_requests_waiting",
+            "requests admitted by the server without a first token yet",
+            self._waiting(),
+        )
+        yield gauge("server_requests_in_flight", "requests the server is serving", self._in_flight())
+        yield gauge(
+            "kv_cache_used_tokens",
+            "KV pool slots in use (running requests and the prefix cache)",
+            s.kv_used_tokens,
+        )
+        yield gauge("kv_cache_total_tokens", "KV pool capacity in tokens", s.kv_total_tokens)
+        total = max(1, s.kv_total_tokens)
+        yield gauge("kv_cache_usage_ratio", "fraction of the KV pool in use", s.kv_used_tokens / total)
+        hit = s.cached_prompt_tokens / s.prompt_tokens if s.prompt_tokens else 0.0
+        yield gauge("prefix_cache_hit_rate", "cached prompt tokens / prompt tokens, since start", hit)
+        yield gauge(
+            "engine_prompt_tokens", "prompt tokens the engine has admitted, since start", s.prompt_tokens
+        )
+        yield gauge(
+            "engine_cached_prompt_tokens",
+            "prompt tokens served from the prefix cache, since start",
+            s.cached_prompt_tokens,
+        )
+        yield gauge(
+            "engine_generation_tokens", "tokens the engine has generated, since start", s.generation_tokens
+        )
+        yield gauge("process_peak_rss_bytes", "peak resident memory of the server process", peak_rss_bytes())
+
+
+class ServerMetrics:
+    """One registry per app, so several apps in one process (tests) do not collide."""
+
+    def __init__(
+        self, stats: Callable[[], Any], waiting: Callable[[], int], in_flight: Callable[[], int]
+    ) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram(
+            f"{PREFIX}_time_to_first_token_seconds", "time to first token", buckets=_TTFT_BUCKETS, registry=r
+        )
+        self.tpot = Histogram(
+            f"{PREFIX}_time_per_output_token_seconds",
+            "time per output token after the first",
+            buckets=_TPOT_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            f"{PREFIX}_e2e_request_latency_seconds", "request latency", buckets=_E2E_BUCKETS, registry=r
+        )
+        self.prompt_tokens = Counter(
+            f"{PREFIX}_prompt_tokens", "prompt tokens of finished requests", registry=r
+        )
+        self.cached_tokens = Counter(
+            f"{PREFIX}_cached_prompt_tokens", "prompt tokens served from the prefix cache", registry=r
+        )
+        self.generation_tokens = Counter(
+            f"{PREFIX}_generation_tokens", "generated tokens of finished requests", registry=r
+        )
+        self.requests = Counter(
+            f"{PREFIX}_requests",
+            "requests by endpoint and outcome",
+            ["endpoint", "finish_reason"],
+            registry=r,
+        )
+        ProcessCollector(registry=r)
+        r.register(_EngineCollector(stats, waiting, in_flight))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,131 @@
+"""Request bodies of the OpenAI-compatible endpoints, as pydantic models.
+
+Every parameter OpenAI defines is declared, so a field OpenAI accepts is accepted here too (those we do
+not implement are ignored, see docs/server.md); any other field is rejected with 400, as OpenAI does.
+A few vLLM-style extensions (`top_k`, `min_p`, `ignore_eos`, ...) are declared as well, for clients that
+send them through `extra_body`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(Strict):
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None
+
+
+class EngineExtras(Strict):
+    """Sampling extensions beyond OpenAI's, named as in vLLM's server."""
+
+    top_k: int | None = None
+    min_p: float | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool | None = None
+    include_stop_str_in_output: bool | None = None
+    repetition_penalty: float | None = None  # accepted for compatibility; only 1.0 is supported
+
+
+class OpenAISampling(EngineExtras):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, int] | None = None
+    max_tokens: int | None = None
+    n: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    user: str | None = None
+
+
+class CompletionRequest(OpenAISampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    best_of: int | None = None
+    echo: bool | None = False
+    logprobs: int | None = None
+    suffix: str | None = None
+
+
+class ChatMessage(BaseModel):
+    """One message; fields beyond role/content (tool calls, names, ...) are passed to the chat template."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    role: Literal["developer", "system", "user", "assistant", "tool", "function"]
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(OpenAISampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    audio: dict[str, Any] | None = None
+    function_call: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+    max_completion_tokens: int | None = None
+    metadata: dict[str, str] | None = None
+    modalities: list[str] | None = None
+    moderation: dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    prediction: dict[str, Any] | None = None
+    prompt_cache_key: str | None = None
+    prompt_cache_options: dict[str, Any] | None = None
+    prompt_cache_retention: str | None = None
+    reasoning_effort: str | None = None
+    response_format: dict[str, Any] | None = None
+    safety_identifier: str | None = None
+    service_tier: str | None = None
+    store: bool | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    verbosity: str | None = None
+    web_search_options: dict[str, Any] | None = None
+    # chat-template extensions (vLLM names)
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+class NativeSamplingParams(EngineExtras):
+    """`sampling_params` of the native /generate: the engine's `SamplingParams` fields."""
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    max_tokens: int | None = None
+    max_new_tokens: int | None = None  # SGLang's name for max_tokens
+    stop: str | list[str] | None = None
+    logprobs: int | None = None
+
+
+class GenerateRequest(Strict):
+    """Native generation on token ids: no chat template, no retokenisation."""
+
+    input_ids: list[int] | list[list[int]] | None = None
+    text: str | None = None
+    sampling_params: NativeSamplingParams = Field(default_factory=NativeSamplingParams)
+    stream: bool = False
+    request_id: str | None = None
+    return_text: bool = True
+
+
+class ProfileRequest(Strict):
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False

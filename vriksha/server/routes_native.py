@@ -1,0 +1,162 @@
+"""Native endpoints: /generate on token ids (for rollouts), /health, /metrics, /flush_cache, /start_profile,
+/stop_profile."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from vriksha.engine.outputs import CompletionOutput, RequestOutput
+from vriksha.server.engine_client import RequestStream, merge, start_all
+from vriksha.server.errors import BadRequestError, ConflictError, to_response
+from vriksha.server.protocol import GenerateRequest, ProfileRequest
+from vriksha.server.responses import GenerateOutput, GenerateResponse
+from vriksha.server.sampling import native_params
+from vriksha.server.sse import DONE, error_event, event, sse_response, unless_disconnected
+from vriksha.server.state import StateDep
+
+router = APIRouter()
+
+
+def _top(c: CompletionOutput, start: int) -> list[list[tuple[int, float]]] | None:
+    if c.logprobs is None:
+        return None
+    return [sorted(step.items(), key=lambda kv: kv[1], reverse=True) for step in c.logprobs[start:]]
+
+
+def _output(c: CompletionOutput, with_text: bool, start: int = 0, text_start: int = 0) -> GenerateOutput:
+    return GenerateOutput(
+        index=c.index,
+        token_ids=list(c.token_ids[start:]),
+        token_logprobs=list(c.token_logprobs[start:]),
+        top_logprobs=_top(c, start),
+        text=c.text[text_start:] if with_text else None,
+        finish_reason=c.finish_reason,
+    )
+
+
+def _response(out: RequestOutput, with_text: bool) -> GenerateResponse:
+    return GenerateResponse(
+        request_id=out.request_id,
+        prompt_tokens=len(out.prompt_token_ids),
+        cached_tokens=out.num_cached_tokens,
+        outputs=[_output(c, with_text) for c in out.outputs],
+        finished=out.finished,
+        meta=dict(out.metrics),
+    )
+
+
+@router.post("/generate")
+async def generate(req: GenerateRequest, request: Request, state: StateDep) -> Response:
+    if (req.input_ids is None) == (req.text is None):
+        raise BadRequestError("send exactly one of input_ids (token ids) or text", param="input_ids")
+    params = native_params(req.sampling_params)
+    batch = bool(req.input_ids) and isinstance(req.input_ids[0], list)
+    prompts: list[Any] = (
+        list(req.input_ids) if batch else [req.input_ids if req.input_ids is not None else req.text]
+    )
+    if not prompts or any(len(p) == 0 for p in prompts):
+        raise BadRequestError("the prompt is empty; send at least one token id", param="input_ids")
+    if batch and req.stream:
+        raise BadRequestError(
+            "stream=true takes a single prompt; send input_ids as one list of token ids", param="stream"
+        )
+    streams: list[RequestStream] = []
+    try:
+        for i, p in enumerate(prompts):
+            rid = req.request_id if not batch or req.request_id is None else f"{req.request_id}-{i}"
+            streams.append(state.client.open(p, params, "generate", rid))
+    except BaseException:
+        for s in streams:
+            await s.aclose()
+        raise
+    await unless_disconnected(request, start_all(streams))
+    if req.stream:
+        return sse_response(_stream(streams[0], req.return_text), streams)
+
+    async def finals() -> list[RequestOutput]:
+        result: list[RequestOutput | None] = [None] * len(streams)
+        async for i, out in merge(streams):
+            result[i] = out
+        return [r for r in result if r is not None]
+
+    outs = await unless_disconnected(request, finals())
+    bodies = [_response(o, req.return_text).model_dump() for o in outs]
+    return JSONResponse(bodies if batch else bodies[0])
+
+
+async def _stream(stream: RequestStream, with_text: bool) -> AsyncIterator[bytes]:
+    sent_tokens: dict[int, int] = {}
+    sent_text: dict[int, int] = {}
+    try:
+        async for out in stream:
+            outputs = []
+            for c in out.outputs:
+                k0, t0 = sent_tokens.get(c.index, 0), sent_text.get(c.index, 0)
+                if len(c.token_ids) == k0 and c.finish_reason is None:
+                    continue
+                outputs.append(_output(c, with_text, k0, t0).model_dump())
+                sent_tokens[c.index], sent_text[c.index] = len(c.token_ids), max(t0, len(c.text))
+            if outputs or out.finished:
+                yield event(
+                    {
+                        "request_id": out.request_id,
+                        "prompt_tokens": len(out.prompt_token_ids),
+                        "cached_tokens": out.num_cached_tokens,
+                        "outputs": outputs,
+                        "finished": out.finished,
+                    }
+                )
+    except Exception as exc:
+        resp = to_response(exc)
+        yield error_event(str(exc), "server_error" if resp.status_code >= 500 else "invalid_request_error")
+    yield DONE
+
+
+@router.get("/health")
+async def health(state: StateDep) -> Response:
+    if state.admission.draining:
+        return JSONResponse({"status": "shutting_down"}, status_code=503)
+    return JSONResponse({"status": "ok", "model": state.model_name})
+
+
+@router.get("/metrics")
+async def metrics(state: StateDep) -> Response:
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.post("/flush_cache")
+async def flush_cache(state: StateDep) -> Response:
+    res = state.engine.flush_cache()
+    if inspect.isawaitable(res):
+        res = await res
+    if res is False:
+        raise ConflictError("the prefix cache was not flushed because requests are running; retry when idle")
+    return JSONResponse({"flushed": True})
+
+
+@router.post("/start_profile")
+async def start_profile(request: Request, state: StateDep) -> Response:
+    raw = await request.body()
+    try:
+        opts = ProfileRequest.model_validate_json(raw) if raw.strip() else ProfileRequest()
+    except ValidationError as exc:
+        raise BadRequestError(
+            f"invalid /start_profile body: {exc.errors()[0]['msg']}; send {{}} or "
+            '{"record_shapes": bool, "profile_memory": bool, "with_stack": bool}'
+        ) from exc
+    directory = state.profiler.start(opts.record_shapes, opts.profile_memory, opts.with_stack)
+    return JSONResponse({"profiling": True, "dir": str(directory)})
+
+
+@router.post("/stop_profile")
+async def stop_profile(state: StateDep) -> Response:
+    path = await state.profiler.stop()
+    return JSONResponse({"profiling": False, "traces": [str(path)]})

@@ -1,0 +1,151 @@
+"""POST /v1/chat/completions: messages through the chat template, `n` choices, streamed or not."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from vriksha.engine.outputs import CompletionOutput, RequestOutput
+from vriksha.profiling import phase
+from vriksha.server.engine_client import RequestStream
+from vriksha.server.errors import to_response
+from vriksha.server.logprobs import chat_logprobs
+from vriksha.server.prompts import render_chat
+from vriksha.server.protocol import ChatCompletionRequest
+from vriksha.server.responses import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionResponse,
+    ChoiceLogprobs,
+    Usage,
+    new_id,
+    now,
+)
+from vriksha.server.sampling import chat_params
+from vriksha.server.sse import DONE, error_event, event, sse_response, text_delta, unless_disconnected
+from vriksha.server.state import ServerState
+
+
+def _usage(out: RequestOutput) -> Usage:
+    return Usage.of(
+        len(out.prompt_token_ids), sum(len(c.token_ids) for c in out.outputs), out.num_cached_tokens
+    )
+
+
+def _logprobs(
+    state: ServerState, req: ChatCompletionRequest, c: CompletionOutput, start: int = 0
+) -> ChoiceLogprobs | None:
+    if not req.logprobs:
+        return None
+    steps = c.logprobs[start:] if c.logprobs else None
+    return chat_logprobs(
+        state.text_of, c.token_ids[start:], c.token_logprobs[start:], steps, req.top_logprobs or 0
+    )
+
+
+async def create_chat_completion(
+    req: ChatCompletionRequest, state: ServerState, request: Request
+) -> Response:
+    with phase("server.parse"):
+        model = state.check_model(req.model)
+        prompt_ids = render_chat(state.tokenizer, req)
+        params = chat_params(req, len(prompt_ids), state.max_model_len)
+    stream = state.client.open(prompt_ids, params, "chat")
+    try:
+        await unless_disconnected(request, stream.start())
+    except BaseException:
+        await stream.aclose()
+        raise
+    if req.stream:
+        return sse_response(_stream(req, state, model, stream), [stream])
+    final = await unless_disconnected(request, stream.final())
+    choices = [
+        ChatChoice(
+            index=c.index,
+            message=AssistantMessage(content=c.text),
+            logprobs=_logprobs(state, req, c),
+            finish_reason=c.finish_reason,
+        )
+        for c in final.outputs
+    ]
+    body = ChatCompletionResponse(id=new_id("chatcmpl"), model=model, choices=choices, usage=_usage(final))
+    return JSONResponse(body.model_dump())
+
+
+async def _stream(
+    req: ChatCompletionRequest, state: ServerState, model: str, stream: RequestStream
+) -> AsyncIterator[bytes]:
+    rid, created = new_id("chatcmpl"), now()
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    sent_text: dict[int, int] = {}
+    sent_tokens: dict[int, int] = {}
+    finished: set[int] = set()
+    last: RequestOutput | None = None
+
+    def chunk(choices: list[dict]) -> bytes:
+        body = {
+            "id": rid,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": choices,
+        }
+        if include_usage:
+            body["usage"] = None
+        return event(body)
+
+    try:
+        n = stream.params.n
+        yield chunk(
+            [
+                {
+                    "index": i,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+                for i in range(n)
+            ]
+        )
+        async for out in stream:
+            last = out
+            choices = []
+            for c in out.outputs:
+                if c.index in finished:
+                    continue
+                t0, k0 = sent_text.get(c.index, 0), sent_tokens.get(c.index, 0)
+                delta = text_delta(c.text, t0, c.finish_reason is not None)
+                if not delta and c.finish_reason is None and len(c.token_ids) == k0:
+                    continue
+                lp = _logprobs(state, req, c, k0)
+                choices.append(
+                    {
+                        "index": c.index,
+                        "delta": {"content": delta} if delta else {},
+                        "logprobs": lp.model_dump() if lp else None,
+                        "finish_reason": c.finish_reason,
+                    }
+                )
+                sent_text[c.index] = t0 + len(delta)
+                sent_tokens[c.index] = len(c.token_ids)
+                if c.finish_reason is not None:
+                    finished.add(c.index)
+            if choices:
+                yield chunk(choices)
+        if include_usage and last is not None:
+            yield event(
+                {
+                    "id": rid,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": model,
+                    "choices": [],
+                    "usage": _usage(last).model_dump(),
+                }
+            )
+    except Exception as exc:  # headers are sent: report in-band, as OpenAI does
+        resp = to_response(exc)
+        yield error_event(str(exc), "server_error" if resp.status_code >= 500 else "invalid_request_error")
+    yield DONE

@@ -1,0 +1,172 @@
+"""POST /v1/completions: one engine request per prompt, `n` choices each, streamed or not."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from vriksha.engine.outputs import CompletionOutput, RequestOutput
+from vriksha.profiling import phase
+from vriksha.server.engine_client import RequestStream, merge, start_all
+from vriksha.server.errors import to_response
+from vriksha.server.logprobs import completion_logprobs
+from vriksha.server.prompts import completion_prompts
+from vriksha.server.protocol import CompletionRequest
+from vriksha.server.responses import CompletionChoice, CompletionResponse, Usage, new_id, now
+from vriksha.server.sampling import completion_params
+from vriksha.server.sse import DONE, error_event, event, sse_response, text_delta, unless_disconnected
+from vriksha.server.state import ServerState
+
+
+def _usage(finals: list[RequestOutput]) -> Usage:
+    return Usage.of(
+        sum(len(o.prompt_token_ids) for o in finals),
+        sum(len(c.token_ids) for o in finals for c in o.outputs),
+        sum(o.num_cached_tokens for o in finals),
+    )
+
+
+async def create_completion(req: CompletionRequest, state: ServerState, request: Request) -> Response:
+    with phase("server.parse"):
+        model = state.check_model(req.model)
+        prompts = completion_prompts(req)
+        params = completion_params(req)
+    streams: list[RequestStream] = []
+    try:
+        for p in prompts:
+            streams.append(state.client.open(p, params, "completions"))
+    except BaseException:
+        for s in streams:
+            await s.aclose()
+        raise
+    await unless_disconnected(request, start_all(streams))
+    if req.stream:
+        return sse_response(_stream(req, state, model, streams), streams)
+    finals = await unless_disconnected(request, _finals(streams))
+    return JSONResponse(_response(req, state, model, finals).model_dump())
+
+
+async def _finals(streams: list[RequestStream]) -> list[RequestOutput]:
+    finals: list[RequestOutput | None] = [None] * len(streams)
+    async for i, out in merge(streams):
+        finals[i] = out
+    return [f for f in finals if f is not None]
+
+
+def _choice_logprobs(state: ServerState, c: CompletionOutput, k: int | None, start: int = 0, offset: int = 0):
+    if k is None:
+        return None
+    return completion_logprobs(
+        state.text_of,
+        c.token_ids[start:],
+        c.token_logprobs[start:],
+        (c.logprobs or [])[start:] if c.logprobs else None,
+        k,
+        offset,
+    )
+
+
+def _response(
+    req: CompletionRequest, state: ServerState, model: str, finals: list[RequestOutput]
+) -> CompletionResponse:
+    n = req.n or 1
+    choices = []
+    for i, out in enumerate(finals):
+        for c in out.outputs:
+            prefix = ""
+            if req.echo:
+                prefix = (
+                    out.prompt if out.prompt is not None else state.tokenizer.decode(out.prompt_token_ids)
+                )
+            choices.append(
+                CompletionChoice(
+                    index=i * n + c.index,
+                    text=prefix + c.text,
+                    logprobs=_choice_logprobs(state, c, req.logprobs, 0, len(prefix)),
+                    finish_reason=c.finish_reason,
+                )
+            )
+    return CompletionResponse(id=new_id("cmpl"), model=model, choices=choices, usage=_usage(finals))
+
+
+async def _stream(
+    req: CompletionRequest, state: ServerState, model: str, streams: list[RequestStream]
+) -> AsyncIterator[bytes]:
+    rid, created, n = new_id("cmpl"), now(), req.n or 1
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    sent_text: dict[int, int] = {}
+    sent_tokens: dict[int, int] = {}
+    finished: set[int] = set()
+    finals: list[RequestOutput | None] = [None] * len(streams)
+
+    def chunk(choices: list[dict]) -> bytes:
+        body = {
+            "id": rid,
+            "object": "text_completion",
+            "created": created,
+            "model": model,
+            "choices": choices,
+        }
+        if include_usage:
+            body["usage"] = None
+        return event(body)
+
+    try:
+        if req.echo:
+            for i, s in enumerate(streams):
+                first = await s.start()
+                prompt = (
+                    first.prompt
+                    if first.prompt is not None
+                    else state.tokenizer.decode(first.prompt_token_ids)
+                )
+                yield chunk(
+                    [
+                        {"index": i * n + j, "text": prompt, "logprobs": None, "finish_reason": None}
+                        for j in range(n)
+                    ]
+                )
+        async for i, out in merge(streams):
+            finals[i] = out
+            choices = []
+            for c in out.outputs:
+                idx = i * n + c.index
+                if idx in finished:
+                    continue
+                t0, k0 = sent_text.get(idx, 0), sent_tokens.get(idx, 0)
+                delta = text_delta(c.text, t0, c.finish_reason is not None)
+                if not delta and c.finish_reason is None and len(c.token_ids) == k0:
+                    continue
+                lp = _choice_logprobs(state, c, req.logprobs, k0, t0)
+                choices.append(
+                    {
+                        "index": idx,
+                        "text": delta,
+                        "logprobs": lp.model_dump() if lp else None,
+                        "finish_reason": c.finish_reason,
+                    }
+                )
+                sent_text[idx] = t0 + len(delta)
+                sent_tokens[idx] = len(c.token_ids)
+                if c.finish_reason is not None:
+                    finished.add(idx)
+            if choices:
+                yield chunk(choices)
+        if include_usage:
+            done = [f for f in finals if f is not None]
+            yield event(
+                {
+                    "id": rid,
+                    "object": "text_completion",
+                    "created": created,
+                    "model": model,
+                    "choices": [],
+                    "usage": _usage(done).model_dump(),
+                }
+            )
+    except Exception as exc:  # headers are sent: report in-band, as OpenAI does
+        resp = to_response(exc)
+        yield error_event(str(exc), "server_error" if resp.status_code >= 500 else "invalid_request_error")
+    yield DONE

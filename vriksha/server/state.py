@@ -1,0 +1,64 @@
+"""Everything a route needs, built once per app."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+
+from vriksha.server.admission import Admission
+from vriksha.server.config import ServerConfig
+from vriksha.server.engine_client import EngineClient
+from vriksha.server.errors import ModelNotFoundError
+from vriksha.server.logprobs import TokenText
+from vriksha.server.metrics import ServerMetrics
+from vriksha.server.profiler import ServerProfiler
+
+
+@dataclass(slots=True)
+class ServerState:
+    engine: Any
+    config: ServerConfig
+    admission: Admission
+    metrics: ServerMetrics
+    client: EngineClient
+    profiler: ServerProfiler
+    _text_of: TokenText | None = None
+
+    @property
+    def model_names(self) -> list[str]:
+        return self.config.served_model_names or [str(self.engine.model_name)]
+
+    @property
+    def model_name(self) -> str:
+        return self.model_names[0]
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.engine.tokenizer
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self.engine.max_model_len)
+
+    @property
+    def text_of(self) -> TokenText:
+        if self._text_of is None:
+            self._text_of = TokenText(self.tokenizer)
+        return self._text_of
+
+    def check_model(self, name: str) -> str:
+        if name not in self.model_names:
+            raise ModelNotFoundError(
+                f"the model {name!r} does not exist; this server serves {self.model_names} (see GET /v1/models)",
+                param="model",
+            )
+        return name
+
+
+def get_state(request: Request) -> ServerState:
+    return request.app.state.vriksha
+
+
+StateDep = Annotated[ServerState, Depends(get_state)]
