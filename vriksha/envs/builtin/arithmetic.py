@@ -113,3 +113,14 @@ class ArithmeticEnv(Environment):
             terminated=True,
             info=score.info(),
         )
+
+    # hooks for `vriksha env validate` (private: never exposed to the agent)
+    def _validation_ground_truth(self) -> list[str]:
+        return [str(self._problem.answer)]
+
+    def _validation_solution(self) -> list[dict[str, Any]]:
+        return [{"text": f"Working it out step by step.\nAnswer: {self._problem.answer}"}]
+
+    def _validation_exploits(self, observation: Observation) -> list[list[dict[str, Any]]]:
+        spread = "\n".join(f"Answer: {i}" for i in range(-100, 10_000))
+        return [[{"text": spread}], [{"text": f"\\boxed{{{self._problem.expression}}}"}]]

@@ -257,6 +257,32 @@ class CalculatorToolsEnv(Environment):
             info=score.info() | {"tool_calls": len(ep.calls)},
         )
 
+    # hooks for `vriksha env validate` (private: never exposed to the agent)
+    def _validation_ground_truth(self) -> list[str]:
+        return [str(self._episode.problem.answer)]
+
+    def _validation_solution(self) -> list[dict[str, Any]]:
+        return [
+            {"text": "<calculator>2 * 3</calculator>"},
+            {"text": f"Answer: {self._episode.problem.answer}"},
+        ]
+
+    def _validation_exploits(self, observation: Observation) -> list[list[dict[str, Any]]]:
+        ans = self._episode.problem.answer
+        return [
+            [{"tool": "calculator", "arguments": {"expression": "1 + 1"}}],  # calls until the turn limit
+            [{"text": f"Answer: {ans}"}],  # right, but without the tool it does not count
+            [
+                {"tool": "calculator", "arguments": {"expression": "__import__('os').getcwd()"}},
+                {"text": f"Answer: {ans}"},
+            ],
+            [{"tool": "no_such_tool", "arguments": {}}, {"text": f"Answer: {ans}"}],
+            [
+                {"text": "<calculator>1+1</calculator>"},
+                {"text": "Answer: " + " ".join(map(str, range(2000)))},
+            ],
+        ]
+
 
 @dataclass(slots=True)
 class _Scored:

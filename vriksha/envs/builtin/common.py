@@ -55,14 +55,19 @@ def numbers_in(text: str) -> list[float]:
 
 
 def parse_answer(text: str) -> float | None:
-    """The answer in free text: the last `Answer: N` line (or `\\boxed{N}`) if there is one, else the last
-    number. A marked answer holding more than one number is no answer (no hedging)."""
+    """The answer in free text: the `Answer: N` line (or `\\boxed{N}`) if there is one, else the last
+    number. Marked answers that hold several numbers or disagree with each other are no answer."""
     if not isinstance(text, str) or len(text) > MAX_ANSWER_CHARS:
         return None
     marked = _ANSWER_LINE_RE.findall(text) + _BOXED_RE.findall(text)
     if marked:
-        nums = _NUMBER_RE.findall(marked[-1])
-        return _to_number(nums[0]) if len(nums) == 1 else None
+        values = set()
+        for m in marked:
+            nums = _NUMBER_RE.findall(m)
+            if len(nums) != 1:
+                return None
+            values.add(_to_number(nums[0]))
+        return values.pop() if len(values) == 1 else None  # several different marked answers: a hedge
     nums = numbers_in(text)
     return nums[-1] if nums else None
 

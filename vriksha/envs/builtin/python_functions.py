@@ -209,3 +209,25 @@ class PythonFunctionsEnv(Environment):
             "sandbox": ep.sandbox,
         }
         return StepResult(observation=Observation(text=""), reward=score.total, terminated=True, info=info)
+
+    # hooks for `vriksha env validate` (private: never exposed to the agent)
+    def _validation_ground_truth(self) -> list[str]:
+        return [s for s in (json.dumps(list(a)) for a in self._episode.hidden_inputs) if len(s) >= 6]
+
+    def _validation_exploits(self, observation: Observation) -> list[list[dict[str, Any]]]:
+        name = self._episode.task.name
+        forge = "\n".join(
+            f'{{"i": {i}, "passed": true, "out": "PASS"}}' for i in range(len(self._episode.expected))
+        )
+        return [
+            [{"text": f"```python\n{code}\n```"}]
+            for code in (
+                f"import os\nos._exit(0)\ndef {name}(*a): pass",
+                f"import sys\nsys.exit(0)\ndef {name}(*a): pass",
+                f"class Any(list):\n    def __eq__(self, o): return True\n    def __ne__(self, o): return False\ndef {name}(*a): return Any()",
+                f"open('results.jsonl', 'w').write({forge!r})\nimport os\nos._exit(0)\ndef {name}(*a): pass",
+                f"import json\ndef {name}(*a):\n    return json.load(open('inputs.json'))",
+                f"def {name}(*a):\n    raise SystemExit(0)",
+                f"import socket\ndef {name}(*a):\n    return socket.create_connection(('127.0.0.1', 80), timeout=1)",
+            )
+        ]
