@@ -1,0 +1,71 @@
+"""SIGTERM: the server stops accepting, lets a short in-flight stream finish, aborts one that outlives the
+shutdown timeout, and exits 0."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+MODEL = "tiny"
+
+
+def test_serve_help_lists_options():
+    out = subprocess.run(
+        [sys.executable, "-m", "vriksha.cli", "serve", "--help"], capture_output=True, text=True, cwd=str(REPO), timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    for flag in ("--model", "--host", "--port", "--api-key", "--max-waiting", "--served-model-name", "--profile-dir"):
+        assert flag in out.stdout
+
+
+def test_sigterm_drains_then_exits_zero(server_factory, tiny_model_dir):
+    server = server_factory(["--model", str(tiny_model_dir), "--served-model-name", MODEL, "--shutdown-timeout", "2"])
+    results: dict[str, list[str]] = {}
+
+    def stream(name: str, max_tokens: int) -> None:
+        body = {"model": MODEL, "prompt": "Hello", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+        lines: list[str] = []
+        try:
+            with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=60) as r:
+                for line in r.iter_lines():
+                    if line:
+                        lines.append(line)
+                        if len(lines) == 1:
+                            started[name].set()
+        except httpx.HTTPError as exc:
+            lines.append(f"error: {type(exc).__name__}")
+        results[name] = lines
+
+    started = {"short": threading.Event(), "long": threading.Event()}
+    threads = [
+        threading.Thread(target=stream, args=("short", 24)),
+        threading.Thread(target=stream, args=("long", 2000)),  # far longer than the timeout
+    ]
+    for t in threads:
+        t.start()
+    assert all(e.wait(60) for e in started.values()), server.log_tail()
+    t0 = time.monotonic()
+    server.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.5)
+    with pytest.raises(httpx.HTTPError):  # stopped accepting: refused, or 503 while draining
+        r = httpx.post(
+            f"{server.base_url}/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1}, timeout=5
+        )
+        r.raise_for_status()
+    code = server.proc.wait(timeout=60)
+    elapsed = time.monotonic() - t0
+    for t in threads:
+        t.join(timeout=30)
+    assert code == 0, server.log_tail()
+    assert elapsed < 20, f"shutdown took {elapsed:.1f} s with a 2 s timeout"
+    assert results["short"][-1] == "data: [DONE]", results["short"][-3:]
+    assert results["long"][-1] != "data: [DONE]"  # cut off at the timeout
