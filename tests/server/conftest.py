@@ -69,7 +69,17 @@ class ServerProcess:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
         env.setdefault("OMP_NUM_THREADS", "1")
-        cmd = [sys.executable, "-m", "vriksha.cli", "--log-level", "INFO", "serve", "--port", str(self.port), *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "vriksha.cli",
+            "--log-level",
+            "INFO",
+            "serve",
+            "--port",
+            str(self.port),
+            *args,
+        ]
         if api_key:
             cmd += ["--api-key", api_key]
         self._log = open(log_path, "wb")
@@ -86,7 +96,9 @@ class ServerProcess:
         deadline = time.monotonic() + STARTUP_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode} during startup:\n{self.log_tail()}")
+                raise RuntimeError(
+                    f"server exited with {self.proc.returncode} during startup:\n{self.log_tail()}"
+                )
             try:
                 if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
                     return

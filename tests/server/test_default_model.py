@@ -12,7 +12,9 @@ def test_default_model_chat(server_factory):
     client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=300)
     model = client.models.list().data[0].id
     r = client.chat.completions.create(
-        model=model, messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=24,
+        model=model,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=24,
         temperature=0,
     )
     text = r.choices[0].message.content

@@ -16,12 +16,23 @@ MODEL = "tiny"
 @pytest.fixture(scope="module")
 def server(server_factory, tiny_model_dir):
     return server_factory(
-        ["--model", str(tiny_model_dir), "--served-model-name", MODEL, "--max-num-seqs", "1", "--max-waiting", "1"],
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--served-model-name",
+            MODEL,
+            "--max-num-seqs",
+            "1",
+            "--max-waiting",
+            "1",
+        ],
         api_key=KEY,
     )
 
 
-def post(server, path: str, body=None, *, content: bytes | None = None, key: str | None = KEY, **kw) -> httpx.Response:
+def post(
+    server, path: str, body=None, *, content: bytes | None = None, key: str | None = KEY, **kw
+) -> httpx.Response:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     if content is not None:
         headers["Content-Type"] = "application/json"
@@ -48,20 +59,79 @@ CASES = [
     # (name, path, body or raw bytes, status, substring of the message, param)
     ("malformed json", "/v1/completions", b'{"model": "tiny", "prompt": ', 400, "not valid JSON", None),
     ("not an object", "/v1/chat/completions", b"[1, 2, 3]", 400, "", None),
-    ("max_tokens as string", "/v1/completions", {**COMPLETION, "max_tokens": "2"}, 400, "max_tokens", "max_tokens"),
-    ("temperature as string", "/v1/chat/completions", {**CHAT, "temperature": "hot"}, 400, "temperature", "temperature"),
+    (
+        "max_tokens as string",
+        "/v1/completions",
+        {**COMPLETION, "max_tokens": "2"},
+        400,
+        "max_tokens",
+        "max_tokens",
+    ),
+    (
+        "temperature as string",
+        "/v1/chat/completions",
+        {**CHAT, "temperature": "hot"},
+        400,
+        "temperature",
+        "temperature",
+    ),
     ("messages not a list", "/v1/chat/completions", {**CHAT, "messages": "hi"}, 400, "messages", "messages"),
-    ("bad role", "/v1/chat/completions", {**CHAT, "messages": [{"role": "robot", "content": "x"}]}, 400, "role", None),
-    ("missing prompt", "/v1/completions", {"model": MODEL}, 400, "missing required parameter: prompt", "prompt"),
-    ("unknown field", "/v1/completions", {**COMPLETION, "bogus_field": 1}, 400, "unrecognized request argument supplied: bogus_field", "bogus_field"),
-    ("unknown chat field", "/v1/chat/completions", {**CHAT, "max_new_tokens": 3}, 400, "unrecognized request argument supplied: max_new_tokens", None),
+    (
+        "bad role",
+        "/v1/chat/completions",
+        {**CHAT, "messages": [{"role": "robot", "content": "x"}]},
+        400,
+        "role",
+        None,
+    ),
+    (
+        "missing prompt",
+        "/v1/completions",
+        {"model": MODEL},
+        400,
+        "missing required parameter: prompt",
+        "prompt",
+    ),
+    (
+        "unknown field",
+        "/v1/completions",
+        {**COMPLETION, "bogus_field": 1},
+        400,
+        "unrecognized request argument supplied: bogus_field",
+        "bogus_field",
+    ),
+    (
+        "unknown chat field",
+        "/v1/chat/completions",
+        {**CHAT, "max_new_tokens": 3},
+        400,
+        "unrecognized request argument supplied: max_new_tokens",
+        None,
+    ),
     ("negative temperature", "/v1/completions", {**COMPLETION, "temperature": -1}, 400, "temperature", None),
     ("zero max_tokens", "/v1/completions", {**COMPLETION, "max_tokens": 0}, 400, "max_tokens", "max_tokens"),
-    ("top_logprobs without logprobs", "/v1/chat/completions", {**CHAT, "top_logprobs": 2}, 400, "logprobs", "top_logprobs"),
+    (
+        "top_logprobs without logprobs",
+        "/v1/chat/completions",
+        {**CHAT, "top_logprobs": 2},
+        400,
+        "logprobs",
+        "top_logprobs",
+    ),
     ("empty prompt", "/v1/completions", {**COMPLETION, "prompt": ""}, 400, "empty", "prompt"),
-    ("image content", "/v1/chat/completions",
-     {**CHAT, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}]},
-     400, "image_url", None),
+    (
+        "image content",
+        "/v1/chat/completions",
+        {
+            **CHAT,
+            "messages": [
+                {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "http://x"}}]}
+            ],
+        },
+        400,
+        "image_url",
+        None,
+    ),
     ("unknown model", "/v1/completions", {**COMPLETION, "model": "gpt-17"}, 404, "gpt-17", "model"),
     ("unknown chat model", "/v1/chat/completions", {**CHAT, "model": "nope"}, 404, "does not exist", "model"),
 ]
@@ -82,13 +152,26 @@ def test_bad_request_then_keeps_serving(server, name, path, body, status, needle
 
 def test_accepts_openai_fields_it_does_not_implement(server):
     body = {
-        **CHAT, "user": "u1", "metadata": {"a": "b"}, "store": False, "frequency_penalty": 0, "presence_penalty": 0,
-        "logit_bias": {}, "parallel_tool_calls": False, "service_tier": "auto", "response_format": {"type": "text"},
-        "stream_options": None, "reasoning_effort": None, "prompt_cache_key": "k", "safety_identifier": "s",
+        **CHAT,
+        "user": "u1",
+        "metadata": {"a": "b"},
+        "store": False,
+        "frequency_penalty": 0,
+        "presence_penalty": 0,
+        "logit_bias": {},
+        "parallel_tool_calls": False,
+        "service_tier": "auto",
+        "response_format": {"type": "text"},
+        "stream_options": None,
+        "reasoning_effort": None,
+        "prompt_cache_key": "k",
+        "safety_identifier": "s",
     }
     r = post(server, "/v1/chat/completions", body)
     assert r.status_code == 200, r.text
-    r = post(server, "/v1/completions", {**COMPLETION, "best_of": 1, "echo": False, "suffix": None, "user": "u"})
+    r = post(
+        server, "/v1/completions", {**COMPLETION, "best_of": 1, "echo": False, "suffix": None, "user": "u"}
+    )
     assert r.status_code == 200, r.text
 
 
@@ -119,7 +202,9 @@ def test_api_key(server):
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
     good = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=KEY, max_retries=0)
-    assert good.completions.create(model=MODEL, prompt="Hi", max_tokens=1).choices[0].finish_reason == "length"
+    assert (
+        good.completions.create(model=MODEL, prompt="Hi", max_tokens=1).choices[0].finish_reason == "length"
+    )
 
 
 def test_unknown_route_and_method(server):

@@ -25,7 +25,15 @@ MESSAGES = [{"role": "user", "content": "Write a short poem about trees."}]
 def server(server_factory, tiny_model_dir, tmp_path_factory):
     profile_dir = tmp_path_factory.mktemp("profiles")
     s = server_factory(
-        ["--model", str(tiny_model_dir), "--served-model-name", MODEL, "tiny-alias", "--profile-dir", str(profile_dir)]
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--served-model-name",
+            MODEL,
+            "tiny-alias",
+            "--profile-dir",
+            str(profile_dir),
+        ]
     )
     s.profile_dir = profile_dir
     return s
@@ -71,7 +79,12 @@ def test_completion_stream_equals_non_stream(client):
     full = client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0)
     chunks = list(
         client.completions.create(
-            model=MODEL, prompt=PROMPT, max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True}
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=12,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
         )
     )
     text = "".join(c.choices[0].text for c in chunks if c.choices)
@@ -91,12 +104,20 @@ def test_chat_equals_offline_llm(client, llm):
 
 def test_chat_stream_and_max_completion_tokens(client):
     full = client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, max_completion_tokens=10, temperature=0, extra_body={"ignore_eos": True}
+        model=MODEL,
+        messages=MESSAGES,
+        max_completion_tokens=10,
+        temperature=0,
+        extra_body={"ignore_eos": True},
     )
     assert full.usage.completion_tokens == 10 and full.choices[0].finish_reason == "length"
     chunks = list(
         client.chat.completions.create(
-            model=MODEL, messages=MESSAGES, max_completion_tokens=10, temperature=0, stream=True,
+            model=MODEL,
+            messages=MESSAGES,
+            max_completion_tokens=10,
+            temperature=0,
+            stream=True,
             extra_body={"ignore_eos": True},
         )
     )
@@ -143,7 +164,10 @@ def test_completion_logprobs(client, llm):
     assert lp.token_logprobs == pytest.approx(want.token_logprobs, abs=1e-4)
     assert all(len(top) == 3 for top in lp.top_logprobs)
     # greedy: the sampled token is the most likely one
-    assert all(max(top.values()) == pytest.approx(t, abs=1e-4) for top, t in zip(lp.top_logprobs, lp.token_logprobs))
+    assert all(
+        max(top.values()) == pytest.approx(t, abs=1e-4)
+        for top, t in zip(lp.top_logprobs, lp.token_logprobs, strict=True)
+    )
     assert "".join(lp.tokens) == r.choices[0].text
     assert lp.text_offset[0] == 0
 
@@ -193,7 +217,10 @@ def test_native_generate_token_ids(server, llm):
 def test_async_client_64_concurrent_streams(server, aclient):
     async def one(i: int) -> tuple[str, str | None]:
         stream = await aclient.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": f"Count to {i}."}], max_tokens=8, stream=True,
+            model=MODEL,
+            messages=[{"role": "user", "content": f"Count to {i}."}],
+            max_tokens=8,
+            stream=True,
             extra_body={"ignore_eos": True},
         )
         text, finish = "", None
@@ -272,7 +299,9 @@ def test_profile_endpoints_write_trace(server, client):
     assert trace.parent == Path(server.profile_dir) and trace.exists()
     events = json.loads(gzip.decompress(trace.read_bytes()) if trace.suffix == ".gz" else trace.read_bytes())
     names = {e.get("name", "") for e in events["traceEvents"]}
-    assert any(n.startswith("aten::") for n in names), "no operator events: the engine thread was not profiled"
+    assert any(n.startswith("aten::") for n in names), (
+        "no operator events: the engine thread was not profiled"
+    )
     assert httpx.post(f"{server.base_url}/stop_profile", timeout=30).status_code == 409
 
 

@@ -20,19 +20,39 @@ MODEL = "tiny"
 
 def test_serve_help_lists_options():
     out = subprocess.run(
-        [sys.executable, "-m", "vriksha.cli", "serve", "--help"], capture_output=True, text=True, cwd=str(REPO), timeout=60
+        [sys.executable, "-m", "vriksha.cli", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        cwd=str(REPO),
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr
-    for flag in ("--model", "--host", "--port", "--api-key", "--max-waiting", "--served-model-name", "--profile-dir"):
+    for flag in (
+        "--model",
+        "--host",
+        "--port",
+        "--api-key",
+        "--max-waiting",
+        "--served-model-name",
+        "--profile-dir",
+    ):
         assert flag in out.stdout
 
 
 def test_sigterm_drains_then_exits_zero(server_factory, tiny_model_dir):
-    server = server_factory(["--model", str(tiny_model_dir), "--served-model-name", MODEL, "--shutdown-timeout", "2"])
+    server = server_factory(
+        ["--model", str(tiny_model_dir), "--served-model-name", MODEL, "--shutdown-timeout", "2"]
+    )
     results: dict[str, list[str]] = {}
 
     def stream(name: str, max_tokens: int) -> None:
-        body = {"model": MODEL, "prompt": "Hello", "max_tokens": max_tokens, "ignore_eos": True, "stream": True}
+        body = {
+            "model": MODEL,
+            "prompt": "Hello",
+            "max_tokens": max_tokens,
+            "ignore_eos": True,
+            "stream": True,
+        }
         lines: list[str] = []
         try:
             with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body, timeout=60) as r:
@@ -58,7 +78,9 @@ def test_sigterm_drains_then_exits_zero(server_factory, tiny_model_dir):
     time.sleep(0.5)
     with pytest.raises(httpx.HTTPError):  # stopped accepting: refused, or 503 while draining
         r = httpx.post(
-            f"{server.base_url}/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1}, timeout=5
+            f"{server.base_url}/v1/completions",
+            json={"model": MODEL, "prompt": "x", "max_tokens": 1},
+            timeout=5,
         )
         r.raise_for_status()
     code = server.proc.wait(timeout=60)
