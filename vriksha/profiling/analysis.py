@@ -72,6 +72,12 @@ class Analysis:
 
     @property
     def compute_share(self) -> float:
+        """The median step's compute share: robust to one step stretched by a preemption or a stall."""
+        return _median([s.compute_share for s in self.steps])
+
+    @property
+    def overall_share(self) -> float:
+        """All steps together: total compute time over total step wall time."""
         wall = self.wall_us
         return sum(s.compute_us for s in self.steps) / wall if wall > 0 else 0.0
 
@@ -84,9 +90,15 @@ class Analysis:
         return "overhead-bound" if self.overhead_bound else "compute-bound"
 
     def share_of(self, trace: str) -> float:
-        steps = [s for s in self.steps if s.trace == trace]
-        wall = sum(s.wall_us for s in steps)
-        return sum(s.compute_us for s in steps) / wall if wall > 0 else 0.0
+        return _median([s.compute_share for s in self.steps if s.trace == trace])
+
+
+def _median(xs: list[float]) -> float:
+    if not xs:
+        return 0.0
+    xs = sorted(xs)
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
 
 
 def _steps(trace: Trace) -> list[tuple[str, float, float]]:

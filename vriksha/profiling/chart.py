@@ -19,7 +19,7 @@ def write_chart(a: Analysis, out: Path, top: int = 10) -> Path:
     panels = 3 + (1 if a.idle else 0)
     fig, axes = plt.subplots(panels, 1, figsize=(11, 3.2 * panels + 1), constrained_layout=True)
     fig.suptitle(
-        f"{a.verdict}: {100 * a.compute_share:.1f}% of step time in compute "
+        f"{a.verdict}: median step {100 * a.compute_share:.1f}% of wall time in compute "
         f"({'device kernels' if a.device else 'host operators'}; threshold {100 * a.threshold:.0f}%)"
     )
 

@@ -111,8 +111,9 @@ def _verdict(a: Analysis) -> str:
     share, thr = a.compute_share, a.threshold
     where = "compute kernels on the device" if a.device else "compute operators on the host"
     lines = [
-        f"Verdict: {a.verdict.upper()}: {100 * share:.1f}% of step wall time is spent in {where}; "
-        f"the threshold is {100 * thr:.0f}% (below it: overhead-bound).",
+        f"Verdict: {a.verdict.upper()}: the median step spends {100 * share:.1f}% of its wall time in {where} "
+        f"(all steps together: {100 * a.overall_share:.1f}%); the threshold is {100 * thr:.0f}% "
+        "(below it: overhead-bound).",
     ]
     if len(a.traces) > 1:
         for t in a.traces:
@@ -137,5 +138,7 @@ def _verdict(a: Analysis) -> str:
 
 def to_json(a: Analysis) -> str:
     d = asdict(a)
-    d.update(compute_share=a.compute_share, verdict=a.verdict, wall_us=a.wall_us)
+    d.update(
+        compute_share=a.compute_share, overall_share=a.overall_share, verdict=a.verdict, wall_us=a.wall_us
+    )
     return json.dumps(d, indent=2)
