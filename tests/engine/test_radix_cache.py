@@ -289,6 +289,38 @@ class RadixCacheMachine(RuleBasedStateMachine):
             self.alloc.free(slots[owned:])
         self.cache.dec_lock_ref(node)
 
+    @precondition(lambda self: self.requests)
+    @rule(idx=st.integers(0, 100), more=st.lists(st.integers(0, 2), min_size=1, max_size=3))
+    def decode(self, idx, more):
+        i = idx % len(self.requests)
+        tokens, slots, node, owned = self.requests[i]
+        fresh = self.alloc.alloc(len(more))
+        if fresh is None:
+            self.cache.evict(len(more) - self.alloc.num_free)
+            self._forget_freed()
+            fresh = self.alloc.alloc(len(more))
+        if fresh is not None:
+            self.requests[i] = (tokens + more, torch.cat([slots, fresh]), node, owned)
+
+    @precondition(lambda self: self.requests)
+    @rule(idx=st.integers(0, 100))
+    def cache_unfinished(self, idx):
+        """Chunked prefill: cache what the request has so far and move its lock down to the new last node."""
+        i = idx % len(self.requests)
+        tokens, slots, node, owned = self.requests[i]
+        expect = self._longest_cached(tokens)
+        n = self.cache.insert(tokens, slots)
+        assert n == expect and n >= owned
+        self.alloc.free(slots[owned:n])
+        for j in range(n, len(tokens)):
+            self.ref[tuple(tokens[: j + 1])] = slots[j].item()
+        m = self._check_match(tokens)
+        assert m.length == len(tokens)
+        assert m.slots[n:].tolist() == slots[n:].tolist()
+        self.cache.inc_lock_ref(m.last_node)
+        self.cache.dec_lock_ref(node)
+        self.requests[i] = (tokens, m.slots, m.last_node, len(tokens))
+
     @rule(k=st.integers(0, NUM_SLOTS))
     def evict(self, k):
         evictable = self.cache.evictable_size()
@@ -305,7 +337,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
 
     @rule()
     def reset(self):
-        if self.requests and self.cache.protected_size() > 0:
+        if self.cache.protected_size() > 0:
             with pytest.raises(RadixCacheError):
                 self.cache.reset()
             return
@@ -341,6 +373,25 @@ class RadixCacheMachine(RuleBasedStateMachine):
 
 
 RadixCacheMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=100, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestRadixCacheMachine = RadixCacheMachine.TestCase
+
+
+def test_evict_lru_across_branches():
+    alloc, cache = make()
+    a = put(alloc, cache, [1, 2, 3])
+    b = put(alloc, cache, [9])
+    c = put(alloc, cache, [1, 2, 4])  # splits [1,2,3]: [1,2] -> {[3] oldest, [4] newest}
+    assert cache.evict(2) == 2
+    assert {a[2].item(), b[0].item()} <= alloc.free_slot_set()
+    assert cache.slot_set() == {a[0].item(), a[1].item(), c[2].item()}
+
+
+def test_tree_owns_a_copy_of_inserted_slots():
+    alloc, cache = make()
+    slots = alloc.alloc(3)
+    expect = slots.tolist()
+    cache.insert([1, 2, 3], slots)
+    slots.fill_(0)  # the caller reuses its buffer
+    assert cache.match_prefix([1, 2, 3]).slots.tolist() == expect
