@@ -15,8 +15,10 @@ steps after the episode ended.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
+import sys
 import uuid
 from abc import ABC
 from collections.abc import Callable
@@ -45,6 +47,18 @@ __all__ = [
     "UnknownEnvironmentError",
     "ToolError",
 ]
+
+
+def phase(name: str) -> contextlib.AbstractContextManager:
+    """`vriksha.profiling.phase` when torch is loaded (a profiler can only be running then), else a no-op;
+    keeps `import vriksha.envs` free of torch."""
+    if "torch" not in sys.modules:
+        return contextlib.nullcontext()
+    try:
+        from vriksha.profiling import phase as _phase
+    except ImportError:
+        return contextlib.nullcontext()
+    return _phase(name)
 
 
 # ---------------------------------------------------------------- errors
@@ -240,7 +254,8 @@ class Environment(ABC):  # noqa: B024 (subclasses implement _reset/_step)
             raise EpisodeStateError(f"{self.name}: the episode has ended; call reset() to start another")
         parsed = self.parse_action(action)
         self._state.step_count += 1
-        result = self._step(parsed)
+        with phase("env.step"):
+            result = self._step(parsed)
         if not result.done and self._state.step_count >= self.max_turns:
             result.truncated = True
         self._state.done = result.done

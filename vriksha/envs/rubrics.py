@@ -27,6 +27,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vriksha.envs.core import phase
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["RubricScore", "Rubric", "Criterion", "WeightedSum", "Gate", "Sequence", "TrajectoryRubric"]
@@ -50,7 +52,8 @@ class Rubric(ABC):
     def score(self, episode: Any, action: Any) -> RubricScore: ...
 
     def __call__(self, episode: Any, action: Any) -> RubricScore:
-        return self.score(episode, action)
+        with phase("env.reward"):
+            return self.score(episode, action)
 
 
 def _as_float(value: float | bool | None, name: str) -> float:

@@ -122,6 +122,7 @@ import time  # noqa: E402
 from dataclasses import asdict, dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+from vriksha.envs.core import phase  # noqa: E402
 from vriksha.errors import VrikshaError  # noqa: E402
 
 logger = logging.getLogger(__name__)
@@ -254,6 +255,25 @@ def run_sandboxed(
     `files` are written into the working directory first (a private temp dir, removed afterwards,
     unless `cwd` is given). `collect` names files to read back from it after the run.
     """
+    with phase("env.sandbox"):
+        return _run(**locals())
+
+
+def _run(
+    cmd: list[str],
+    files: dict[str, str | bytes] | None,
+    cwd: Path | str | None,
+    timeout_s: float,
+    cpu_s: float | None,
+    memory_mb: int,
+    max_procs: int,
+    max_file_mb: int,
+    allow_network: bool,
+    env: dict[str, str] | None,
+    stdin: str | bytes | None,
+    max_output_bytes: int,
+    collect: list[str] | None,
+) -> SandboxResult:
     if not cmd:
         raise SandboxError("run_sandboxed needs a non-empty command list")
     own_dir = cwd is None

@@ -138,7 +138,8 @@ def _make(rng: random.Random) -> Problem | None:
     return Problem(text, ans)
 
 
-_TAG_CALL = re.compile(r"<calculator>(.*?)</calculator>", re.DOTALL)
+_TAG_CALL = re.compile(r"<calculator>(.*?)(?:</calculator>|$)", re.DOTALL)  # a stop string may cut the tag
+STOP = {"stop": ["</calculator>"]}  # one call per reply: generation stops after the closing tag
 _JSON_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
 
@@ -216,7 +217,9 @@ class CalculatorToolsEnv(Environment):
         rng = random.Random(seed)
         problem = sample_in_split(rng, self.state.split, _make, key=lambda p: p.text)
         self._episode = Episode(problem, messages=chat(SYSTEM, problem.text))
-        return Observation(text=f"{SYSTEM}\n\n{problem.text}", messages=list(self._episode.messages))
+        return Observation(
+            text=f"{SYSTEM}\n\n{problem.text}", messages=list(self._episode.messages), metadata=STOP
+        )
 
     def _step(self, action: CalculatorAction) -> StepResult:
         ep = self._episode
@@ -246,7 +249,7 @@ class CalculatorToolsEnv(Environment):
                     info=score.info() | {"success": False},
                 )
             return StepResult(
-                observation=Observation(text=feedback, messages=list(ep.messages)),
+                observation=Observation(text=feedback, messages=list(ep.messages), metadata=STOP),
                 info={"tool_result": result},
             )
         score = self._rubric(_Scored(ep), [action.text])
