@@ -330,7 +330,8 @@ def create_app(env: str | type[Environment], config: ServerConfig | None = None)
                     op = msg.get("op")
                     if op == "close":
                         explicit_close = True
-                        await send(_reply_ok(rid_json, '{"closed":true}'))
+                        with contextlib.suppress(Exception):
+                            await send(_reply_ok(rid_json, '{"closed":true}'))
                         break
                     reply = _reply_ok(rid_json, await dispatch(session, op, msg))
                     session.remember(rid, reply)
