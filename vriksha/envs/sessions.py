@@ -23,9 +23,6 @@ from vriksha.envs.protocol import EnvServerError, ErrorCode, SessionCapacityErro
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-import os
-
-_INLINE = os.environ.get("VRIKSHA_INLINE") == "1"
 
 
 @dataclass(slots=True)
