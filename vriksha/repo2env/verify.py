@@ -1,0 +1,90 @@
+"""Run a task's hidden fail-to-pass and pass-to-pass tests against a tree: the oracle, the empty check, a submission."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vriksha.repo2env.task import TaskFiles
+from vriksha.repo2env.testrun import PASS, TestRun, run_tests
+
+__all__ = ["Verdict", "verify", "materialize", "verdict_of"]
+
+
+@dataclass(slots=True)
+class Verdict:
+    f2p_passed: list[str] = field(default_factory=list)
+    f2p_failed: list[str] = field(default_factory=list)
+    p2p_passed: list[str] = field(default_factory=list)
+    p2p_failed: list[str] = field(default_factory=list)
+    timed_out: bool = False
+    duration_s: float = 0.0
+    output: str = ""
+
+    @property
+    def f2p_rate(self) -> float:
+        n = len(self.f2p_passed) + len(self.f2p_failed)
+        return len(self.f2p_passed) / n if n else 0.0
+
+    @property
+    def p2p_rate(self) -> float:
+        n = len(self.p2p_passed) + len(self.p2p_failed)
+        return len(self.p2p_passed) / n if n else 0.0
+
+    @property
+    def resolved(self) -> bool:
+        return not self.f2p_failed and not self.p2p_failed and bool(self.f2p_passed) and not self.timed_out
+
+    def summary(self) -> dict:
+        return {"f2p_passed": len(self.f2p_passed), "f2p_failed": len(self.f2p_failed),
+                "p2p_passed": len(self.p2p_passed), "p2p_failed": len(self.p2p_failed), "timed_out": self.timed_out}
+
+
+def materialize(dest: Path, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        path = (dest / rel).resolve()
+        if not path.is_relative_to(dest.resolve()):
+            continue
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+
+
+def verdict_of(run: TestRun, f2p: list[str], p2p: list[str]) -> Verdict:
+    ok = {nid for nid, r in run.results.items() if r.outcome in PASS}
+    return Verdict(
+        f2p_passed=[t for t in f2p if t in ok], f2p_failed=[t for t in f2p if t not in ok],
+        p2p_passed=[t for t in p2p if t in ok], p2p_failed=[t for t in p2p if t not in ok],
+        timed_out=run.timed_out, duration_s=run.duration_s, output=run.output,
+    )
+
+
+def verify(task: TaskFiles, venv: Path, workspace: Path | None = None, *, solution: bool = False,
+           sandbox: bool = False) -> Verdict:
+    """Copy `workspace` (default: the task's own), add the hidden tests (and the solution), run F2P + P2P."""
+    meta = task.meta
+    tree = Path(tempfile.mkdtemp(prefix="vriksha-r2e-verify-"))
+    try:
+        if workspace is None:
+            materialize(tree, task.workspace)
+        else:
+            shutil.rmtree(tree)
+            shutil.copytree(workspace, tree, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache", ".git"))
+        materialize(tree, task.hidden)  # hidden tests always win over whatever the workspace has there
+        if solution:
+            materialize(tree, task.solution)
+            for rel in task.deleted:
+                (tree / rel).unlink(missing_ok=True)
+        select = [*meta.fail_to_pass, *meta.pass_to_pass]
+        if sandbox:
+            from vriksha.repo2env.sandboxed import run_tests_sandboxed
+
+            run = run_tests_sandboxed(venv, tree, select=select, timeout_s=meta.timeout_s,
+                                      extra_args=meta.pytest_extra_args)
+        else:
+            run = run_tests(venv / "bin" / "python", tree, select=select, timeout_s=meta.timeout_s,
+                            extra_args=meta.pytest_extra_args)
+        return verdict_of(run, meta.fail_to_pass, meta.pass_to_pass)
+    finally:
+        shutil.rmtree(tree, ignore_errors=True)
