@@ -1,0 +1,229 @@
+"""Training configuration: one pydantic model per component, read from TOML or YAML, overridable with `--set`.
+
+Every option has a default that runs on a 2-core CPU; every bad value is rejected with a
+`ConfigError` that names the field (`grpo.clip_low: ...`).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from vriksha.errors import ConfigError
+
+__all__ = ["TrainConfig", "load_config", "apply_overrides", "parse_override"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    """The policy: a Transformers directory, a GGUF file, or null for the embedded default."""
+
+    path: str | None = Field(
+        None, description="model path (HF directory or .gguf); null = embedded SmolLM2-135M"
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
+    random_init: dict[str, Any] | None = Field(
+        None,
+        description="build a randomly initialised model from these Transformers config values "
+        "(e.g. {model_type: llama, hidden_size: 64, num_hidden_layers: 2}) with the path's tokenizer; for tests",
+    )
+
+
+class EnvConfig(_Section):
+    """The environment episodes come from."""
+
+    name: str = Field("arithmetic", description="registered environment name or 'package.module:Class'")
+    kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for make_env")
+    options: dict[str, Any] = Field(default_factory=dict, description="reset options (e.g. level)")
+    train_split: str = Field("train", description="split episodes are drawn from for training")
+    eval_split: str = Field("test", description="held-out split for evaluation")
+
+
+class RolloutConfig(_Section):
+    """How episodes are sampled from the engine."""
+
+    group_size: int = Field(8, ge=2, description="completions per prompt (the GRPO group)")
+    prompts_per_step: int = Field(8, ge=1, description="prompts per step across all ranks")
+    max_new_tokens: int = Field(32, ge=1, description="tokens generated per turn")
+    temperature: float = Field(1.0, gt=0.0, description="sampling temperature (> 0)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling")
+    max_turns: int = Field(4, ge=1, description="turns per multi-turn episode (tool calls)")
+    chat_template: bool = Field(True, description="wrap text prompts in the tokenizer's chat template")
+    system_prompt: str | None = Field(None, description="system message prepended to chat prompts")
+    describe_tools: bool = Field(
+        False, description="add the episode's tools and the <tool_call> format to the system message"
+    )
+    engine: dict[str, Any] = Field(
+        default_factory=dict, description="extra LLM.from_module keyword arguments"
+    )
+
+
+class OptimConfig(_Section):
+    lr: float = Field(1e-5, gt=0.0, description="peak learning rate")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas")
+    eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon")
+    schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="decay after warmup")
+    warmup_steps: int = Field(0, ge=0, description="linear warmup steps")
+    min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="final lr / peak lr for linear and cosine")
+    max_grad_norm: float | None = Field(1.0, description="gradient clipping norm (null: none)")
+
+    @model_validator(mode="after")
+    def _check(self) -> OptimConfig:
+        b1, b2 = self.betas
+        if not (0.0 <= b1 < 1.0 and 0.0 <= b2 < 1.0):
+            raise ValueError(f"betas: each must be in [0, 1), got {self.betas}")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm: must be > 0 or null, got {self.max_grad_norm}")
+        return self
+
+
+class GRPOConfig(_Section):
+    """The objective."""
+
+    clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="ratio lower bound is 1 - clip_low")
+    clip_high: float = Field(0.28, ge=0.0, description="ratio upper bound is 1 + clip_high")
+    kl_coef: float = Field(
+        0.0, ge=0.0, description="weight of the k3 KL to the initial model (0: no reference)"
+    )
+    scale_rewards: bool = Field(True, description="divide advantages by the group's reward std")
+    importance_correction: bool = Field(
+        True, description="weight tokens by pi_old / pi_engine (truncated) to correct engine/trainer mismatch"
+    )
+    importance_cap: float = Field(2.0, gt=0.0, description="truncation of the importance weight")
+    epochs_per_batch: int = Field(1, ge=1, description="optimizer steps on each batch of rollouts")
+    micro_batch_groups: int = Field(
+        2, ge=1, description="groups per forward/backward (gradient accumulation)"
+    )
+
+
+class TrainerConfig(_Section):
+    steps: int = Field(10, ge=1, description="GRPO steps")
+    seed: int = Field(0, ge=0, description="seed for episodes, sampling and initialisation")
+    eval_interval: int = Field(0, ge=0, description="evaluate every N steps (0: before and after only)")
+    eval_episodes: int = Field(32, ge=0, description="held-out episodes per evaluation (0: no eval)")
+    eval_max_new_tokens: int | None = Field(None, ge=1, description="defaults to rollout.max_new_tokens")
+    checkpoint_interval: int = Field(0, ge=0, description="checkpoint every K steps (0: only at the end)")
+    output_dir: str = Field("runs/grpo", description="where metrics, plots, checkpoints and the export go")
+    export: bool = Field(True, description="save the final model as a Transformers directory")
+    tensorboard: bool = Field(True, description="write TensorBoard logs when tensorboard is installed")
+    progress: bool = Field(True, description="show a progress bar on rank 0")
+    stop_after: int | None = Field(
+        None,
+        ge=1,
+        description="stop (as if interrupted) after this many steps of this invocation; resume later",
+    )
+
+
+class TrainConfig(_Section):
+    """A whole GRPO run."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        if self.trainer.eval_interval and self.trainer.eval_interval > self.trainer.steps:
+            raise ValueError(
+                f"trainer.eval_interval: {self.trainer.eval_interval} exceeds trainer.steps={self.trainer.steps}"
+            )
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc)) from None
+
+
+def _describe(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = "unknown option (check the spelling; see docs/training.md)"
+        elif err["type"] != "missing" and not isinstance(err.get("input"), dict):
+            msg += f" (got {err['input']!r})"
+        # validators of a whole section start their message with the field name: "betas: ..."
+        field, colon, rest = msg.partition(": ")
+        if colon and field.replace("_", "").replace(".", "").isalnum() and " " not in field:
+            loc, msg = (f"{loc}.{field}" if loc else field), rest
+        lines.append(f"{loc or 'config'}: {msg}")
+    return "invalid training config: " + "; ".join(lines)
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    """`grpo.kl_coef=0.05` -> (["grpo", "kl_coef"], 0.05); values are parsed as YAML scalars/lists."""
+    key, sep, raw = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set optim.lr=1e-5")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    if isinstance(value, str) and raw.strip().lower() in ("none", "null"):
+        value = None
+    # YAML 1.1 reads 1e-5 as a string; accept it as a float
+    if isinstance(value, str):
+        try:
+            value = float(value) if any(c in value for c in ".eE") else value
+        except ValueError:
+            pass
+    return key.split("."), value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    data = json.loads(json.dumps(data))  # deep copy of plain data
+    for item in overrides:
+        path, value = parse_override(item)
+        node = data
+        for part in path[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {item!r}: {part!r} is not a section")
+            node = child
+        node[path[-1]] = value
+    return data
+
+
+def read_config_file(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} not found")
+    text = path.read_text()
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml", ".json"):
+            data = yaml.safe_load(text) or {}
+        else:
+            raise ConfigError(f"config file {str(path)!r}: use a .toml, .yaml or .yml file")
+    except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
+        raise ConfigError(f"config file {str(path)!r} does not parse: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r}: the top level must be a mapping of sections")
+    return data
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:
+    """Read `path` (TOML or YAML; None: defaults), apply `--set` overrides, validate."""
+    data = read_config_file(path) if path is not None else {}
+    return TrainConfig.from_dict(apply_overrides(data, list(overrides or [])))

@@ -1,0 +1,49 @@
+"""Build the policy (and its tokenizer) from the model section of the config."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from torch import nn
+
+from vriksha.errors import ConfigError
+from vriksha.train.config import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["load_policy"]
+
+
+def load_policy(cfg: ModelConfig, seed: int) -> tuple[nn.Module, Any]:
+    """The policy and its tokenizer. Every rank builds identical weights (same seed)."""
+    from vriksha.models import load_model, load_tokenizer, resolve_model_path
+
+    dtype = getattr(torch, cfg.dtype)
+    if cfg.random_init is None:
+        loaded = load_model(cfg.path, dtype=dtype)
+        model, tokenizer = loaded.model, loaded.tokenizer
+    else:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        tokenizer = load_tokenizer(resolve_model_path(cfg.path))
+        values = dict(cfg.random_init)
+        model_type = values.pop("model_type", "llama")
+        values.setdefault("vocab_size", len(tokenizer))
+        for key in ("eos_token_id", "pad_token_id", "bos_token_id"):
+            tok_id = getattr(tokenizer, key, None)
+            if tok_id is not None:
+                values.setdefault(key, tok_id)
+        try:
+            config = AutoConfig.for_model(model_type, **values)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"model.random_init: {exc}") from None
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    # eval mode: no dropout, so the trainer's log-probs are the engine's sampling distribution
+    # (autograd does not care about the mode)
+    model.eval()
+    return model, tokenizer

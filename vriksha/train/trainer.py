@@ -1,0 +1,366 @@
+"""The GRPO loop: rollouts on the colocated engine, group advantages, FSDP2 update, eval, checkpoints.
+
+for step in steps:
+    sync the engine's weights with the policy (aliased with one rank, all-gathered otherwise)
+    play this rank's prompts x group_size episodes through the engine
+    group-relative advantages; groups with no reward variance are counted and skipped
+    micro-batched GRPO loss (global token normalisation) -> backward -> clip -> AdamW -> schedule
+    log; evaluate every eval_interval; checkpoint every checkpoint_interval
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from vriksha.errors import ConfigError
+from vriksha.profiling import phase
+from vriksha.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from vriksha.train.config import OptimConfig, TrainConfig
+from vriksha.train.distributed import (
+    EngineWeights,
+    ParallelDims,
+    init_distributed,
+    parallelize,
+    shard_range,
+)
+from vriksha.train.export import export_model
+from vriksha.train.grpo import group_advantages
+from vriksha.train.metrics import MetricsWriter, summary_table, write_plots
+from vriksha.train.policy import load_policy
+from vriksha.train.rollout import Episode, RolloutWorker
+from vriksha.train.update import policy_update
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["GRPOTrainer", "episode_seed", "build_engine", "build_scheduler"]
+
+EVAL_SEED_BASE = 1_000_000_007
+
+
+def episode_seed(*parts: int) -> int:
+    """A stable 31-bit seed from integers (run seed, step, prompt index, ...)."""
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def build_engine(module: nn.Module, tokenizer: Any, engine_kwargs: dict[str, Any]) -> Any:
+    """The colocated engine over `module` (parameters are read in place, never copied)."""
+    from vriksha.engine.llm import LLM
+
+    return LLM.from_module(module, tokenizer, **engine_kwargs)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, steps: int) -> Any:
+    def factor(step: int) -> float:
+        if cfg.warmup_steps and step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        if cfg.schedule == "constant":
+            return 1.0
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, steps - cfg.warmup_steps))
+        shape = 1.0 - progress if cfg.schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
+def _gather(obj: Any) -> list[Any]:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+class GRPOTrainer:
+    def __init__(self, cfg: TrainConfig, resume: bool = False, profile: Any = None) -> None:
+        self.cfg = cfg
+        self.resume = resume
+        self.profile_cfg = profile
+        self.out_dir = Path(cfg.trainer.output_dir)
+        self.pd: ParallelDims = init_distributed()
+        shard_range(cfg.rollout.prompts_per_step, 0, self.pd.world_size)  # fail early on an uneven split
+        self._setup()
+
+    # -- setup ---------------------------------------------------------------
+
+    def _setup(self) -> None:
+        cfg, pd = self.cfg, self.pd
+        if pd.is_main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            (self.out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+        if pd.is_main and cfg.model.random_init is None:
+            from vriksha.models import resolve_model_path
+
+            resolve_model_path(cfg.model.path)  # convert a GGUF once, before the other ranks look
+        dist.barrier()
+        model, self.tokenizer = load_policy(cfg.model, cfg.trainer.seed)
+        model.to(pd.device)
+        self.engine_module = copy.deepcopy(model).eval().requires_grad_(False)
+        self.ref_model = None
+        if cfg.grpo.kl_coef > 0:
+            self.ref_model = parallelize(copy.deepcopy(model).requires_grad_(False), pd.mesh)
+        self.policy = parallelize(model, pd.mesh)
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(
+            self.policy.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
+        )
+        self.scheduler = build_scheduler(self.optimizer, o, cfg.trainer.steps)
+        self.start_step = 0
+        self.state: dict[str, Any] = {}
+        if self.resume:
+            ckpt = latest_checkpoint(self.out_dir)
+            if ckpt is None:
+                raise CheckpointError(f"--resume: no checkpoint under {self.out_dir / 'checkpoints'}")
+            self.state = load_checkpoint(ckpt, self.policy, self.optimizer, self.scheduler, pd.rank)
+            self.start_step = int(self.state["step"])
+            if self.start_step > cfg.trainer.steps:
+                raise ConfigError(
+                    f"trainer.steps: {cfg.trainer.steps} is below the checkpoint's step {self.start_step}"
+                )
+        self.engine_weights = EngineWeights(self.policy, self.engine_module, pd.world_size)
+        self.llm = build_engine(self.engine_module, self.tokenizer, cfg.rollout.engine)
+        self.worker = RolloutWorker(self.llm, self.tokenizer, cfg.env, cfg.rollout)
+        self.metrics = MetricsWriter(
+            self.out_dir,
+            enabled=pd.is_main,
+            tensorboard=cfg.trainer.tensorboard,
+            resume_step=self.start_step if self.resume else None,
+        )
+        self._engine_stale = True
+        self._elapsed = float(self.state.get("elapsed_s", 0.0))
+
+    # -- pieces of a step ----------------------------------------------------
+
+    def _sync_engine(self) -> float:
+        if not self._engine_stale:
+            return 0.0
+        t0 = time.perf_counter()
+        with phase("train.weight_sync"):
+            self.engine_weights.sync()
+            self.llm.weights_updated()
+        self._engine_stale = False
+        return time.perf_counter() - t0
+
+    def _rollout(self, step: int) -> list[list[Episode]]:
+        cfg = self.cfg
+        idx = shard_range(cfg.rollout.prompts_per_step, self.pd.rank, self.pd.world_size)
+        seeds = [episode_seed(cfg.trainer.seed, step, i) for i in idx]
+        sampling = [episode_seed(cfg.trainer.seed, step, i, 1) for i in idx]
+        with phase("train.rollout"):
+            return self.worker.play(
+                seeds, cfg.env.train_split, cfg.rollout.group_size, sampling_seeds=sampling
+            )
+
+    def evaluate(self, step: int) -> dict[str, Any]:
+        """Greedy, one episode per held-out seed, split round-robin over ranks."""
+        cfg = self.cfg
+        n = cfg.trainer.eval_episodes
+        t0 = time.perf_counter()
+        self._sync_engine()
+        mine = [
+            episode_seed(EVAL_SEED_BASE, cfg.trainer.seed, i)
+            for i in range(self.pd.rank, n, self.pd.world_size)
+        ]
+        groups = self.worker.play(
+            mine, cfg.env.eval_split, 1, greedy=True, max_new_tokens=cfg.trainer.eval_max_new_tokens
+        )
+        local = [(e.reward, e.success, e.num_generated) for g in groups for e in g]
+        rows = [r for part in _gather(local) for r in part]
+        out = {
+            "step": step,
+            "episodes": len(rows),
+            "success_rate": sum(r[1] for r in rows) / max(1, len(rows)),
+            "reward": sum(r[0] for r in rows) / max(1, len(rows)),
+            "completion_tokens/mean": sum(r[2] for r in rows) / max(1, len(rows)),
+            "time/eval_s": time.perf_counter() - t0,
+        }
+        self.metrics.log_eval(out)
+        logger.info("eval at step %d: success %.1f%%", step, 100 * out["success_rate"])
+        return out
+
+    def _step(self, step: int) -> dict[str, Any]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        sync_s = self._sync_engine()
+        t1 = time.perf_counter()
+        groups = self._rollout(step)
+        t2 = time.perf_counter()
+        with phase("train.reward"):
+            rewards = torch.tensor([[e.reward for e in g] for g in groups], dtype=torch.float64)
+            adv = group_advantages(rewards, scale=cfg.grpo.scale_rewards)
+            kept = [i for i in range(len(groups)) if bool(adv.keep[i])]
+        result = policy_update(
+            self.policy,
+            self.optimizer,
+            [groups[i] for i in kept],
+            [adv.advantages[i].tolist() for i in kept],
+            groups[0],
+            cfg.grpo,
+            cfg.optim.max_grad_norm,
+            self.tokenizer.pad_token_id,
+            self.pd.device,
+            self.ref_model,
+        )
+        self.scheduler.step()
+        self._engine_stale = result.optimizer_steps > 0
+        t3 = time.perf_counter()
+        episodes = [e for g in groups for e in g]
+        local = {
+            "rewards": [e.reward for e in episodes],
+            "success": [e.success for e in episodes],
+            "lengths": [e.num_generated for e in episodes],
+            "turns": [e.turns for e in episodes],
+            "tool_calls": [e.tool_calls for e in episodes],
+            "truncated": [e.finish_reason == "length" for e in episodes],
+            "components": [e.components for e in episodes],
+            "adv": [a for i in kept for a in adv.advantages[i].tolist()],
+            "groups": len(groups),
+            "zero_var": adv.num_zero_variance,
+            "loss": result.loss,
+            "stats": [getattr(result.stats, k) for k in result.stats.__slots__],
+            "entropy": result.entropy_sum,
+            "times": (sync_s, t2 - t1, t3 - t2),
+        }
+        return self._reduce(step, _gather(local), result.grad_norm, time.perf_counter() - t0)
+
+    def _reduce(
+        self, step: int, parts: list[dict[str, Any]], grad_norm: float, step_s: float
+    ) -> dict[str, Any]:
+        def cat(key: str) -> list[Any]:
+            return [x for p in parts for x in p[key]]
+
+        rewards, lengths, adv = cat("rewards"), cat("lengths"), cat("adv")
+        stats = [sum(p["stats"][i] for p in parts) for i in range(len(parts[0]["stats"]))]
+        tokens = stats[0]
+        n = len(rewards)
+        row: dict[str, Any] = {
+            "step": step,
+            "reward/mean": sum(rewards) / n,
+            "reward/std": (sum((r - sum(rewards) / n) ** 2 for r in rewards) / n) ** 0.5,
+            "success_rate": sum(cat("success")) / n,
+        }
+        comps: dict[str, list[float]] = {}
+        for c in cat("components"):
+            for k, v in c.items():
+                comps.setdefault(k, []).append(v)
+        for k, vs in sorted(comps.items()):
+            row[f"reward/{k}"] = sum(vs) / n
+        row.update(
+            {
+                "groups/total": sum(p["groups"] for p in parts),
+                "groups/zero_variance": sum(p["zero_var"] for p in parts),
+                "advantage/mean": sum(adv) / len(adv) if adv else 0.0,
+                "advantage/std": (sum(a * a for a in adv) / len(adv)) ** 0.5 if adv else 0.0,
+                "advantage/min": min(adv) if adv else 0.0,
+                "advantage/max": max(adv) if adv else 0.0,
+                "loss": sum(p["loss"] for p in parts),
+                "clip_fraction": stats[1] / tokens if tokens else 0.0,
+                "kl": stats[2] / tokens if tokens else 0.0,
+                "ratio/mean": stats[3] / tokens if tokens else 0.0,
+                "importance_weight/mean": stats[4] / tokens if tokens else 0.0,
+                "logprob_gap/mean": stats[5] / tokens if tokens else 0.0,
+                "entropy": sum(p["entropy"] for p in parts) / tokens if tokens else 0.0,
+                "grad_norm": grad_norm,
+                "lr": self.scheduler.get_last_lr()[0],
+                "completion_tokens/mean": sum(lengths) / n,
+                "completion_tokens/max": max(lengths),
+                "completion_tokens/truncated_fraction": sum(cat("truncated")) / n,
+                "turns/mean": sum(cat("turns")) / n,
+                "tool_calls/mean": sum(cat("tool_calls")) / n,
+                "time/sync_s": max(p["times"][0] for p in parts),
+                "time/rollout_s": max(p["times"][1] for p in parts),
+                "time/train_s": max(p["times"][2] for p in parts),
+                "time/step_s": step_s,
+                "perf/tokens_per_s": sum(lengths) / step_s if step_s > 0 else 0.0,
+            }
+        )
+        return row
+
+    # -- the loop ------------------------------------------------------------
+
+    def _checkpoint(self, step: int) -> None:
+        state = {"elapsed_s": self._elapsed, "world_size": self.pd.world_size}
+        save_checkpoint(self.out_dir, step, self.policy, self.optimizer, self.scheduler, state, self.pd.rank)
+
+    def fit(self) -> dict[str, Any]:
+        tc = self.cfg.trainer
+        from tqdm.auto import tqdm
+
+        profiler = None
+        if self.profile_cfg is not None:
+            from vriksha.profiling import StepProfiler
+
+            profiler = StepProfiler(self.profile_cfg, rank=self.pd.rank, name="train")
+            profiler.start()
+        evals = list(self.metrics.evals)
+        if tc.eval_episodes and not self.resume:
+            evals.append(self.evaluate(0))
+        bar = tqdm(
+            total=tc.steps,
+            initial=self.start_step,
+            desc="grpo",
+            unit="step",
+            disable=not (self.pd.is_main and tc.progress),
+            dynamic_ncols=True,
+        )
+        stop_at = tc.steps if tc.stop_after is None else min(tc.steps, self.start_step + tc.stop_after)
+        step = self.start_step
+        for step in range(self.start_step + 1, stop_at + 1):
+            row = self._step(step)
+            self._elapsed += row["time/step_s"]
+            row["time/elapsed_s"] = self._elapsed
+            self.metrics.log_step(row)
+            bar.update(1)
+            bar.set_postfix(
+                reward=f"{row['reward/mean']:.3f}",
+                tok_s=f"{row['perf/tokens_per_s']:.0f}",
+                skip=f"{row['groups/zero_variance']}/{row['groups/total']}",
+            )
+            if profiler is not None:
+                profiler.step()
+            if tc.eval_episodes and tc.eval_interval and step % tc.eval_interval == 0 and step < tc.steps:
+                evals.append(self.evaluate(step))
+            if tc.checkpoint_interval and step % tc.checkpoint_interval == 0 and step < stop_at:
+                self._checkpoint(step)
+        bar.close()
+        finished = step == tc.steps
+        if finished and tc.eval_episodes and (not evals or evals[-1]["step"] != step):
+            evals.append(self.evaluate(step))
+        if step > self.start_step or not self.resume:
+            self._checkpoint(step)
+        if profiler is not None:
+            profiler.stop()
+        summary: dict[str, Any] = {"step": step, "finished": finished}
+        if finished:
+            summary.update(self._finish(evals))
+        self.metrics.close()
+        return summary
+
+    def _finish(self, evals: list[dict[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.cfg.trainer.export:
+            self._sync_engine()
+            path = export_model(
+                self.policy, self.engine_module, self.tokenizer, self.out_dir / "final", self.pd.rank
+            )
+            out["export"] = str(path) if path else None
+        if self.pd.is_main:
+            plots = write_plots(self.out_dir, self.metrics.history, evals)
+            before = next((e for e in evals if e["step"] == 0), None)
+            after = evals[-1] if evals and evals[-1]["step"] > 0 else None
+            table = summary_table(before, after)
+            (self.out_dir / "summary.md").write_text(table + "\n")
+            out.update({"plots": [str(p) for p in plots], "table": table, "before": before, "after": after})
+            (self.out_dir / "summary.json").write_text(json.dumps(out, indent=2, default=str))
+        return out

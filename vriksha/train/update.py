@@ -1,0 +1,124 @@
+"""One policy update: micro-batched forward/backward of the GRPO loss over this rank's groups.
+
+Every rank runs the same number of micro-batches (FSDP's collectives must line up): a rank with
+fewer groups runs its first group again with zero weight. With `epochs_per_batch > 1`, the
+old-policy log-probs are the detached log-probs of the first epoch (the parameters have not moved
+yet), so pi_old never costs a forward of its own.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from vriksha.profiling import phase
+from vriksha.train.batch import GroupBatch, collate_groups
+from vriksha.train.config import GRPOConfig
+from vriksha.train.distributed import all_reduce
+from vriksha.train.grpo import LossStats, grpo_token_loss
+from vriksha.train.logprobs import completion_logprobs
+from vriksha.train.rollout import Episode
+
+__all__ = ["UpdateResult", "policy_update"]
+
+
+@dataclass(slots=True)
+class UpdateResult:
+    loss: float = 0.0  # local contribution to the global loss (sum over ranks = the loss)
+    stats: LossStats = field(default_factory=LossStats)
+    entropy_sum: float = 0.0
+    grad_norm: float = 0.0
+    optimizer_steps: int = 0
+
+
+def _micro_batches(
+    groups: Sequence[Sequence[Episode]], advantages: Sequence[Sequence[float]], size: int, pad_id: int
+) -> list[GroupBatch]:
+    return [
+        collate_groups(groups[i : i + size], advantages[i : i + size], pad_id)
+        for i in range(0, len(groups), size)
+    ]
+
+
+def _clip_grad_norm(model: nn.Module, max_norm: float | None) -> float:
+    params = [p for p in model.parameters() if p.grad is not None]
+    if not params:
+        return 0.0
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else math.inf)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    return float(norm)
+
+
+def policy_update(
+    policy: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    groups: Sequence[Sequence[Episode]],
+    advantages: Sequence[Sequence[float]],
+    filler: Sequence[Episode],
+    cfg: GRPOConfig,
+    max_grad_norm: float | None,
+    pad_id: int,
+    device: torch.device,
+    ref_model: nn.Module | None = None,
+) -> UpdateResult:
+    """`groups`: this rank's groups that carry signal, `filler`: any one group of this rank (for
+    zero-weight micro-batches). Returns the local sums; the caller reduces them."""
+    result = UpdateResult()
+    local_tokens = float(sum(sum(e.loss_mask) for g in groups for e in g))
+    global_tokens = all_reduce([local_tokens], op="sum", device=device)[0]
+    local_micro = float(math.ceil(len(groups) / cfg.micro_batch_groups))
+    n_micro = int(all_reduce([local_micro], op="max", device=device)[0])
+    if global_tokens == 0:
+        return result
+    batches = [b.to(device) for b in _micro_batches(groups, advantages, cfg.micro_batch_groups, pad_id)]
+    filler_batch = None
+    if len(batches) < n_micro:
+        filler_batch = collate_groups([filler], [[0.0] * len(filler)], pad_id).to(device)
+    old: list[torch.Tensor] = []
+    refs: list[torch.Tensor | None] = []
+    for epoch in range(cfg.epochs_per_batch):
+        for i in range(n_micro):
+            real = i < len(batches)
+            batch = batches[i] if real else filler_batch
+            with phase("train.forward"):
+                out = completion_logprobs(policy, batch, with_entropy=epoch == 0 and real)
+                if epoch == 0:
+                    old.append(out.logprobs.detach())
+                    ref = None
+                    if ref_model is not None and cfg.kl_coef > 0:
+                        with torch.no_grad():
+                            ref = completion_logprobs(ref_model, batch).logprobs
+                    refs.append(ref)
+                loss, stats = grpo_token_loss(
+                    out.logprobs,
+                    old[i],
+                    batch.advantages,
+                    batch.loss_mask,
+                    clip_low=cfg.clip_low,
+                    clip_high=cfg.clip_high,
+                    num_tokens_global=global_tokens,
+                    engine_logprobs=batch.engine_logprobs if cfg.importance_correction else None,
+                    importance_cap=cfg.importance_cap,
+                    ref_logprobs=refs[i],
+                    kl_coef=cfg.kl_coef,
+                )
+                if not real:
+                    loss = loss * 0.0
+            with phase("train.backward"):
+                loss.backward()
+            if real and epoch == 0:
+                result.loss += float(loss.detach())
+                result.stats.add(stats)
+                if out.entropy is not None:
+                    result.entropy_sum += float((out.entropy * batch.loss_mask).sum())
+        with phase("train.optimizer"):
+            result.grad_norm = _clip_grad_norm(policy, max_grad_norm)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        result.optimizer_steps += 1
+    return result
