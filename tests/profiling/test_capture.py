@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import argparse
+import threading
 from pathlib import Path
 
 import pytest
@@ -100,3 +101,20 @@ def test_disabled_profiler_is_a_no_op(tmp_path):
         assert not prof.running
     assert prof.stop() == []
     assert not (tmp_path / "never").exists()
+
+
+def test_phases_in_other_threads_are_captured(tmp_path):
+    cfg = ProfileConfig(enabled=True, dir=tmp_path, wait=0, warmup=0, active=1, repeat=1)
+    prof = StepProfiler(cfg, rank=0, name="serve")
+    prof.start()
+
+    def engine_loop():
+        with phase("engine.forward"):
+            torch.ones(4) * 2
+
+    worker = threading.Thread(target=engine_loop)
+    worker.start()
+    worker.join()
+    prof.step()
+    [trace] = prof.stop()
+    assert "engine.forward" in [e.name for e in load_trace(trace).events if e.cat == "user_annotation"]

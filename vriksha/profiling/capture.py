@@ -106,6 +106,14 @@ def add_profile_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--profile-shapes", action="store_true", help="also record operator input shapes")
 
 
+def _all_threads_config() -> object | None:
+    """Record every thread (the engine may step in its own thread), where this torch supports it."""
+    try:
+        return torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+    except (AttributeError, TypeError):
+        return None
+
+
 def trace_path(directory: Path, name: str, rank: int, step: int) -> Path:
     return Path(directory) / f"{name}_rank{rank}_step{step}{TRACE_SUFFIX}"
 
@@ -164,12 +172,17 @@ class StepProfiler:
             else None
         )
         self._session = []
+        extra = {}
+        all_threads = _all_threads_config()
+        if all_threads is not None:
+            extra["experimental_config"] = all_threads
         self._prof = profile(
             activities=self._activities(),
             schedule=sched,
             on_trace_ready=self._on_trace_ready if self.use_schedule else None,
             record_shapes=c.shapes,
             profile_memory=c.memory,
+            **extra,
         )
         self._prof.start()
         logger.info(
