@@ -130,6 +130,8 @@ class AsyncEnvClient:
             err = first.get("error") or {}
             raise RemoteEnvError(err.get("code", "error"), err.get("message", str(first)), err)
         self._ws = ws
+        if resume:
+            self.reconnects += 1
         self.hello = first
         self.session_id = first["session_id"]
         self.last_seen = time.monotonic()
@@ -203,10 +205,10 @@ class AsyncEnvClient:
                     if self.server_closed is not None:
                         raise EnvConnectionError(f"the server ended this session ({self.server_closed})")
                     await self.connect()
-                    if attempt:
-                        self.reconnects += 1
                 answer = await self._roundtrip(rid, payload)
                 break
+            except TimeoutError:  # an OSError, but not a lost connection: never retried
+                raise
             except (ConnectionError, ConnectionClosed, OSError) as exc:
                 if isinstance(exc, EnvConnectionError) and self.server_closed is not None:
                     raise
