@@ -95,7 +95,9 @@ def _seed() -> Path:
         if proc.returncode:
             raise BootstrapError(f"python -m venv failed: {proc.stderr.strip()[-2000:]}")
         proc = _run(_pip(seed / "bin" / "python", "install", "-q", *SEED_PACKAGES), "installing pytest")
-        if proc.returncode:
+        if proc.returncode and _copy_host_dists(seed, SEED_PACKAGES):
+            logger.warning("the package index is unreachable: the seed venv got a copy of this interpreter's pytest")
+        elif proc.returncode:
             raise BootstrapError(
                 f"cannot install {SEED_PACKAGES} into the seed venv: {proc.stderr.strip()[-2000:]}; "
                 "check that the package index (or a wheel cache) is reachable"
@@ -104,9 +106,44 @@ def _seed() -> Path:
     return seed
 
 
+def _copy_host_dists(venv: Path, names: list[str]) -> bool:
+    """Offline fallback: copy installed distributions (and what they require) into the venv's site-packages."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    site = next((venv / "lib").glob("python3*/site-packages"), None)
+    if site is None:
+        return False
+    todo, done = list(names), set()
+    try:
+        while todo:
+            name = todo.pop()
+            key = name.lower().replace("_", "-")
+            if key in done:
+                continue
+            done.add(key)
+            dist = metadata.distribution(name)
+            for f in dist.files or []:
+                src = Path(dist.locate_file(f))
+                if str(f).startswith("..") or "__pycache__" in f.parts or not src.is_file():
+                    continue
+                dst = site / f
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(src, dst)
+            for req in dist.requires or []:
+                r = Requirement(req)
+                if r.marker is None or r.marker.evaluate({"extra": ""}):
+                    todo.append(r.name)
+    except (metadata.PackageNotFoundError, OSError) as exc:
+        logger.warning("cannot copy the host's %s into the venv: %s", names, exc)
+        return False
+    return True
+
+
 def copy_venv(src: Path, dst: Path) -> None:
     """Copy a venv (symlinks kept; always call its python with -m, so script shebangs do not matter)."""
-    shutil.copytree(src, dst, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(src, dst, symlinks=True)  # keep the bytecode: tests run with PYTHONDONTWRITEBYTECODE
 
 
 def _strip_project(python: Path, name: str) -> list[str]:

@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from r2e_projects import tiny_project
+
+
+@pytest.fixture(scope="session", autouse=True)
+def r2e_cache(tmp_path_factory):
+    """One cache (seed venv, project venvs) for the whole session; $VRIKSHA_TEST_CACHE reuses one across runs."""
+    old = os.environ.get("VRIKSHA_CACHE")
+    os.environ["VRIKSHA_CACHE"] = os.environ.get("VRIKSHA_TEST_CACHE") or str(tmp_path_factory.mktemp("r2e-cache"))
+    yield Path(os.environ["VRIKSHA_CACHE"])
+    if old is None:
+        os.environ.pop("VRIKSHA_CACHE", None)
+    else:
+        os.environ["VRIKSHA_CACHE"] = old
+
+
+@pytest.fixture(scope="session")
+def tiny_src(tmp_path_factory) -> Path:
+    return tiny_project(tmp_path_factory.mktemp("tinyproj"))
+
+
+@pytest.fixture(scope="session")
+def tiny_dataset(tiny_src, tmp_path_factory):
+    from vriksha.repo2env.builder import BuildConfig, build_dataset
+
+    out = tmp_path_factory.mktemp("tiny-dataset")
+    cfg = BuildConfig(pipelines=("implement_function", "fix_bug"), max_tasks=50, workers=2, progress=False)
+    report, manifest = build_dataset(tiny_src, out, cfg)
+    return report, manifest, out
