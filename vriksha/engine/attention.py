@@ -1,0 +1,167 @@
+"""The engine's attention, registered with Transformers' AttentionInterface.
+
+The model runs one flattened ragged batch ([1, T] tokens, no padding computed). For each layer this function
+writes the new tokens' K/V into the pool, then attends each request's queries over that request's cached
+tokens: decode tokens (one query each) in one padded SDPA call, prefill chunks one SDPA call per request.
+The batch layout is published by the model runner through `forward_context` before the forward pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from vriksha.engine.kv_pool import KVPool
+
+ATTENTION_NAME = "vriksha_paged"
+
+
+@dataclass(slots=True)
+class PrefillSegment:
+    q_start: int  # offset of this request's new tokens in the flattened batch
+    q_len: int
+    prefix_len: int  # tokens already in the KV pool before this chunk
+    kv_slots: torch.Tensor  # [prefix_len + q_len] slots of every token the chunk attends to
+
+
+@dataclass(slots=True)
+class AttentionBatch:
+    pool: KVPool
+    slot_mapping: torch.Tensor  # [T] where each new token's K/V is written
+    num_decode: int  # the first num_decode tokens are decode tokens, one per request
+    decode_kv_slots: torch.Tensor | None = None  # [B, Lmax], padded with slot 0
+    decode_kv_lens: torch.Tensor | None = None  # [B]
+    prefills: list[PrefillSegment] = field(default_factory=list)
+    _masks: dict = field(default_factory=dict)
+
+    def decode_mask(self, window: int | None) -> torch.Tensor:
+        """[B, 1, 1, Lmax] bool: which padded key positions each decode query attends to."""
+        key = ("decode", window)
+        if key not in self._masks:
+            lens = self.decode_kv_lens
+            pos = torch.arange(self.decode_kv_slots.shape[1], device=lens.device)
+            mask = pos[None, :] < lens[:, None]
+            if window is not None:
+                mask &= pos[None, :] > (lens[:, None] - 1 - window)
+            self._masks[key] = mask[:, None, None, :]
+        return self._masks[key]
+
+    def prefill_mask(self, index: int, window: int | None) -> torch.Tensor | None:
+        """[q_len, prefix_len + q_len] bool causal mask with an offset, or None when plain causal applies."""
+        seg = self.prefills[index]
+        if seg.prefix_len == 0 and window is None:
+            return None
+        key = ("prefill", index, window)
+        if key not in self._masks:
+            device = seg.kv_slots.device
+            q_pos = torch.arange(seg.q_len, device=device)[:, None] + seg.prefix_len
+            k_pos = torch.arange(seg.prefix_len + seg.q_len, device=device)[None, :]
+            mask = k_pos <= q_pos
+            if window is not None:
+                mask &= k_pos > q_pos - window
+            self._masks[key] = mask
+        return self._masks[key]
+
+
+_current: AttentionBatch | None = None
+
+
+@contextlib.contextmanager
+def forward_context(batch: AttentionBatch) -> Iterator[None]:
+    global _current
+    previous, _current = _current, batch
+    try:
+        yield
+    finally:
+        _current = previous
+
+
+def _layer_window(module: torch.nn.Module, kwargs: dict) -> int | None:
+    window = kwargs.get("sliding_window", getattr(module, "sliding_window", None))
+    return int(window) if window else None
+
+
+def paged_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [1, H, T, D] (RoPE applied)
+    key: torch.Tensor,  # [1, Hkv, T, D]
+    value: torch.Tensor,  # [1, Hkv, T, D]
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
+    batch = _current
+    if batch is None:  # a forward outside the engine (training, a plain HF call): behave exactly like SDPA
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+        )
+    if kwargs.get("softcap") or getattr(module, "attn_logit_softcapping", None):
+        raise NotImplementedError("attention logit soft-capping (Gemma 2) is not supported by the engine yet")
+    layer = module.layer_idx
+    pool = batch.pool
+    num_heads, num_kv_heads = query.shape[1], key.shape[1]
+    group = num_heads // num_kv_heads
+    head_dim, v_dim = query.shape[-1], value.shape[-1]
+    k_new = key[0].transpose(0, 1)  # [T, Hkv, D]
+    v_new = value[0].transpose(0, 1)
+    pool.write(layer, batch.slot_mapping, k_new, v_new)
+    window = _layer_window(module, kwargs)
+    total = query.shape[2]
+    out = query.new_empty(total, num_heads, v_dim)
+    k_pool, v_pool = pool.k[layer], pool.v[layer]
+
+    if batch.num_decode:
+        b = batch.num_decode
+        q = query[0, :, :b].transpose(0, 1).reshape(b, num_kv_heads, group, head_dim)
+        slots = batch.decode_kv_slots
+        k = k_pool[slots].transpose(1, 2)  # [B, Hkv, L, D]
+        v = v_pool[slots].transpose(1, 2)
+        o = F.scaled_dot_product_attention(
+            q.to(k.dtype), k, v, attn_mask=batch.decode_mask(window), scale=scaling
+        )  # [B, Hkv, G, D]
+        out[:b] = o.reshape(b, num_heads, v_dim).to(out.dtype)
+
+    for i, seg in enumerate(batch.prefills):
+        s, n = seg.q_start, seg.q_len
+        q = query[:, :, s : s + n]
+        mask = batch.prefill_mask(i, window)
+        if mask is None:
+            k, v = key[:, :, s : s + n], value[:, :, s : s + n]
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=group > 1)
+        else:
+            k = k_pool[seg.kv_slots].transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+            v = v_pool[seg.kv_slots].transpose(0, 1).unsqueeze(0)
+            o = F.scaled_dot_product_attention(
+                q.to(k.dtype), k, v, attn_mask=mask, scale=scaling, enable_gqa=group > 1
+            )
+        out[s : s + n] = o[0].transpose(0, 1).to(out.dtype)
+    return out.unsqueeze(0), None
+
+
+def _mask(*args, **kwargs):
+    if _current is not None:
+        return None  # the engine builds its own masks from the batch layout
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(*args, **kwargs)
+
+
+def register_attention() -> str:
+    """Register the engine's attention and mask builder with Transformers; returns the name to select them.
+
+    Outside an engine forward pass both behave exactly like Transformers' SDPA path, so a model the engine
+    wraps in place still trains normally.
+    """
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTENTION_NAME, paged_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, _mask)
+    return ATTENTION_NAME

@@ -1,0 +1,132 @@
+"""The offline API in vLLM's shape: `LLM(model=...)`, `generate`, `chat`, `stream`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from vriksha.engine.config import EngineConfig
+from vriksha.engine.llm_engine import EngineStats, LLMEngine
+from vriksha.engine.outputs import RequestOutput
+from vriksha.engine.sampling_params import SamplingParams
+from vriksha.errors import InvalidRequestError
+
+Prompt = str | list[int] | dict
+
+
+class LLM:
+    """Generate from a Transformers model with the engine.
+
+    >>> llm = LLM()  # the embedded SmolLM2-135M-Instruct
+    >>> out = llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=8))
+    >>> out[0].outputs[0].text
+    """
+
+    def __init__(self, model: str | None = None, *, engine: LLMEngine | None = None, **config_kwargs) -> None:
+        self.engine = engine or LLMEngine(EngineConfig(model=model, **config_kwargs))
+
+    @classmethod
+    def from_module(cls, module: torch.nn.Module, tokenizer, **config_kwargs) -> LLM:
+        """Wrap an existing module; its parameters are used in place (call `weights_updated()` after changes)."""
+        return cls(engine=LLMEngine.from_module(module, tokenizer, **config_kwargs))
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    @property
+    def model(self) -> torch.nn.Module:
+        return self.engine.model
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        if isinstance(prompts, (str, dict)) or (
+            isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]
+        prompts = list(prompts)
+        if isinstance(sampling_params, Sequence):
+            if len(sampling_params) != len(prompts):
+                raise InvalidRequestError(
+                    f"got {len(prompts)} prompts but {len(sampling_params)} sampling params; pass one or one each"
+                )
+            params_list = list(sampling_params)
+        else:
+            params_list = [sampling_params or SamplingParams()] * len(prompts)
+        # validate everything before anything runs: one bad prompt rejects the call, not half of it
+        ids = [self.engine._tokenize(p) for p in prompts]
+        for (_, tokens), params in zip(ids, params_list, strict=True):
+            self.engine._validate(tokens, params)
+        order = {}
+        for (text, tokens), params in zip(ids, params_list, strict=True):
+            prompt = {"prompt_token_ids": tokens}
+            rid = self.engine.add_request(prompt, params)
+            order[rid] = len(order)
+            self.engine._groups[rid].prompt = text
+        results: list[RequestOutput | None] = [None] * len(order)
+        bar = None
+        if use_tqdm:
+            from tqdm import tqdm
+
+            bar = tqdm(total=len(order), desc="generate", unit="req")
+        try:
+            while self.engine.has_unfinished:
+                for out in self.engine.step():
+                    if out.finished and out.request_id in order:
+                        results[order[out.request_id]] = out
+                        if bar is not None:
+                            bar.update(1)
+        except BaseException:
+            for rid in order:
+                self.engine.abort(rid)
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        return [r for r in results if r is not None]
+
+    def chat(
+        self,
+        messages: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        add_generation_prompt: bool = True,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [{"prompt_token_ids": self.apply_chat_template(c, add_generation_prompt)} for c in conversations]
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise InvalidRequestError("this model's tokenizer has no chat template; use generate() with a prompt")
+        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+        """Cumulative outputs of one request, one per engine step; the last has `finished=True`."""
+        rid = self.engine.add_request(prompt, sampling_params, stream=True)
+        try:
+            while True:
+                for out in self.engine.step():
+                    if out.request_id == rid:
+                        yield out
+                        if out.finished:
+                            return
+                if not self.engine.has_unfinished:
+                    return
+        finally:
+            self.engine.abort(rid)
+
+    def flush_cache(self) -> bool:
+        return self.engine.flush_cache()
+
+    def weights_updated(self) -> None:
+        self.engine.weights_updated()
+
+    def stats(self) -> EngineStats:
+        return self.engine.stats()

@@ -1,0 +1,361 @@
+"""The engine core: requests in, one scheduled forward pass per `step()`, outputs out."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from vriksha.engine.config import EngineConfig
+from vriksha.engine.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
+from vriksha.engine.model_runner import ModelRunner, kv_layout
+from vriksha.engine.outputs import CompletionOutput, RequestOutput
+from vriksha.engine.radix_cache import RadixCache
+from vriksha.engine.request import Request, Status
+from vriksha.engine.sampler import Sampler
+from vriksha.engine.sampling_params import SamplingParams
+from vriksha.errors import InvalidRequestError, PromptTooLongError
+from vriksha.profiling import phase
+
+logger = logging.getLogger(__name__)
+
+_DEFAULT_CPU_KV_GB = 2.0
+_DEFAULT_ACCEL_KV_FRACTION = 0.4
+
+
+@dataclass(slots=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_used_tokens: int  # slots held by requests and locked cache nodes
+    kv_cached_tokens: int  # slots held by unlocked (evictable) prefix-cache nodes
+    kv_total_tokens: int
+    prompt_tokens: int  # prompt tokens of every admitted request so far
+    cached_prompt_tokens: int  # of those, served from the prefix cache
+    generation_tokens: int
+    num_retracted: int
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_used_tokens / max(1, self.kv_total_tokens)
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.cached_prompt_tokens / max(1, self.prompt_tokens)
+
+
+@dataclass(eq=False)
+class _Group:
+    """A user request: its n sequences."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    sequences: list[Request]
+    stream: bool
+    arrival_time: float = field(default_factory=time.monotonic)
+
+    @property
+    def finished(self) -> bool:
+        return all(s.is_finished for s in self.sequences)
+
+
+def pick_device(device: str | None) -> torch.device:
+    if device:
+        return torch.device(device)
+    accel = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
+    return accel if accel is not None else torch.device("cpu")
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig | None = None, model=None, tokenizer=None) -> None:
+        self.config = config = config or EngineConfig()
+        if model is None:
+            from vriksha.models import load_model
+
+            loaded = load_model(config.model, dtype=config.dtype, device=pick_device(config.device))
+            model, tokenizer = loaded.model, loaded.tokenizer
+            self.model_name = loaded.name
+        else:
+            self.model_name = getattr(model.config, "_name_or_path", None) or type(model).__name__
+        if tokenizer is None:
+            raise InvalidRequestError("an engine built around a module needs its tokenizer")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        text_config = model.config.get_text_config()
+        self.max_model_len = config.max_model_len or int(getattr(text_config, "max_position_embeddings", 4096))
+        self.vocab_size = int(text_config.vocab_size)
+        self.eos_token_ids = self._eos_ids()
+
+        layers, kv_heads, head_dim = kv_layout(model.config)
+        budget = self._kv_budget_bytes()
+        num_slots = KVPool.slots_for_budget(budget, layers, kv_heads, head_dim, self.dtype)
+        self.allocator = SlotAllocator(num_slots, self.device)
+        self.pool = KVPool(layers, num_slots, kv_heads, head_dim, self.dtype, self.device)
+        self.table = ReqToTokenTable(config.max_num_seqs + 1, self.max_model_len + 1, self.device)
+        self.cache = RadixCache(self.allocator, enabled=config.enable_prefix_caching)
+        from vriksha.engine.scheduler import Scheduler
+
+        self.scheduler = Scheduler(config, self.allocator, self.table, self.cache)
+        self.runner = ModelRunner(model, self.pool, self.table, config.fast_linear and self.device.type == "cpu")
+        self.sampler = Sampler(config.seed)
+        self._groups: dict[str, _Group] = {}
+        self._ids = itertools.count()
+        self._prompt_tokens = 0
+        self._cached_prompt_tokens = 0
+        self._generation_tokens = 0
+        logger.info("engine: %s on %s (%s), KV pool %d tokens", self.model_name, self.device, self.dtype,
+                    self.allocator.capacity)
+
+    @classmethod
+    def from_module(cls, module: torch.nn.Module, tokenizer, **config_kwargs) -> LLMEngine:
+        """An engine around an existing module: its parameters are used in place, never copied."""
+        return cls(EngineConfig(**config_kwargs), model=module, tokenizer=tokenizer)
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        gen = getattr(self.model, "generation_config", None)
+        for source in (getattr(gen, "eos_token_id", None), self.tokenizer.eos_token_id):
+            if isinstance(source, int):
+                ids.add(source)
+            elif source:
+                ids.update(source)
+        return frozenset(ids)
+
+    def _kv_budget_bytes(self) -> int:
+        if self.config.kv_cache_memory_gb is not None:
+            return int(self.config.kv_cache_memory_gb * 2**30)
+        if self.device.type == "cpu":
+            return int(_DEFAULT_CPU_KV_GB * 2**30)
+        free, _ = torch.cuda.mem_get_info(self.device) if self.device.type == "cuda" else (2 * 2**30, 0)
+        return int(free * _DEFAULT_ACCEL_KV_FRACTION)
+
+    # ---- requests ----------------------------------------------------------------------------------
+    def add_request(
+        self,
+        prompt: str | list[int] | dict,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
+        stream: bool = False,
+    ) -> str:
+        params = params or SamplingParams()
+        text, ids = self._tokenize(prompt)
+        self._validate(ids, params)
+        request_id = request_id if request_id is not None else str(next(self._ids))
+        if request_id in self._groups:
+            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        sequences = []
+        for i in range(params.n):
+            req = Request(request_id, i, ids, params, self.eos_token_ids, prompt=text)
+            if params.seed is not None:
+                req.generator = torch.Generator().manual_seed(params.seed + i)
+            sequences.append(req)
+            self.scheduler.add(req)
+        self._groups[request_id] = _Group(request_id, text, ids, sequences, stream)
+        return request_id
+
+    def _tokenize(self, prompt: str | list[int] | dict) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, dict):
+            if "prompt_token_ids" in prompt:
+                prompt = prompt["prompt_token_ids"]
+            elif "prompt" in prompt:
+                prompt = prompt["prompt"]
+            else:
+                raise InvalidRequestError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("the prompt is empty; send at least one token of text")
+            return prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
+        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            return None, list(prompt)
+        raise InvalidRequestError(
+            f"a prompt must be a string, a list of token ids or a dict with 'prompt_token_ids', got "
+            f"{type(prompt).__name__}"
+        )
+
+    def _validate(self, ids: list[int], params: SamplingParams) -> None:
+        params.validate()
+        if not ids:
+            raise InvalidRequestError("the prompt is empty; send at least one token")
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
+        if len(ids) >= self.max_model_len:
+            raise PromptTooLongError(
+                f"the prompt has {len(ids)} tokens but the model's context is {self.max_model_len} tokens; "
+                "shorten the prompt"
+            )
+        need = min(len(ids) + params.max_tokens, self.max_model_len)
+        if need > self.allocator.capacity:
+            raise InvalidRequestError(
+                f"the request needs {need} KV slots (prompt {len(ids)} + max_tokens {params.max_tokens}) but the "
+                f"KV pool holds {self.allocator.capacity}; raise kv_cache_memory_gb or lower max_tokens"
+            )
+
+    def abort(self, request_id: str) -> bool:
+        group = self._groups.pop(request_id, None)
+        if group is None:
+            return False
+        for req in group.sequences:
+            if not req.is_finished:
+                req.finish_reason = "abort"
+                self.scheduler.abort(req)
+        return True
+
+    @property
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work
+
+    # ---- the step ----------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        """Run one forward pass; return outputs of finished requests and of streaming ones that advanced."""
+        batch = self.scheduler.schedule()
+        if batch.num_tokens == 0:
+            return []
+        logits = self.runner.forward(batch)
+        for req in batch.decodes:
+            req.num_computed += 1
+        for chunk in batch.prefills:
+            chunk.request.num_computed = chunk.end
+            self.scheduler.cache_computed(chunk.request)
+        sampled = batch.sampled_requests
+        if sampled:
+            self._suppress_early_stop(logits, sampled)
+            with phase("engine.sample"):
+                result = self.sampler(logits, sampled)
+            touched: set[str] = set()
+            now = time.monotonic()
+            with phase("engine.detokenize"):
+                for i, req in enumerate(sampled):
+                    self._append(req, result.token_ids[i], result.logprobs[i], result.top_logprobs[i], now)
+                    touched.add(req.request_id)
+            return self._collect(touched)
+        return []
+
+    def _suppress_early_stop(self, logits: torch.Tensor, requests: list[Request]) -> None:
+        for i, req in enumerate(requests):
+            if len(req.output_token_ids) < req.params.min_tokens:
+                stop_ids = list(req.eos_token_ids | set(req.params.stop_token_ids))
+                logits[i, stop_ids] = float("-inf")
+
+    def _append(self, req: Request, token: int, logprob: float, top: dict | None, now: float) -> None:
+        if req.first_token_time is None:
+            req.first_token_time = now
+            self._prompt_tokens += len(req.prompt_token_ids)
+            self._cached_prompt_tokens += req.num_cached_prompt_tokens
+        req.output_token_ids.append(token)
+        req.token_logprobs.append(logprob)
+        if top is not None:
+            req.top_logprobs.append(top)
+        self._generation_tokens += 1
+        params = req.params
+        n_out = len(req.output_token_ids)
+        if token in params.stop_token_ids and n_out >= params.min_tokens:
+            self._finish(req, "stop", token)
+        elif not params.ignore_eos and token in req.eos_token_ids and n_out >= params.min_tokens:
+            self._finish(req, "stop", token)
+        elif params.stop and self._hit_stop_string(req):
+            pass
+        elif n_out >= params.max_tokens or req.num_tokens >= self.max_model_len:
+            self._finish(req, "length", None)
+
+    def _hit_stop_string(self, req: Request) -> bool:
+        text = self._decode(req)
+        params = req.params
+        start = max(0, req._stop_checked_len - max(len(s) for s in params.stop))
+        for stop in params.stop:
+            pos = text.find(stop, start)
+            if pos != -1:
+                req.text = text[: pos + len(stop)] if params.include_stop_str_in_output else text[:pos]
+                self._finish(req, "stop", stop, keep_text=True)
+                return True
+        req._stop_checked_len = len(text)
+        return False
+
+    def _decode(self, req: Request) -> str:
+        return self.tokenizer.decode(req.output_token_ids, skip_special_tokens=req.params.skip_special_tokens)
+
+    def _finish(self, req: Request, reason: str, stop_reason, keep_text: bool = False) -> None:
+        req.finish_reason = reason
+        req.stop_reason = stop_reason
+        if not keep_text:
+            req.text = self._decode(req)
+        self.scheduler.finish(req)
+
+    def _collect(self, touched: set[str]) -> list[RequestOutput]:
+        outputs = []
+        for request_id in touched:
+            group = self._groups.get(request_id)
+            if group is None:
+                continue
+            finished = group.finished
+            if finished or group.stream:
+                outputs.append(self._output(group, finished))
+            if finished:
+                del self._groups[request_id]
+        return outputs
+
+    def _output(self, group: _Group, finished: bool) -> RequestOutput:
+        completions = []
+        for req in group.sequences:
+            if req.is_finished:
+                text = req.text
+            else:
+                text = self._decode(req).rstrip("\ufffd")  # hold back an incomplete character while streaming
+            completions.append(
+                CompletionOutput(
+                    index=req.index,
+                    text=text,
+                    token_ids=list(req.output_token_ids),
+                    token_logprobs=list(req.token_logprobs),
+                    logprobs=list(req.top_logprobs) if req.params.logprobs is not None else None,
+                    finish_reason=req.finish_reason,
+                    stop_reason=req.stop_reason,
+                )
+            )
+        first = group.sequences[0]
+        metrics = {"arrival_time": group.arrival_time}
+        if first.first_token_time is not None:
+            metrics["first_token_time"] = first.first_token_time
+        return RequestOutput(
+            request_id=group.request_id,
+            prompt=group.prompt,
+            prompt_token_ids=group.prompt_token_ids,
+            outputs=completions,
+            finished=finished,
+            num_cached_tokens=max(s.num_cached_prompt_tokens for s in group.sequences),
+            metrics=metrics,
+        )
+
+    # ---- cache and weights -------------------------------------------------------------------------
+    def flush_cache(self) -> bool:
+        """Drop every unlocked prefix-cache entry. Returns False when running requests still hold some."""
+        self.cache.flush_unlocked()
+        return self.cache.total_size() == 0
+
+    def weights_updated(self) -> None:
+        """The module's parameters changed in place: cached KV and derived weight layouts are stale."""
+        if self.scheduler.has_work:
+            raise InvalidRequestError("weights changed while requests are running; finish or abort them first")
+        self.cache.reset()
+        self.runner.weights_updated()
+
+    def stats(self) -> EngineStats:
+        cached = self.cache.evictable_size()
+        used = self.allocator.capacity - self.allocator.num_free - cached
+        return EngineStats(
+            num_running=len(self.scheduler.running),
+            num_waiting=len(self.scheduler.waiting),
+            kv_used_tokens=used,
+            kv_cached_tokens=cached,
+            kv_total_tokens=self.allocator.capacity,
+            prompt_tokens=self._prompt_tokens,
+            cached_prompt_tokens=self._cached_prompt_tokens,
+            generation_tokens=self._generation_tokens,
+            num_retracted=self.scheduler.num_retracted,
+        )

@@ -1,0 +1,115 @@
+"""Builds the flattened ragged batch, runs the Transformers model with the engine's attention, returns logits."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from vriksha.engine import fast_linear
+from vriksha.engine.attention import AttentionBatch, PrefillSegment, forward_context, register_attention
+from vriksha.engine.kv_pool import KVPool, ReqToTokenTable
+from vriksha.engine.request import Request
+from vriksha.profiling import phase
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class PrefillChunk:
+    request: Request
+    start: int  # first token position computed in this chunk
+    end: int  # one past the last
+    sample: bool  # the chunk reaches the last token: sample the next one
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    decodes: list[Request]  # one new token each, at position num_computed
+    prefills: list[PrefillChunk]
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.decodes) + sum(c.end - c.start for c in self.prefills)
+
+    @property
+    def sampled_requests(self) -> list[Request]:
+        return self.decodes + [c.request for c in self.prefills if c.sample]
+
+
+def kv_layout(config) -> tuple[int, int, int]:
+    """(layers, kv heads, head dim) from a Transformers config."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    heads = text.num_attention_heads
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    return text.num_hidden_layers, kv_heads, head_dim
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, pool: KVPool, table: ReqToTokenTable, use_fast_linear: bool) -> None:
+        self.model = model
+        self.pool = pool
+        self.table = table
+        self.device = pool.device
+        name = register_attention()
+        model.set_attn_implementation(name)
+        self.fast_linear = fast_linear.FastLinear(model) if use_fast_linear else None
+
+    def weights_updated(self) -> None:
+        if self.fast_linear is not None:
+            self.fast_linear.refresh()
+
+    def _build(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch, torch.Tensor]:
+        ids: list[int] = []
+        positions: list[int] = []
+        for req in batch.decodes:
+            ids.append(req.all_token_ids[req.num_computed])
+            positions.append(req.num_computed)
+        for chunk in batch.prefills:
+            ids.extend(chunk.request.all_token_ids[chunk.start : chunk.end])
+            positions.extend(range(chunk.start, chunk.end))
+        table = self.table.table
+        slot_parts: list[torch.Tensor] = []
+        attn = AttentionBatch(pool=self.pool, slot_mapping=torch.empty(0), num_decode=len(batch.decodes))
+        if batch.decodes:
+            rows = torch.tensor([r.row for r in batch.decodes], dtype=torch.int64)
+            lens = torch.tensor([r.num_computed + 1 for r in batch.decodes], dtype=torch.int64)
+            max_len = int(lens.max())
+            kv = table[rows, :max_len]
+            cols = torch.arange(max_len)
+            attn.decode_kv_slots = kv.masked_fill(cols[None, :] >= lens[:, None], 0)
+            attn.decode_kv_lens = lens
+            slot_parts.append(kv.gather(1, (lens - 1)[:, None]).view(-1))
+        offset = len(batch.decodes)
+        for chunk in batch.prefills:
+            kv_slots = table[chunk.request.row, : chunk.end]
+            attn.prefills.append(PrefillSegment(offset, chunk.end - chunk.start, chunk.start, kv_slots))
+            slot_parts.append(kv_slots[chunk.start :])
+            offset += chunk.end - chunk.start
+        attn.slot_mapping = torch.cat(slot_parts).to(self.device)
+        sample_index: list[int] = list(range(len(batch.decodes)))
+        offset = len(batch.decodes)
+        for chunk in batch.prefills:
+            offset += chunk.end - chunk.start
+            if chunk.sample:
+                sample_index.append(offset - 1)
+        input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)[None]
+        position_ids = torch.tensor(positions, dtype=torch.int64, device=self.device)[None]
+        return input_ids, position_ids, attn, torch.tensor(sample_index, dtype=torch.int64, device=self.device)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits [num_sampled, vocab] for the requests that sample a token this step."""
+        with phase("engine.prepare_batch"):
+            input_ids, position_ids, attn, sample_index = self._build(batch)
+        with phase("engine.forward"), forward_context(attn):
+            previous = fast_linear.set_active(True)
+            try:
+                out = self.model(
+                    input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=sample_index
+                )
+            finally:
+                fast_linear.set_active(previous)
+        return out.logits[0]

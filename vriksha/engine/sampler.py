@@ -1,0 +1,79 @@
+"""Logits -> sampled token ids and their log-probabilities (greedy, temperature, top-k, top-p, min-p, seeds)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from vriksha.engine.request import Request
+
+
+@dataclass(slots=True)
+class SampleResult:
+    token_ids: list[int]
+    logprobs: list[float]  # log-probability of each sampled token under the model's distribution
+    top_logprobs: list[dict[int, float] | None]
+
+
+class Sampler:
+    def __init__(self, seed: int = 0) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SampleResult:
+        logits = logits.float()
+        logprobs = torch.log_softmax(logits, dim=-1)
+        greedy = [r.params.greedy for r in requests]
+        token_ids = torch.empty(len(requests), dtype=torch.int64)
+        if all(greedy):
+            token_ids = logits.argmax(dim=-1)
+        else:
+            probs = self._filtered_probs(logits, requests)
+            for i, req in enumerate(requests):
+                if greedy[i]:
+                    token_ids[i] = logits[i].argmax()
+                else:
+                    gen = req.generator if req.generator is not None else self.generator
+                    token_ids[i] = torch.multinomial(probs[i], 1, generator=gen)[0]
+        ids = token_ids.tolist()
+        sampled_lp = logprobs.gather(1, token_ids.view(-1, 1)).view(-1).tolist()
+        tops: list[dict[int, float] | None] = [None] * len(requests)
+        k_max = max((r.params.logprobs or 0) for r in requests)
+        if k_max > 0 or any(r.params.logprobs is not None for r in requests):
+            top_v, top_i = (logprobs.topk(k_max, dim=-1) if k_max > 0 else (None, None))
+            for i, req in enumerate(requests):
+                k = req.params.logprobs
+                if k is None:
+                    continue
+                entry = {ids[i]: sampled_lp[i]}
+                if k > 0:
+                    entry.update(zip(top_i[i, :k].tolist(), top_v[i, :k].tolist(), strict=True))
+                tops[i] = entry
+        return SampleResult(ids, sampled_lp, tops)
+
+    @staticmethod
+    def _filtered_probs(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
+        temps = torch.tensor([max(r.params.temperature, 1e-5) for r in requests], dtype=logits.dtype)
+        scaled = logits / temps[:, None]
+        top_k = [r.params.top_k for r in requests]
+        top_p = [r.params.top_p for r in requests]
+        min_p = [r.params.min_p for r in requests]
+        if any(k > 0 for k in top_k) or any(p < 1.0 for p in top_p):
+            sorted_logits, sorted_idx = scaled.sort(dim=-1, descending=True)
+            remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
+            vocab = logits.shape[-1]
+            ks = torch.tensor([k if k > 0 else vocab for k in top_k])
+            remove |= torch.arange(vocab)[None, :] >= ks[:, None]
+            sorted_probs = sorted_logits.softmax(dim=-1)
+            cum = sorted_probs.cumsum(dim=-1)
+            ps = torch.tensor(top_p, dtype=cum.dtype)
+            remove |= (cum - sorted_probs) > ps[:, None]  # keep the smallest set whose mass reaches top_p
+            sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+            scaled = torch.empty_like(scaled).scatter_(1, sorted_idx, sorted_logits)
+        probs = scaled.softmax(dim=-1)
+        if any(p > 0 for p in min_p):
+            mp = torch.tensor(min_p, dtype=probs.dtype)
+            threshold = probs.max(dim=-1, keepdim=True).values * mp[:, None]
+            probs = probs.masked_fill(probs < threshold, 0.0)
+            probs = probs / probs.sum(dim=-1, keepdim=True)
+        return probs
