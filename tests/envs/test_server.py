@@ -235,7 +235,6 @@ def test_idle_sessions_are_reaped():
         s.ask(0, "reset", seed=0)
         dropped = WS(base)
         dropped.close()  # gone without "close": resumable for detach_grace_s, then reaped
-        assert httpx.get(base + "/health").json()["active_sessions"] == 3
         time.sleep(1.5)
         r = httpx.post(f"{base}/v1/sessions/{sid}/reset", json={})
         assert r.status_code == 404 and "reaped" in r.json()["error"]["message"]
@@ -243,6 +242,9 @@ def test_idle_sessions_are_reaped():
         with pytest.raises(ConnectionClosed):  # the idle WebSocket was told and closed
             s.recv_answer(timeout=2)
         assert any(e["event"] == "closing" and e["reason"] == "idle" for e in s.events)
+        ws = connect(base.replace("http://", "ws://") + "/v1/ws?session=" + dropped.hello["session_id"])
+        assert json.loads(ws.recv(timeout=10))["error"]["code"] == "unknown_session"
+        ws.close()
 
 
 def test_resume_after_drop_and_resend_is_not_run_twice(url):

@@ -14,7 +14,6 @@ vriksha-only fields (`terminated`, `truncated`, `info`) ride along in `data`.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from typing import Any
@@ -169,9 +168,9 @@ def register_openenv_routes(app: FastAPI, manager: SessionManager, env_cls: type
             return dumps(_error(str(err), _OPENENV_CODES.get(err.code, "EXECUTION_ERROR")))
 
     async def _oneshot(fn: Any, *args: Any) -> Any:
-        env = await asyncio.get_running_loop().run_in_executor(manager.executor, manager.factory)
+        env = await manager.workers.submit(manager.factory)
         try:
-            return await asyncio.get_running_loop().run_in_executor(manager.executor, fn, env, *args)
+            return await manager.workers.submit(fn, env, *args)
         finally:
             env.close()
 
