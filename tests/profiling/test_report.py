@@ -152,3 +152,23 @@ def test_old_kineto_categories_and_array_format_are_understood(tmp_path):
     a = build([path])
     assert a.compute_share == pytest.approx(0.9)
     assert a.verdict == "compute-bound"
+
+
+def test_unscheduled_capture_is_split_at_long_silences(tmp_path, write_trace):
+    # two bursts of work 500 ms apart, as a /start_profile../stop_profile capture of an idle server would have
+    events = [
+        _x("engine.forward", "user_annotation", 0, 1000),
+        _x("aten::mm", "cpu_op", 0, 800),
+        _x("engine.forward", "user_annotation", 501_000, 1000),
+        _x("aten::mm", "cpu_op", 501_000, 900),
+    ]
+    path = write_trace(tmp_path / "server_rank0.json", events)
+    a = build([path])
+    assert [(s.step, s.wall_us) for s in a.steps] == [("busy0", 1000), ("busy1", 1000)]
+    assert a.compute_share == pytest.approx(0.85)  # the silence is waiting for work, not overhead
+    assert "busy windows" in format_report(a)
+    whole = build([path], idle_gap_ms=1000)
+    assert [s.step for s in whole.steps] == ["all"] and whole.verdict == "overhead-bound"
+    by_phase = build([path], step_phase="engine.forward")
+    assert [s.step for s in by_phase.steps] == ["0", "1"]
+    assert all(p.name != "engine.forward" for p in by_phase.phases)

@@ -12,6 +12,7 @@ from vriksha.profiling.trace import DEVICE_CATEGORIES, HOST_OP, STEP_PREFIX, USE
 
 DEFAULT_THRESHOLD = 0.5
 DEFAULT_KERNEL_GAP_US = 0.03  # Holistic Trace Analysis' consecutive_kernel_delay: 30 ns
+DEFAULT_IDLE_GAP_MS = 100.0  # traces without step marks: longer silences separate busy windows
 TINY_OP_US = 20.0
 
 
@@ -64,6 +65,7 @@ class Analysis:
     ops: list[OpStat] = field(default_factory=list)
     kernels: list[OpStat] = field(default_factory=list)
     idle: list[IdleBreakdown] = field(default_factory=list)
+    step_sources: dict[str, str] = field(default_factory=dict)  # trace label -> how its steps were found
     tiny_compute_fraction: float = 0.0  # share of host compute-op time in calls shorter than TINY_OP_US
 
     @property
@@ -101,17 +103,43 @@ def _median(xs: list[float]) -> float:
     return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
 
 
-def _steps(trace: Trace) -> list[tuple[str, float, float]]:
+def _steps(
+    trace: Trace, step_phase: str | None, idle_gap_us: float
+) -> tuple[str, list[tuple[str, float, float]]]:
+    """Step windows: `step_phase` occurrences if asked, else ProfilerStep# marks, else busy windows."""
+    name = step_phase or STEP_PREFIX
     marks = sorted(
-        (e for e in trace.events if e.cat == USER_ANNOTATION and e.name.startswith(STEP_PREFIX)),
+        (
+            e
+            for e in trace.events
+            if e.cat == USER_ANNOTATION and (e.name == name if step_phase else e.name.startswith(STEP_PREFIX))
+        ),
         key=lambda e: e.ts,
     )
     if marks:
-        return [(m.name.removeprefix(STEP_PREFIX), m.ts, m.end) for m in marks]
-    host = [e for e in trace.events if e.cat in (HOST_OP, USER_ANNOTATION)] or [
-        e for e in trace.events if e.cat in DEVICE_CATEGORIES
-    ]
-    return [("all", min(e.ts for e in host), max(e.end for e in host))]
+        source = f"each '{step_phase}' annotation" if step_phase else "ProfilerStep#N marks"
+        return source, [
+            (m.name.removeprefix(STEP_PREFIX) if not step_phase else str(i), m.ts, m.end)
+            for i, m in enumerate(marks)
+        ]
+    # No step marks (e.g. a /start_profile../stop_profile capture): stretches of activity separated by
+    # more than `idle_gap_us` of nothing are steps; the long silences are waiting for work, not overhead.
+    active = merge(
+        (e.ts, e.end)
+        for e in trace.events
+        if e.cat in (HOST_OP, USER_ANNOTATION) or e.cat in DEVICE_CATEGORIES
+    )
+    windows: list[Interval] = []
+    for s, e in active:
+        if windows and s - windows[-1][1] <= idle_gap_us:
+            windows[-1] = (windows[-1][0], max(windows[-1][1], e))
+        else:
+            windows.append((s, e))
+    missing = f"no '{step_phase}' annotations, so " if step_phase else ""
+    source = f"{missing}busy windows (activity split at silences over {idle_gap_us / 1000:g} ms)"
+    if len(windows) == 1:
+        return source, [("all", *windows[0])]
+    return source, [(f"busy{i}", s, e) for i, (s, e) in enumerate(windows)]
 
 
 def _busy(trace: Trace, tl: HostTimeline, device: bool) -> tuple[list[Interval], list[Interval]]:
@@ -129,7 +157,11 @@ def _busy(trace: Trace, tl: HostTimeline, device: bool) -> tuple[list[Interval],
 
 
 def analyze(
-    traces: list[Trace], threshold: float = DEFAULT_THRESHOLD, kernel_gap_us: float = DEFAULT_KERNEL_GAP_US
+    traces: list[Trace],
+    threshold: float = DEFAULT_THRESHOLD,
+    kernel_gap_us: float = DEFAULT_KERNEL_GAP_US,
+    step_phase: str | None = None,
+    idle_gap_ms: float = DEFAULT_IDLE_GAP_MS,
 ) -> Analysis:
     device = any(t.has_device for t in traces)
     out = Analysis(traces=[t.label for t in traces], device=device, threshold=threshold)
@@ -140,11 +172,13 @@ def analyze(
     for trace in traces:
         tl = host_timeline(trace)
         compute, busy = _busy(trace, tl, device and trace.has_device)
-        for name, start, end in _steps(trace):
+        source, windows = _steps(trace, step_phase, idle_gap_ms * 1000)
+        out.step_sources[trace.label] = source
+        for name, start, end in windows:
             c, b = covered(compute, start, end), covered(busy, start, end)
             out.steps.append(StepStat(trace.label, trace.rank, name, end - start, c, b - c))
         for e in trace.events:
-            if e.cat == USER_ANNOTATION and not e.name.startswith(STEP_PREFIX):
+            if e.cat == USER_ANNOTATION and not e.name.startswith(STEP_PREFIX) and e.name != step_phase:
                 p = phases.setdefault(e.name, PhaseStat(e.name))
                 p.calls += 1
                 p.total_us += e.dur

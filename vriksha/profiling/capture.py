@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,9 @@ from vriksha.errors import ConfigError
 logger = logging.getLogger(__name__)
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
+
+# Each scheduled cycle is exported on its own, so events being cleared between cycles is what we want.
+warnings.filterwarnings("ignore", message="Warning: Profiler clears events at the end of each cycle")
 
 
 @dataclass(slots=True)

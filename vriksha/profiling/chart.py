@@ -45,7 +45,7 @@ def write_chart(a: Analysis, out: Path, top: int = 10) -> Path:
     ax.set_ylabel("% of step wall time")
     ax.set_ylim(0, 100)
     ax.set_title("per-step breakdown")
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
     ax = axes[1]
     phases = a.phases[:top][::-1]

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from vriksha.errors import ConfigError
-from vriksha.profiling.analysis import DEFAULT_KERNEL_GAP_US, DEFAULT_THRESHOLD
+from vriksha.profiling.analysis import DEFAULT_IDLE_GAP_MS, DEFAULT_KERNEL_GAP_US, DEFAULT_THRESHOLD
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,6 +36,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default=DEFAULT_KERNEL_GAP_US,
         help=f"device gaps shorter than this are kernel-to-kernel wait (default: {DEFAULT_KERNEL_GAP_US} µs, as HTA)",
     )
+    r.add_argument(
+        "--step-phase",
+        default=None,
+        metavar="NAME",
+        help="treat each occurrence of this annotation (e.g. train.rollout) as a step instead of ProfilerStep#N",
+    )
+    r.add_argument(
+        "--idle-gap-ms",
+        type=float,
+        default=DEFAULT_IDLE_GAP_MS,
+        help="traces without step marks are split into busy windows at silences longer than this "
+        f"(default: {DEFAULT_IDLE_GAP_MS:g} ms)",
+    )
     r.add_argument("--top", type=int, default=15, help="how many operators and kernels to list (default: 15)")
     r.add_argument("--json", type=Path, default=None, help="also write the numbers as JSON here")
     r.set_defaults(func=report_command)
@@ -55,7 +68,15 @@ def report_command(args: argparse.Namespace) -> int:
         raise ConfigError(f"--threshold must be a fraction between 0 and 1, got {args.threshold}; e.g. 0.5")
     if args.top < 1:
         raise ConfigError(f"--top must be at least 1, got {args.top}")
-    analysis = build(args.traces, threshold=args.threshold, kernel_gap_us=args.kernel_gap_us)
+    if args.idle_gap_ms <= 0:
+        raise ConfigError(f"--idle-gap-ms must be positive, got {args.idle_gap_ms}")
+    analysis = build(
+        args.traces,
+        threshold=args.threshold,
+        kernel_gap_us=args.kernel_gap_us,
+        step_phase=args.step_phase,
+        idle_gap_ms=args.idle_gap_ms,
+    )
     sys.stdout.write(format_report(analysis, top=args.top) + "\n")
     if args.out is not None:
         path = write_chart(analysis, args.out)

@@ -16,8 +16,9 @@ COMPUTE_DEFINITION = (
 )
 
 
-def build(paths: list[str | Path], threshold: float = 0.5, kernel_gap_us: float = 0.03) -> Analysis:
-    return analyze(load_traces(list(paths)), threshold=threshold, kernel_gap_us=kernel_gap_us)
+def build(paths: list[str | Path], **options: object) -> Analysis:
+    """Load and analyse traces; options are `analyze`'s (threshold, kernel_gap_us, step_phase, idle_gap_ms)."""
+    return analyze(load_traces(list(paths)), **options)  # type: ignore[arg-type]
 
 
 def _ms(us: float) -> str:
@@ -41,7 +42,7 @@ def format_report(a: Analysis, top: int = 15) -> str:
         f"vriksha profile report: {len(a.traces)} trace(s), {len(a.steps)} step(s), {wall / 1000:.3f} ms of step wall time"
     )
     for t in a.traces:
-        add(f"  {t}")
+        add(f"  {t}: steps from {a.step_sources.get(t, '?')}")
     add("")
     add("Time per phase (record_function annotations; inclusive, phases may nest)")
     if a.phases:
