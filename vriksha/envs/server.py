@@ -455,7 +455,7 @@ def uvicorn_config(app: Any, host: str, port: int, log_level: str = "warning") -
         app,
         host=host,
         port=port,
-        ws="websockets-sansio",
+        ws="websockets-sansio",  # measured faster here than the legacy `websockets` implementation
         http=http,
         loop=loop,
         log_level=log_level,
