@@ -215,6 +215,25 @@ def test_long_prompt_match():
     assert "lock=0" in cache.pretty()
 
 
+def test_evict_lru_across_branches():
+    alloc, cache = make()
+    a = put(alloc, cache, [1, 2, 3])
+    b = put(alloc, cache, [9])
+    c = put(alloc, cache, [1, 2, 4])  # splits [1,2,3]: [1,2] -> {[3] oldest, [4] newest}
+    assert cache.evict(2) == 2
+    assert {a[2].item(), b[0].item()} <= alloc.free_slot_set()
+    assert cache.slot_set() == {a[0].item(), a[1].item(), c[2].item()}
+
+
+def test_tree_owns_a_copy_of_inserted_slots():
+    alloc, cache = make()
+    slots = alloc.alloc(3)
+    expect = slots.tolist()
+    cache.insert([1, 2, 3], slots)
+    slots.fill_(0)  # the caller reuses its buffer
+    assert cache.match_prefix([1, 2, 3]).slots.tolist() == expect
+
+
 # ---------------------------------------------------------------- stateful property test
 
 NUM_SLOTS = 48
@@ -222,14 +241,20 @@ token_seqs = st.lists(st.integers(0, 2), min_size=0, max_size=9)
 
 
 class RadixCacheMachine(RuleBasedStateMachine):
-    """A scheduler's use of the cache against a reference model: prefix -> slot, and request-owned slots."""
+    """A scheduler's use of the cache against a reference model.
+
+    `ref` maps every cached token prefix to the slot of its last token, `touched` to the reference clock tick
+    of its last match or insert; `requests` are the running requests and the slots they own.
+    """
 
     def __init__(self) -> None:
         super().__init__()
         self.alloc = SlotAllocator(NUM_SLOTS)
         self.cache = RadixCache(self.alloc)
         self.ref: dict[tuple[int, ...], int] = {}
-        # each running request: tokens, all its slots, the locked node, how many of its slots the tree owns
+        self.touched: dict[tuple[int, ...], int] = {}
+        self.tick = 0
+        # each running request: tokens, all its slots, the locked node, how many leading slots the tree owns
         self.requests: list[tuple[list[int], torch.Tensor, TreeNode, int]] = []
 
     def _longest_cached(self, tokens: list[int]) -> int:
@@ -238,67 +263,77 @@ class RadixCacheMachine(RuleBasedStateMachine):
             n += 1
         return n
 
-    def _check_match(self, tokens: list[int]):
+    def _touch(self, tokens: list[int], n: int) -> None:
+        self.tick += 1
+        for i in range(n):
+            self.touched[tuple(tokens[: i + 1])] = self.tick
+
+    def _match(self, tokens: list[int]):
         expect = self._longest_cached(tokens)
         m = self.cache.match_prefix(tokens)
+        self._touch(tokens, expect)
         assert m.length == expect
         assert m.slots.tolist() == [self.ref[tuple(tokens[: i + 1])] for i in range(expect)]
         assert m.last_node.token_path() == tokens[:expect]
         return m
 
-    def _forget_freed(self) -> int:
+    def _insert(self, tokens: list[int], slots: torch.Tensor, owned: int) -> int:
+        """Insert a request's tokens, free its duplicates, return how many were cached before."""
+        expect = self._longest_cached(tokens)
+        n = self.cache.insert(tokens, slots)
+        assert n == expect and n >= owned
+        assert all(self.ref[tuple(tokens[: i + 1])] == slots[i].item() for i in range(owned))
+        self.alloc.free(slots[owned:n])
+        for i in range(n, len(tokens)):
+            self.ref[tuple(tokens[: i + 1])] = slots[i].item()
+        self._touch(tokens, len(tokens))
+        return n
+
+    def _evict(self, k: int) -> int:
+        evictable = self.cache.evictable_size()
+        freed = self.cache.evict(k)
+        assert min(k, evictable) <= freed <= evictable
         free = self.alloc.free_slot_set()
         gone = [p for p, s in self.ref.items() if s in free]
+        assert len(gone) == freed
+        if gone:
+            newest_gone = max(self.touched[p] for p in gone)
+            for node in self.cache._nodes():
+                if node.is_leaf and node.lock_ref == 0:
+                    assert self.touched[tuple(node.token_path())] >= newest_gone, "evicted out of LRU order"
         for p in gone:
-            del self.ref[p]
-        return len(gone)
+            del self.ref[p], self.touched[p]
+        return freed
+
+    def _alloc(self, n: int) -> torch.Tensor | None:
+        fresh = self.alloc.alloc(n)
+        if fresh is None:
+            self._evict(n - self.alloc.num_free)
+            fresh = self.alloc.alloc(n)
+        if fresh is None:
+            assert self.alloc.num_free + self.cache.evictable_size() < n
+        return fresh
 
     @rule(tokens=token_seqs)
     def match_only(self, tokens):
-        self._check_match(tokens)
+        self._match(tokens)
 
     @rule(tokens=token_seqs)
     def start_request(self, tokens):
-        m = self._check_match(tokens)
+        m = self._match(tokens)
         self.cache.inc_lock_ref(m.last_node)
-        need = len(tokens) - m.length
-        fresh = self.alloc.alloc(need)
+        fresh = self._alloc(len(tokens) - m.length)
         if fresh is None:
-            self.cache.evict(need - self.alloc.num_free)
-            self._forget_freed()
-            fresh = self.alloc.alloc(need)
-        if fresh is None:
-            assert self.alloc.num_free + self.cache.evictable_size() < need
             self.cache.dec_lock_ref(m.last_node)
             return
         self.requests.append((tokens, torch.cat([m.slots, fresh]), m.last_node, m.length))
-
-    @precondition(lambda self: self.requests)
-    @rule(idx=st.integers(0, 100), cache_it=st.booleans())
-    def finish_request(self, idx, cache_it):
-        tokens, slots, node, owned = self.requests.pop(idx % len(self.requests))
-        if cache_it:
-            expect = self._longest_cached(tokens)
-            n = self.cache.insert(tokens, slots)
-            assert n == expect and n >= owned
-            assert all(self.ref[tuple(tokens[: i + 1])] == slots[i].item() for i in range(owned))
-            self.alloc.free(slots[owned:n])
-            for i in range(n, len(tokens)):
-                self.ref[tuple(tokens[: i + 1])] = slots[i].item()
-        else:
-            self.alloc.free(slots[owned:])
-        self.cache.dec_lock_ref(node)
 
     @precondition(lambda self: self.requests)
     @rule(idx=st.integers(0, 100), more=st.lists(st.integers(0, 2), min_size=1, max_size=3))
     def decode(self, idx, more):
         i = idx % len(self.requests)
         tokens, slots, node, owned = self.requests[i]
-        fresh = self.alloc.alloc(len(more))
-        if fresh is None:
-            self.cache.evict(len(more) - self.alloc.num_free)
-            self._forget_freed()
-            fresh = self.alloc.alloc(len(more))
+        fresh = self._alloc(len(more))
         if fresh is not None:
             self.requests[i] = (tokens + more, torch.cat([slots, fresh]), node, owned)
 
@@ -308,32 +343,37 @@ class RadixCacheMachine(RuleBasedStateMachine):
         """Chunked prefill: cache what the request has so far and move its lock down to the new last node."""
         i = idx % len(self.requests)
         tokens, slots, node, owned = self.requests[i]
-        expect = self._longest_cached(tokens)
-        n = self.cache.insert(tokens, slots)
-        assert n == expect and n >= owned
-        self.alloc.free(slots[owned:n])
-        for j in range(n, len(tokens)):
-            self.ref[tuple(tokens[: j + 1])] = slots[j].item()
-        m = self._check_match(tokens)
-        assert m.length == len(tokens)
-        assert m.slots[n:].tolist() == slots[n:].tolist()
+        n = self._insert(tokens, slots, owned)
+        m = self._match(tokens)
+        assert m.length == len(tokens) and m.slots[n:].tolist() == slots[n:].tolist()
         self.cache.inc_lock_ref(m.last_node)
         self.cache.dec_lock_ref(node)
         self.requests[i] = (tokens, m.slots, m.last_node, len(tokens))
 
+    @precondition(lambda self: self.requests)
+    @rule(idx=st.integers(0, 100), cache_it=st.booleans())
+    def finish_request(self, idx, cache_it):
+        tokens, slots, node, owned = self.requests.pop(idx % len(self.requests))
+        if cache_it:
+            self._insert(tokens, slots, owned)
+        else:
+            self.alloc.free(slots[owned:])
+        self.cache.dec_lock_ref(node)
+
     @rule(k=st.integers(0, NUM_SLOTS))
     def evict(self, k):
-        evictable = self.cache.evictable_size()
-        freed = self.cache.evict(k)
-        assert freed >= min(k, evictable) and freed <= evictable
-        assert self._forget_freed() == freed
+        self._evict(k)
 
     @rule()
     def flush_unlocked(self):
         evictable = self.cache.evictable_size()
         assert self.cache.flush_unlocked() == evictable
         assert self.cache.evictable_size() == 0
-        assert self._forget_freed() == evictable
+        free = self.alloc.free_slot_set()
+        gone = [p for p, s in self.ref.items() if s in free]
+        assert len(gone) == evictable
+        for p in gone:
+            del self.ref[p], self.touched[p]
 
     @rule()
     def reset(self):
@@ -342,8 +382,9 @@ class RadixCacheMachine(RuleBasedStateMachine):
                 self.cache.reset()
             return
         self.cache.reset()
-        self._forget_freed()
-        assert not self.ref
+        assert self.alloc.free_slot_set() >= set(self.ref.values())
+        self.ref.clear()
+        self.touched.clear()
 
     @invariant()
     def slots_partitioned(self):
@@ -364,6 +405,20 @@ class RadixCacheMachine(RuleBasedStateMachine):
         assert self.cache.protected_size() == locked_tokens(self.cache)
 
     @invariant()
+    def access_times_mirror_reference(self):
+        """Each node's tokens were touched together, and the nodes' LRU order is the reference's."""
+        order: dict[int, int] = {}
+        for node in self.cache._nodes():
+            path = node.token_path()
+            ticks = {
+                self.touched[tuple(path[:i])] for i in range(len(path) - len(node.key) + 1, len(path) + 1)
+            }
+            assert len(ticks) == 1
+            assert order.setdefault(node.last_access, ticks.pop()) == self.touched[tuple(path)]
+        ordered = [order[t] for t in sorted(order)]
+        assert ordered == sorted(set(ordered))
+
+    @invariant()
     def running_prefixes_stay_cached(self):
         for tokens, slots, node, owned in self.requests:
             assert node is self.cache.root or node.lock_ref > 0
@@ -376,22 +431,3 @@ RadixCacheMachine.TestCase.settings = settings(
     max_examples=100, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestRadixCacheMachine = RadixCacheMachine.TestCase
-
-
-def test_evict_lru_across_branches():
-    alloc, cache = make()
-    a = put(alloc, cache, [1, 2, 3])
-    b = put(alloc, cache, [9])
-    c = put(alloc, cache, [1, 2, 4])  # splits [1,2,3]: [1,2] -> {[3] oldest, [4] newest}
-    assert cache.evict(2) == 2
-    assert {a[2].item(), b[0].item()} <= alloc.free_slot_set()
-    assert cache.slot_set() == {a[0].item(), a[1].item(), c[2].item()}
-
-
-def test_tree_owns_a_copy_of_inserted_slots():
-    alloc, cache = make()
-    slots = alloc.alloc(3)
-    expect = slots.tolist()
-    cache.insert([1, 2, 3], slots)
-    slots.fill_(0)  # the caller reuses its buffer
-    assert cache.match_prefix([1, 2, 3]).slots.tolist() == expect
