@@ -19,6 +19,8 @@ def server(server_factory, tiny_model_dir):
         [
             "--model",
             str(tiny_model_dir),
+            "--kv-cache-memory-gb",
+            "0.05",
             "--served-model-name",
             MODEL,
             "--max-num-seqs",

@@ -51,7 +51,7 @@ def aclient(server) -> openai.AsyncOpenAI:
 
 @pytest.fixture(scope="module")
 def llm(tiny_model_dir) -> LLM:
-    return LLM(model=str(tiny_model_dir))
+    return LLM(model=str(tiny_model_dir), kv_cache_memory_gb=0.05)
 
 
 def greedy(max_tokens: int = 16, **kw) -> SamplingParams:
@@ -275,9 +275,8 @@ def test_disconnect_mid_stream_aborts_and_frees_kv(server):
     assert m["vriksha_server_requests_in_flight"] == 0
     aborted = httpx.get(f"{server.base_url}/metrics").text
     assert 'vriksha_requests_total{endpoint="completions",finish_reason="abort"} 8.0' in aborted
-    # whatever aborted requests left in the prefix cache is evictable: a flush brings the pool back to idle
-    assert httpx.post(f"{server.base_url}/flush_cache", timeout=30).status_code == 200
-    assert server.metrics()["vriksha_kv_cache_used_tokens"] == idle_kv
+    # the aborted requests hold no KV any more (what they left in the prefix cache is evictable, counted apart)
+    assert m["vriksha_kv_cache_used_tokens"] == idle_kv, (m["vriksha_kv_cache_used_tokens"], idle_kv)
 
 
 def test_disconnect_non_streaming_aborts(server):

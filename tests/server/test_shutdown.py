@@ -41,7 +41,18 @@ def test_serve_help_lists_options():
 
 def test_sigterm_drains_then_exits_zero(server_factory, tiny_model_dir):
     server = server_factory(
-        ["--model", str(tiny_model_dir), "--served-model-name", MODEL, "--shutdown-timeout", "2"]
+        [
+            "--model",
+            str(tiny_model_dir),
+            "--kv-cache-memory-gb",
+            "0.05",
+            "--kv-cache-memory-gb",
+            "0.05",
+            "--served-model-name",
+            MODEL,
+            "--shutdown-timeout",
+            "2",
+        ]
     )
     results: dict[str, list[str]] = {}
 

@@ -13,7 +13,15 @@ from vriksha.errors import ConfigError, VrikshaError
 logger = logging.getLogger(__name__)
 
 # engine options passed through to AsyncEngine only when given (the engine's own defaults otherwise)
-_ENGINE_OPTIONS = ("dtype", "device", "kv_cache_memory_gb", "max_num_seqs", "max_model_len")
+_ENGINE_OPTIONS = (
+    "dtype",
+    "device",
+    "kv_cache_memory_gb",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "chunked_prefill_size",
+    "max_model_len",
+)
 
 
 def register(subparsers: Any) -> None:

@@ -86,8 +86,13 @@ class _EngineCollector(Collector):
         yield gauge("server_requests_in_flight", "requests the server is serving", self._in_flight())
         yield gauge(
             "kv_cache_used_tokens",
-            "KV pool slots in use (running requests and the prefix cache)",
+            "KV pool slots held by requests and locked prefix-cache entries",
             s.kv_used_tokens,
+        )
+        yield gauge(
+            "kv_cache_evictable_tokens",
+            "KV pool slots held by unlocked prefix-cache entries (freed on demand)",
+            getattr(s, "kv_cached_tokens", 0),
         )
         yield gauge("kv_cache_total_tokens", "KV pool capacity in tokens", s.kv_total_tokens)
         total = max(1, s.kv_total_tokens)
