@@ -270,6 +270,26 @@ def test_resume_after_drop_and_resend_is_not_run_twice(url):
     ws.close()
 
 
+def test_resume_takes_over_a_stale_connection(url):
+    old = WS(url)
+    sid = old.hello["session_id"]
+    old.ask(0, "reset", seed=1)
+    old.send_raw(json.dumps({"id": "slow", "op": "step", "action": {"text": "slow"}}))
+    time.sleep(0.1)  # the step is running when the client gives up on this connection
+    new = WS(url, f"?session={sid}")
+    try:
+        assert new.hello["resumed"] is True
+        # re-sending the in-flight request waits for it instead of running it again
+        assert new.ask("slow", "step", action={"text": "slow"})["result"]["observation"]["text"] == "slow#1"
+        assert new.ask(1, "state")["result"]["step_count"] == 1
+        with pytest.raises(ConnectionClosed):
+            old.recv_answer(timeout=5)
+        assert any(e["event"] == "closing" for e in old.events)
+    finally:
+        new.ask(2, "close")
+        new.close()
+
+
 @pytest.mark.slow
 def test_cli_serves_arithmetic_in_a_subprocess():
     port = free_port()

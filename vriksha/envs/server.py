@@ -165,6 +165,12 @@ class Dispatcher:
         )
 
 
+def _interrupted() -> EnvServerError:
+    return EnvServerError(
+        "the request was interrupted (server shutting down?); retry it", ErrorCode.SERVER_ERROR
+    )
+
+
 def _reply_ok(rid_json: str, result_json: str) -> str:
     return '{"id":' + rid_json + ',"ok":true,"result":' + result_json + "}"
 
@@ -262,14 +268,18 @@ def create_app(env: str | type[Environment], config: ServerConfig | None = None)
         try:
             if resume:
                 session = manager.get(resume)
-                if session.attached:
+                if session.kind != "ws":
                     raise EnvServerError(
-                        f"session {resume!r} is attached to another connection; close that one first",
+                        f"session {resume!r} is a {session.kind} session; only WebSocket sessions resume",
                         ErrorCode.SESSION_BUSY,
                     )
-                manager.attach(session)
+                previous = session.on_close
+                session.on_close = None
+                if session.attached and previous is not None:  # its old connection is stale: take over
+                    await previous("resumed on another connection")
             else:
                 session = await manager.create("ws")
+            manager.attach(session, owner=websocket)
         except EnvServerError as exc:
             await websocket.send_text(dumps({"event": "error", "error": exc.to_wire()}))
             await websocket.close(code=1013 if exc.code == ErrorCode.CAPACITY_REACHED else 1008)
@@ -324,8 +334,9 @@ def create_app(env: str | type[Environment], config: ServerConfig | None = None)
                             continue
                         raise ProtocolError("every request needs an 'id' (string or integer)")
                     rid_json = dumps(rid)
-                    if rid in session.recent:  # a re-send after a reconnect: answer, don't redo
-                        await send(session.recent[rid])
+                    earlier = session.recent.get(rid)
+                    if earlier is not None:  # a re-send after a reconnect: answer it, never run it twice
+                        await send(await earlier)
                         continue
                     op = msg.get("op")
                     if op == "close":
@@ -333,12 +344,17 @@ def create_app(env: str | type[Environment], config: ServerConfig | None = None)
                         with contextlib.suppress(Exception):
                             await send(_reply_ok(rid_json, '{"closed":true}'))
                         break
-                    reply = _reply_ok(rid_json, await dispatch(session, op, msg))
-                    session.remember(rid, reply)
+                    answer, reply = session.remember(rid), None
+                    try:
+                        reply = _reply_ok(rid_json, await dispatch(session, op, msg))
+                    except Exception as exc:
+                        reply = _reply_err(rid_json, error_from_exception(exc))
+                    finally:
+                        answer.set_result(reply or _reply_err(rid_json, _interrupted()))
                 except Exception as exc:
-                    if session.closed:
-                        break
                     reply = _reply_err(rid_json, error_from_exception(exc))
+                if session.closed:
+                    break
                 await send(reply)
         except Exception:
             if not closed_by_server:
@@ -350,7 +366,7 @@ def create_app(env: str | type[Environment], config: ServerConfig | None = None)
                 with contextlib.suppress(Exception):
                     await websocket.close()
             elif not session.closed:
-                manager.detach(session)
+                manager.detach(session, owner=websocket)
 
     # -- HTTP sessions -------------------------------------------------------------
 

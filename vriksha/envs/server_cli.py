@@ -58,7 +58,9 @@ def register_serve(subparsers: Any) -> argparse.ArgumentParser:
         metavar="S",
         help="send an application heartbeat to each WebSocket client every S seconds (default 15)",
     )
-    p.add_argument("--workers", type=int, default=None, help="threads running env code (default sessions + 4)")
+    p.add_argument(
+        "--workers", type=int, default=None, help="threads running env code (default sessions + 4)"
+    )
     p.add_argument("--no-mcp", action="store_true", help="do not serve the tools over MCP at /mcp")
     p.add_argument("--no-openenv", action="store_true", help="do not serve OpenEnv's wire format")
     p.add_argument(

@@ -39,7 +39,9 @@ class EnvWorkers:
         self.max_workers = max_workers
         self.name = name
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._done: collections.deque[tuple[asyncio.Future[Any], Any, BaseException | None]] = collections.deque()
+        self._done: collections.deque[tuple[asyncio.Future[Any], Any, BaseException | None]] = (
+            collections.deque()
+        )
         self._lock = threading.Lock()
         self._signaled = False
         self._threads: list[threading.Thread] = []
@@ -110,17 +112,21 @@ class Session:
     detached_at: float | None = None
     closed: bool = False
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    recent: dict[Any, str] = field(default_factory=dict)  # request id -> reply, to answer re-sends
+    recent: dict[Any, asyncio.Future[str]] = field(default_factory=dict)  # request id -> its reply
+    owner: object | None = None  # the connection a WebSocket session is attached to
     on_close: Callable[[str], Awaitable[None]] | None = None
 
     def touch(self) -> None:
         self.last_active = time.monotonic()
 
-    def remember(self, rid: Any, reply: str, keep: int = 32) -> None:
+    def remember(self, rid: Any, keep: int = 32) -> asyncio.Future[str]:
+        """A future for the reply to request `rid`, kept so a re-sent `rid` gets the same answer."""
         recent = self.recent
-        recent[rid] = reply
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        recent[rid] = fut
         if len(recent) > keep:
             del recent[next(iter(recent))]
+        return fut
 
 
 class SessionManager:
@@ -217,13 +223,18 @@ class SessionManager:
         logger.debug("session %s closed (%s); %d active", session_id, reason, self.active)
         return True
 
-    def detach(self, session: Session) -> None:
+    def detach(self, session: Session, owner: object | None = None) -> None:
+        """The session's connection went away; a newer connection that took it over keeps it."""
+        if owner is not None and session.owner is not owner:
+            return
         session.attached = False
+        session.owner = None
         session.detached_at = time.monotonic()
         session.on_close = None
 
-    def attach(self, session: Session) -> None:
+    def attach(self, session: Session, owner: object | None = None) -> None:
         session.attached = True
+        session.owner = owner
         session.detached_at = None
         session.touch()
 
