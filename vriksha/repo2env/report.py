@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 __all__ = ["YieldReport"]
 
@@ -43,7 +43,7 @@ class YieldReport:
         return kept / cov if cov else 0.0
 
     def to_dict(self) -> dict:
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}  # asdict() mangles Counters
         for k in ("candidates", "covered", "kept", "drops"):
             d[k] = dict(d[k])
         d["drops_by_pipeline"] = {k: dict(v) for k, v in self.drops_by_pipeline.items()}

@@ -161,24 +161,25 @@ def fetch_sdist(spec: str, dest_dir: Path, index_url: str | None = None, timeout
     return target
 
 
-def _project_name(root: Path) -> str:
+def _project_name(root: Path, fallback: str) -> str:
     text = ""
     for fname in ("pyproject.toml", "setup.cfg", "setup.py", "PKG-INFO"):
         p = root / fname
         if p.is_file():
             text = p.read_text(errors="replace")
-            m = re.search(r"""^\s*name\s*[=:]\s*["']?([A-Za-z0-9_.\-]+)""", text, re.M) or re.search(
+            m = re.search(r"""^\s*name\s*[=:]\s*["']?([A-Za-z0-9_.\-]+)""", text, re.M | re.I) or re.search(
                 r"""name\s*=\s*["']([A-Za-z0-9_.\-]+)["']""", text
             )
             if m:
                 return m.group(1)
-    return root.name
+    return fallback
 
 
 def prepare_source(source: str | Path, work_dir: Path) -> Project:
     """Turn SOURCE into a private, litter-free copy under `work_dir`."""
     origin = str(source)
     src = Path(source).expanduser()
+    work_dir.mkdir(parents=True, exist_ok=True)
     git_dir = None
     if src.is_dir():
         if (src / ".git").exists():
@@ -209,4 +210,4 @@ def prepare_source(source: str | Path, work_dir: Path) -> Project:
         tmp = Path(tempfile.mkdtemp(prefix="copy-", dir=work_dir))
         copy_tree(base, tmp)
         tmp.rename(root)
-    return Project(name=_project_name(root), root=root, content_hash=digest, origin=origin, git_dir=git_dir)
+    return Project(name=_project_name(root, base.name), root=root, content_hash=digest, origin=origin, git_dir=git_dir)

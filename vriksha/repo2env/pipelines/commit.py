@@ -48,16 +48,19 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 def strip_identifiers(message: str, diff_text: str) -> str:
     """Drop code spans, and identifiers that the fix's diff adds or removes, from a commit message."""
-    changed = set()
+    changed: set[str] = set()
+    defined: set[str] = set()
     for line in diff_text.splitlines():
-        if line.startswith(("+", "-")) and not line.startswith(("+++", "---")):
-            changed.update(_IDENT.findall(line[1:]))
-    codey = {w for w in changed if "_" in w or any(c.isupper() for c in w[1:]) or len(w) > 3 and w.islower()}
+        if line.startswith(("+++", "---", "diff ", "index ")):
+            continue
+        changed.update(_IDENT.findall(line.lstrip("+- ")))
+        defined.update(re.findall(r"\b(?:def|class)\s+([A-Za-z_]\w*)", line))
+    codey = {w for w in changed if "_" in w.strip("_") or any(c.isupper() for c in w[1:])} | defined
     out = re.sub(r"`[^`]+`", "`...`", message)
     out = re.sub(r"\b[\w.]+\(\)", "...", out)
     words = []
     for token in re.split(r"(\W+)", out):
-        if token in codey and ("_" in token or any(c.isupper() for c in token[1:])):
+        if token in codey:
             words.append("...")
         else:
             words.append(token)
