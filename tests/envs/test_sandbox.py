@@ -111,6 +111,7 @@ def test_network_cut_off():
     t.start()
     code = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2); print('connected')"
     r = run_py(code)
+    server.shutdown(socket.SHUT_RDWR)  # wakes the accept() if nothing connected
     t.join()
     server.close()
     if not r.network_isolated:

@@ -106,6 +106,7 @@ def test_catches_out_of_range_rewards_and_missing_info():
     assert not c["reward_bounds"].ok
 
 
+@pytest.mark.slow
 def test_cli_validate_and_list(capsys):
     assert main(["env", "validate", "arithmetic", "--json"]) == 0
     out = capsys.readouterr().out

@@ -121,8 +121,6 @@ def evaluate(
                     text += _stop_matched(stop)
                 outputs[id(x)] = text
                 tokens += len(comp.token_ids)
-        if on_step is not None:
-            on_step()
         still: list[_Live] = []
         for x in live:
             text = outputs[id(x)]
@@ -140,6 +138,8 @@ def evaluate(
                 x.obs = result
                 still.append(x)
         live = still
+        if on_step is not None:  # one profiler step per turn: generation plus the environment steps
+            on_step()
     bar.close()
     n = max(1, len(records))
     keys = sorted({k for r in records for k in r.components})
