@@ -105,6 +105,7 @@ class LLMEngine:
         self.runner = ModelRunner(model, self.pool, self.table, config.fast_linear and self.device.type == "cpu")
         self.sampler = Sampler(config.seed)
         self._groups: dict[str, _Group] = {}
+        self.step_hooks: list = []  # called after every step (profilers)
         self._ids = itertools.count()
         self._prompt_tokens = 0
         self._cached_prompt_tokens = 0
@@ -214,6 +215,12 @@ class LLMEngine:
     # ---- the step ----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one forward pass; return outputs of finished requests and of streaming ones that advanced."""
+        outputs = self._step()
+        for hook in self.step_hooks:
+            hook()
+        return outputs
+
+    def _step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
         if batch.num_tokens == 0:
             return []
