@@ -4,7 +4,6 @@ import os
 from pathlib import Path
 
 import pytest
-
 from r2e_projects import tiny_project
 
 
@@ -12,7 +11,9 @@ from r2e_projects import tiny_project
 def r2e_cache(tmp_path_factory):
     """One cache (seed venv, project venvs) for the whole session; $VRIKSHA_TEST_CACHE reuses one across runs."""
     old = os.environ.get("VRIKSHA_CACHE")
-    os.environ["VRIKSHA_CACHE"] = os.environ.get("VRIKSHA_TEST_CACHE") or str(tmp_path_factory.mktemp("r2e-cache"))
+    os.environ["VRIKSHA_CACHE"] = os.environ.get("VRIKSHA_TEST_CACHE") or str(
+        tmp_path_factory.mktemp("r2e-cache")
+    )
     yield Path(os.environ["VRIKSHA_CACHE"])
     if old is None:
         os.environ.pop("VRIKSHA_CACHE", None)

@@ -53,7 +53,7 @@ def coin(state):
     return flipped
 '''
 
-TEST_MATHX = '''\
+TEST_MATHX = """\
 from tinyproj.mathx import clamp, total
 
 
@@ -72,9 +72,9 @@ def test_clamp_inside():
 def test_total():
     assert total([1, 2, 3]) == 6
     assert total([]) == 0
-'''
+"""
 
-TEST_DESCRIBE = '''\
+TEST_DESCRIBE = """\
 from tinyproj.mathx import describe
 
 
@@ -83,9 +83,9 @@ def test_describe_does_not_crash_the_caller():
         describe(3)
     except Exception:
         pass
-'''
+"""
 
-TEST_STRINGS = '''\
+TEST_STRINGS = """\
 from tinyproj.strings import shout
 
 
@@ -95,9 +95,9 @@ def test_shout():
 
 def test_plain_arithmetic():
     assert 2 + 2 == 4
-'''
+"""
 
-TEST_FLAKY = '''\
+TEST_FLAKY = """\
 import hashlib
 from pathlib import Path
 
@@ -111,7 +111,7 @@ def test_coin_alternates():
     new = coin(old)
     STATE.write_text("1" if new else "0")
     assert new
-'''
+"""
 
 
 def write(root: Path, files: dict[str, str]) -> Path:
@@ -123,49 +123,75 @@ def write(root: Path, files: dict[str, str]) -> Path:
 
 
 def tiny_project(root: Path) -> Path:
-    return write(root, {
-        "pyproject.toml": '[project]\nname = "tinyproj"\nversion = "0.1"\ndependencies = []\n',
-        "tinyproj/__init__.py": "",
-        "tinyproj/mathx.py": MATHX,
-        "tinyproj/strings.py": STRINGS,
-        "tinyproj/flaky.py": FLAKY,
-        "tests/test_mathx.py": TEST_MATHX,
-        "tests/test_describe.py": TEST_DESCRIBE,
-        "tests/test_strings.py": TEST_STRINGS,
-        "tests/test_flaky.py": TEST_FLAKY,
-    })
+    return write(
+        root,
+        {
+            "pyproject.toml": '[project]\nname = "tinyproj"\nversion = "0.1"\ndependencies = []\n',
+            "tinyproj/__init__.py": "",
+            "tinyproj/mathx.py": MATHX,
+            "tinyproj/strings.py": STRINGS,
+            "tinyproj/flaky.py": FLAKY,
+            "tests/test_mathx.py": TEST_MATHX,
+            "tests/test_describe.py": TEST_DESCRIBE,
+            "tests/test_strings.py": TEST_STRINGS,
+            "tests/test_flaky.py": TEST_FLAKY,
+        },
+    )
 
 
 def single_test_project(root: Path) -> Path:
-    return write(root, {
-        "pyproject.toml": '[project]\nname = "oneproj"\nversion = "0.1"\n',
-        "oneproj.py": 'def double(x):\n    """Twice x."""\n    y = x * 2\n    return y\n',
-        "test_oneproj.py": "from oneproj import double\n\n\ndef test_double():\n    assert double(4) == 8\n",
-    })
+    return write(
+        root,
+        {
+            "pyproject.toml": '[project]\nname = "oneproj"\nversion = "0.1"\n',
+            "oneproj.py": 'def double(x):\n    """Twice x."""\n    y = x * 2\n    return y\n',
+            "test_oneproj.py": "from oneproj import double\n\n\ndef test_double():\n    assert double(4) == 8\n",
+        },
+    )
 
 
 def git(root: Path, *args: str) -> str:
-    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com", "GIT_COMMITTER_NAME": "t",
-           "GIT_COMMITTER_EMAIL": "t@example.com", "PATH": "/usr/bin:/bin", "HOME": str(root)}
-    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True, env=env).stdout
+    env = {
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(root),
+    }
+    return subprocess.run(
+        ["git", "-C", str(root), *args], check=True, capture_output=True, text=True, env=env
+    ).stdout
 
 
 def git_project(root: Path) -> Path:
     """Two commits: the second fixes `is_even` and adds the test that shows it."""
-    write(root, {
-        "pyproject.toml": '[project]\nname = "gitproj"\nversion = "0.1"\n',
-        "gitproj/__init__.py": "",
-        "gitproj/numbers.py": 'def is_even(n):\n    return n % 2 == 1\n\n\ndef inc(n):\n    return n + 1\n',
-        "tests/test_inc.py": "from gitproj.numbers import inc\n\n\ndef test_inc():\n    assert inc(1) == 2\n",
-    })
+    write(
+        root,
+        {
+            "pyproject.toml": '[project]\nname = "gitproj"\nversion = "0.1"\n',
+            "gitproj/__init__.py": "",
+            "gitproj/numbers.py": "def is_even(n):\n    return n % 2 == 1\n\n\ndef inc(n):\n    return n + 1\n",
+            "tests/test_inc.py": "from gitproj.numbers import inc\n\n\ndef test_inc():\n    assert inc(1) == 2\n",
+        },
+    )
     git(root, "init", "-q", "-b", "main")
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", "Start the numbers module")
-    write(root, {
-        "gitproj/numbers.py": 'def is_even(n):\n    return n % 2 == 0\n\n\ndef inc(n):\n    return n + 1\n',
-        "tests/test_even.py": "from gitproj.numbers import is_even\n\n\ndef test_is_even():\n"
-                              "    assert is_even(4)\n    assert not is_even(3)\n",
-    })
+    write(
+        root,
+        {
+            "gitproj/numbers.py": "def is_even(n):\n    return n % 2 == 0\n\n\ndef inc(n):\n    return n + 1\n",
+            "tests/test_even.py": "from gitproj.numbers import is_even\n\n\ndef test_is_even():\n"
+            "    assert is_even(4)\n    assert not is_even(3)\n",
+        },
+    )
     git(root, "add", "-A")
-    git(root, "commit", "-q", "-m", "Fix is_even returning the wrong parity\n\n`is_even(4)` was False; see #12.")
+    git(
+        root,
+        "commit",
+        "-q",
+        "-m",
+        "Fix is_even returning the wrong parity\n\n`is_even(4)` was False; see #12.",
+    )
     return root

@@ -13,14 +13,28 @@ pytestmark = pytest.mark.slow
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "vriksha.cli", "repo2env", *args], capture_output=True, text=True,
-                          timeout=600, env={**os.environ})
+    return subprocess.run(
+        [sys.executable, "-m", "vriksha.cli", "repo2env", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ},
+    )
 
 
 def test_build_then_validate(tiny_src, tmp_path):
     out = tmp_path / "ds"
-    proc = _cli(str(tiny_src), "--out", str(out), "--pipelines", "implement_function", "--max-tasks", "1",
-                "--no-progress", "--json")
+    proc = _cli(
+        str(tiny_src),
+        "--out",
+        str(out),
+        "--pipelines",
+        "implement_function",
+        "--max-tasks",
+        "1",
+        "--no-progress",
+        "--json",
+    )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["kept"] == {"implement_function": 1}

@@ -12,7 +12,9 @@ pytestmark = pytest.mark.slow
 
 def test_strip_identifiers_removes_the_fix_names():
     diff = "-    return n % 2 == 1\n+    return n % 2 == 0\n def is_even(n):\n"
-    msg = strip_identifiers("Fix is_even for odd numbers\n\n`is_even(4)` was False; fixes #12.", diff + "+is_even\n")
+    msg = strip_identifiers(
+        "Fix is_even for odd numbers\n\n`is_even(4)` was False; fixes #12.", diff + "+is_even\n"
+    )
     assert "is_even" not in msg and "#12" not in msg
     assert "odd numbers" in msg
 
@@ -23,7 +25,9 @@ def test_commit_task_from_git_history(tmp_path):
     from vriksha.repo2env.builder import BuildConfig, build_dataset
 
     src = git_project(tmp_path / "gitproj")
-    report, manifest = build_dataset(src, tmp_path / "out", BuildConfig(pipelines=("commit",), progress=False))
+    report, manifest = build_dataset(
+        src, tmp_path / "out", BuildConfig(pipelines=("commit",), progress=False)
+    )
     assert report.kept["commit"] == 1, report.render()
     ds = Dataset(tmp_path / "out")
     task = ds.task(ds.task_ids[0])

@@ -24,9 +24,15 @@ def setup(tiny_src):
 
 
 def _candidate(project, broken: dict[str, str], **kw) -> Candidate:
-    return Candidate(pipeline="fix_bug", target="crafted", broken=broken,
-                     solution={rel: (project.root / rel).read_text() for rel in broken}, covering=set(CLAMP_TESTS),
-                     covering_any=set(CLAMP_TESTS), **kw)
+    return Candidate(
+        pipeline="fix_bug",
+        target="crafted",
+        broken=broken,
+        solution={rel: (project.root / rel).read_text() for rel in broken},
+        covering=set(CLAMP_TESTS),
+        covering_any=set(CLAMP_TESTS),
+        **kw,
+    )
 
 
 def test_baseline_marks_the_alternating_test_flaky(setup):
@@ -39,8 +45,14 @@ def test_baseline_marks_the_alternating_test_flaky(setup):
 def test_infinite_loop_is_dropped_for_timeout(setup, monkeypatch):
     project, venv, base = setup
     monkeypatch.setattr(Baseline, "timeout_for", lambda self, tests=None, floor=0.0: 4.0)
-    text = (project.root / "tinyproj/mathx.py").read_text().replace("    if x < lo:\n", "    while True:\n        pass\n    if x < lo:\n")
-    out = validate_candidate(_candidate(project, {"tinyproj/mathx.py": text}), PIPELINES["fix_bug"](), project, venv, base)
+    text = (
+        (project.root / "tinyproj/mathx.py")
+        .read_text()
+        .replace("    if x < lo:\n", "    while True:\n        pass\n    if x < lo:\n")
+    )
+    out = validate_candidate(
+        _candidate(project, {"tinyproj/mathx.py": text}), PIPELINES["fix_bug"](), project, venv, base
+    )
     assert out.task is None and out.drop.reason == "timeout"
 
 
@@ -64,11 +76,15 @@ def test_solution_text_left_elsewhere_in_the_workspace_is_dropped_as_a_leak(setu
 def test_the_same_candidate_without_the_leak_is_kept(setup):
     project, venv, base = setup
     mathx = (project.root / "tinyproj/mathx.py").read_text().replace("if x < lo:", "if x > lo:")
-    out = validate_candidate(_candidate(project, {"tinyproj/mathx.py": mathx}), PIPELINES["fix_bug"](), project,
-                             venv, base)
+    out = validate_candidate(
+        _candidate(project, {"tinyproj/mathx.py": mathx}), PIPELINES["fix_bug"](), project, venv, base
+    )
     assert out.task is not None, out.drop
     meta = out.task.meta
     assert set(meta.fail_to_pass) <= CLAMP_TESTS and meta.fail_to_pass
     assert "tests/test_strings.py::test_shout" in meta.pass_to_pass
     assert meta.hidden_files == ["tests/test_mathx.py"]
-    assert "tests/test_mathx.py" not in out.task.workspace and "if x > lo:" in out.task.workspace["tinyproj/mathx.py"].decode()
+    assert (
+        "tests/test_mathx.py" not in out.task.workspace
+        and "if x > lo:" in out.task.workspace["tinyproj/mathx.py"].decode()
+    )

@@ -64,11 +64,13 @@ def test_apply_patch_and_run_tests(tiny_dataset):
     env.reset(seed=0, options={"task_id": tid})
     rel, fixed = next(iter(task.solution.items()))
     broken = env.call_tool("read_file", {"path": rel})
-    patch = "".join(difflib.unified_diff(broken.splitlines(True), fixed.decode().splitlines(True),
-                                         f"a/{rel}", f"b/{rel}"))
+    patch = "".join(
+        difflib.unified_diff(broken.splitlines(True), fixed.decode().splitlines(True), f"a/{rel}", f"b/{rel}")
+    )
     assert patch
-    assert env.step({"tool": "apply_patch", "arguments": {"patch": "--- a/nope\n+++ b/nope\n@@ -1 +1 @@\n-x\n+y\n"}}
-                    ).observation.text.startswith("error:")
+    assert env.step(
+        {"tool": "apply_patch", "arguments": {"patch": "--- a/nope\n+++ b/nope\n@@ -1 +1 @@\n-x\n+y\n"}}
+    ).observation.text.startswith("error:")
     assert env.call_tool("apply_patch", {"patch": patch}) == "patch applied"
     assert env.call_tool("read_file", {"path": rel}) == fixed.decode()
     visible = env.call_tool("run_tests", {})
@@ -85,8 +87,9 @@ def test_wrong_fix_is_not_resolved(tiny_dataset):
     env = make_env("repo", dataset=out, sandbox=False)
     env.reset(seed=0, options={"task_id": tid})
     rel = next(iter(task.solution))
-    text = env.call_tool("read_file", {"path": rel}).replace('raise NotImplementedError("implement this function")',
-                                                              "return 0")
+    text = env.call_tool("read_file", {"path": rel}).replace(
+        'raise NotImplementedError("implement this function")', "return 0"
+    )
     env.call_tool("write_file", {"path": rel, "content": text})
     res = env.step({"tool": "submit"})
     assert res.reward == 0.0 and res.info["reward_components"]["resolved"] == 0.0

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -63,11 +62,15 @@ def test_workspace_holds_no_original_body(littered_dataset):
 
 def test_no_git_bytecode_build_or_egg_info_in_workspace(littered_dataset):
     src, out = littered_dataset
-    assert (src / ".git").is_dir() and list(src.rglob("*.pyc")) and (src / "build").is_dir()  # the litter is there
+    assert (
+        (src / ".git").is_dir() and list(src.rglob("*.pyc")) and (src / "build").is_dir()
+    )  # the litter is there
     ds = Dataset(out)
     for tid in ds.task_ids:
         names = list(ds.task(tid).workspace)
-        assert not [n for n in names if re.search(r"(^|/)(\.git|__pycache__|build|[^/]*\.egg-info)(/|$)|\.pyc$", n)], names
+        assert not [
+            n for n in names if re.search(r"(^|/)(\.git|__pycache__|build|[^/]*\.egg-info)(/|$)|\.pyc$", n)
+        ], names
 
 
 def test_workspace_archive_is_the_only_thing_the_agent_gets(littered_dataset):

@@ -29,13 +29,17 @@ def test_real_sdist_becomes_served_tasks(tmp_path):
     from vriksha.repo2env.dataset import Dataset
 
     out = tmp_path / "ds"
-    cfg = BuildConfig(pipelines=("implement_function", "fix_bug"), max_tasks=1, workers=1, progress=False, seed=3)
+    cfg = BuildConfig(
+        pipelines=("implement_function", "fix_bug"), max_tasks=1, workers=1, progress=False, seed=3
+    )
     report, manifest = build_dataset(PROJECT, out, cfg)
     assert report.tests >= 400 and report.stable_passing >= 400, report.render()
     assert len(manifest.tasks) == 1, report.render()
     ds = Dataset(out)
     venv = ds.venv(ds.task(ds.task_ids[0]).meta.venv_key)
-    assert not list(venv.rglob("inflection/__init__.py")), "the venv must not hold a copy of the project's code"
+    assert not list(venv.rglob("inflection/__init__.py")), (
+        "the venv must not hold a copy of the project's code"
+    )
     assert list(venv.rglob("inflection-0.5.1.dist-info"))  # its metadata stays
     for tid in ds.task_ids:
         task = ds.task(tid)

@@ -57,7 +57,8 @@ def test_single_test_project_drops_for_no_pass_to_pass(tmp_path):
     from vriksha.repo2env.builder import BuildConfig, build_dataset
 
     src = single_test_project(tmp_path / "one")
-    report, manifest = build_dataset(src, tmp_path / "out", BuildConfig(pipelines=("implement_function",),
-                                                                        progress=False))
+    report, manifest = build_dataset(
+        src, tmp_path / "out", BuildConfig(pipelines=("implement_function",), progress=False)
+    )
     assert manifest.tasks == []
     assert report.drops["no_pass_to_pass"] == 1

@@ -30,7 +30,9 @@ def test_declared_test_deps_from_every_source(tmp_path):
 
 
 def test_tox_hints_when_nothing_else(tmp_path):
-    (tmp_path / "tox.ini").write_text("[testenv]\ndeps =\n    pytest\n    py38: mock\n    {posargs}\ncommands = pytest\n")
+    (tmp_path / "tox.ini").write_text(
+        "[testenv]\ndeps =\n    pytest\n    py38: mock\n    {posargs}\ncommands = pytest\n"
+    )
     assert declared_test_deps(tmp_path).requirements == ["pytest", "mock"]
 
 
@@ -74,8 +76,12 @@ def test_remove_body_keeps_signature_and_docstring(tmp_path):
 def test_sdist_source_is_unpacked_and_hashed_without_litter(tmp_path):
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tf:
-        for name, data in {"pkg-1.0/pkg.py": b"x = 1\n", "pkg-1.0/PKG-INFO": b"Name: pkg\n",
-                           "pkg-1.0/__pycache__/pkg.cpython-311.pyc": b"junk", "../evil.py": b"bad"}.items():
+        for name, data in {
+            "pkg-1.0/pkg.py": b"x = 1\n",
+            "pkg-1.0/PKG-INFO": b"Name: pkg\n",
+            "pkg-1.0/__pycache__/pkg.cpython-311.pyc": b"junk",
+            "../evil.py": b"bad",
+        }.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tf.addfile(info, io.BytesIO(data))

@@ -48,11 +48,16 @@ def run_baseline(python: Path, root: Path, *, runs: int = 2, timeout_s: float = 
         raise BootstrapError("the baseline needs at least two runs to tell flaky tests; pass runs >= 2")
     extra: list[str] = []
     first = run_tests(python, root, trace=True, timeout_s=timeout_s)
-    if not first.results and first.exit_code in (3, 4):  # internal or usage error, often addopts for absent plugins
+    if not first.results and first.exit_code in (
+        3,
+        4,
+    ):  # internal or usage error, often addopts for absent plugins
         extra = ["-o", "addopts="]
         first = run_tests(python, root, trace=True, timeout_s=timeout_s, extra_args=extra)
     if first.timed_out:
-        raise BootstrapError(f"the test suite took more than {timeout_s:.0f} s; raise --timeout or pick a smaller project")
+        raise BootstrapError(
+            f"the test suite took more than {timeout_s:.0f} s; raise --timeout or pick a smaller project"
+        )
     if not first.passed:
         raise BootstrapError(
             f"no test passes in the baseline run (pytest exit code {first.exit_code}); the suite may need "

@@ -68,7 +68,9 @@ def _run(cmd: list[str], what: str, timeout: float = 900) -> subprocess.Complete
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
-        raise BootstrapError(f"{what} took more than {timeout:.0f} s; check the network or the package index") from exc
+        raise BootstrapError(
+            f"{what} took more than {timeout:.0f} s; check the network or the package index"
+        ) from exc
     return proc
 
 
@@ -96,7 +98,9 @@ def _seed() -> Path:
             raise BootstrapError(f"python -m venv failed: {proc.stderr.strip()[-2000:]}")
         proc = _run(_pip(seed / "bin" / "python", "install", "-q", *SEED_PACKAGES), "installing pytest")
         if proc.returncode and _copy_host_dists(seed, SEED_PACKAGES):
-            logger.warning("the package index is unreachable: the seed venv got a copy of this interpreter's pytest")
+            logger.warning(
+                "the package index is unreachable: the seed venv got a copy of this interpreter's pytest"
+            )
         elif proc.returncode:
             raise BootstrapError(
                 f"cannot install {SEED_PACKAGES} into the seed venv: {proc.stderr.strip()[-2000:]}; "
@@ -217,8 +221,10 @@ def bootstrap(root: Path, content_hash: str, name: str, *, install_project: bool
         if len(args) > 2:
             proc = _run(_pip(python, *args), f"installing {name} and its test dependencies")
             if proc.returncode and deps.requirements:
-                warnings.append(f"installing the declared test requirements failed ({proc.stderr.strip()[-300:]}); "
-                                "retried with the project alone")
+                warnings.append(
+                    f"installing the declared test requirements failed ({proc.stderr.strip()[-300:]}); "
+                    "retried with the project alone"
+                )
                 proc = _run(_pip(python, "install", "-q", spec), f"installing {name}")
             if proc.returncode:
                 shutil.rmtree(tmp, ignore_errors=True)
@@ -231,9 +237,18 @@ def bootstrap(root: Path, content_hash: str, name: str, *, install_project: bool
         if install_project:
             warnings += _strip_project(python, name)
         freeze = _run(_pip(python, "freeze", "--exclude-editable"), "pip freeze").stdout.splitlines()
-        venv = Venv(path=target, key=key, deps=[spec, *deps.requirements], sources=deps.sources,
-                    freeze=freeze, warnings=warnings, seconds=time.monotonic() - start)
+        venv = Venv(
+            path=target,
+            key=key,
+            deps=[spec, *deps.requirements],
+            sources=deps.sources,
+            freeze=freeze,
+            warnings=warnings,
+            seconds=time.monotonic() - start,
+        )
         (tmp / "vriksha-venv.json").write_text(json.dumps(venv.to_json(), indent=1))
         tmp.rename(target)
-        logger.info("bootstrapped %s in %.1f s (%s)", name, venv.seconds, ", ".join(deps.sources) or "no test extras")
+        logger.info(
+            "bootstrapped %s in %.1f s (%s)", name, venv.seconds, ", ".join(deps.sources) or "no test extras"
+        )
         return venv

@@ -56,13 +56,17 @@ def _round_robin(iters: list[tuple[Pipeline, Iterator[Candidate]]]) -> Iterator[
 
 def _prepare_out(out: Path) -> None:
     if out.exists() and any(out.iterdir()) and not (out / "manifest.json").exists():
-        raise Repo2EnvError(f"{out} exists, is not empty and holds no manifest.json; pick an empty or new --out")
+        raise Repo2EnvError(
+            f"{out} exists, is not empty and holds no manifest.json; pick an empty or new --out"
+        )
     shutil.rmtree(out / "tasks", ignore_errors=True)
     (out / "tasks").mkdir(parents=True, exist_ok=True)
     (out / "venvs").mkdir(exist_ok=True)
 
 
-def build_dataset(source: str | Path, out: Path, cfg: BuildConfig | None = None) -> tuple[YieldReport, DatasetManifest]:
+def build_dataset(
+    source: str | Path, out: Path, cfg: BuildConfig | None = None
+) -> tuple[YieldReport, DatasetManifest]:
     cfg = cfg or BuildConfig()
     unknown = [p for p in cfg.pipelines if p not in PIPELINES]
     if unknown:
@@ -83,7 +87,9 @@ def build_dataset(source: str | Path, out: Path, cfg: BuildConfig | None = None)
     report.tests = len(base.durations)
     report.stable_passing = len(base.stable_pass)
     report.flaky_tests = len(base.flaky)
-    ctx = BuildContext(project=project, python=venv.python, baseline=base, seed=cfg.seed, per_function=cfg.per_function)
+    ctx = BuildContext(
+        project=project, python=venv.python, baseline=base, seed=cfg.seed, per_function=cfg.per_function
+    )
     pipes = [PIPELINES[name]() for name in cfg.pipelines]
     manifest = DatasetManifest(source=project.origin, repo=project.name)
     stream = _round_robin([(p, iter(_shuffled(p, ctx))) for p in pipes])
@@ -94,8 +100,11 @@ def build_dataset(source: str | Path, out: Path, cfg: BuildConfig | None = None)
             running: dict[Future, tuple[Pipeline, Candidate]] = {}
             exhausted = False
             while True:
-                while not exhausted and len(running) < max(1, cfg.workers) and kept < cfg.max_tasks and (
-                    cfg.max_candidates is None or tried < cfg.max_candidates
+                while (
+                    not exhausted
+                    and len(running) < max(1, cfg.workers)
+                    and kept < cfg.max_tasks
+                    and (cfg.max_candidates is None or tried < cfg.max_candidates)
                 ):
                     nxt = next(stream, None)
                     if nxt is None:
@@ -118,7 +127,9 @@ def build_dataset(source: str | Path, out: Path, cfg: BuildConfig | None = None)
                         logger.info("kept %s (%s)", outcome.task.meta.id, cand.target)
                     elif outcome.drop is not None:
                         report.add_drop(pipe.name, outcome.drop.reason, outcome.drop.covered)
-                        logger.info("dropped %s: %s %s", cand.target, outcome.drop.reason, outcome.drop.detail)
+                        logger.info(
+                            "dropped %s: %s %s", cand.target, outcome.drop.reason, outcome.drop.detail
+                        )
                     bar.set_postfix(kept=kept)
     finally:
         bar.close()

@@ -24,20 +24,37 @@ positional selects the validate mode.
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("repo2env", help="turn a Python repository into verifiable coding tasks",
-                              description=HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("source", metavar="SOURCE", help="project directory, git checkout, sdist, NAME==VERSION, "
-                   "or the word `validate`")
-    p.add_argument("dataset", metavar="DIR", nargs="?", help="with `validate`: the dataset directory to re-check")
+    p = subparsers.add_parser(
+        "repo2env",
+        help="turn a Python repository into verifiable coding tasks",
+        description=HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "source",
+        metavar="SOURCE",
+        help="project directory, git checkout, sdist, NAME==VERSION, or the word `validate`",
+    )
+    p.add_argument(
+        "dataset", metavar="DIR", nargs="?", help="with `validate`: the dataset directory to re-check"
+    )
     p.add_argument("--out", type=Path, help="output dataset directory (required when building)")
-    p.add_argument("--pipelines", nargs="+", default=None,
-                   help="pipelines to run (implement_function fix_bug commit; default all)")
-    p.add_argument("--max-tasks", type=int, default=20, help="stop after keeping this many tasks (default 20)")
+    p.add_argument(
+        "--pipelines",
+        nargs="+",
+        default=None,
+        help="pipelines to run (implement_function fix_bug commit; default all)",
+    )
+    p.add_argument(
+        "--max-tasks", type=int, default=20, help="stop after keeping this many tasks (default 20)"
+    )
     p.add_argument("--max-candidates", type=int, default=None, help="stop after trying this many candidates")
     p.add_argument("--workers", type=int, default=1, help="candidates validated in parallel (default 1)")
     p.add_argument("--seed", type=int, default=0, help="seed for candidate order and mutation choice")
     p.add_argument("--baseline-runs", type=int, default=2, help="baseline runs to tell flaky tests (>= 2)")
-    p.add_argument("--mutations-per-function", type=int, default=1, help="fix_bug mutations tried per function")
+    p.add_argument(
+        "--mutations-per-function", type=int, default=1, help="fix_bug mutations tried per function"
+    )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds the whole baseline suite may take")
     p.add_argument("--sandbox", action="store_true", help="validate: run the checks inside the sandbox")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -55,9 +72,15 @@ def handle(args: argparse.Namespace) -> int:
     if args.baseline_runs < 2:
         raise ConfigError("--baseline-runs must be at least 2 (flaky tests are told by comparing runs)")
     cfg = BuildConfig(
-        pipelines=tuple(args.pipelines or DEFAULT_PIPELINES), max_tasks=args.max_tasks,
-        max_candidates=args.max_candidates, workers=args.workers, seed=args.seed, baseline_runs=args.baseline_runs,
-        per_function=args.mutations_per_function, progress=not args.no_progress, timeout_s=args.timeout,
+        pipelines=tuple(args.pipelines or DEFAULT_PIPELINES),
+        max_tasks=args.max_tasks,
+        max_candidates=args.max_candidates,
+        workers=args.workers,
+        seed=args.seed,
+        baseline_runs=args.baseline_runs,
+        per_function=args.mutations_per_function,
+        progress=not args.no_progress,
+        timeout_s=args.timeout,
     )
     report, manifest = build_dataset(args.source, args.out, cfg)
     print(json.dumps(report.to_dict(), indent=1) if args.json else report.render())
@@ -73,12 +96,21 @@ def _validate(args: argparse.Namespace) -> int:
     checks = validate_dataset(args.dataset, sandbox=args.sandbox, progress=not args.no_progress)
     bad = [c for c in checks if not c.ok]
     if args.json:
-        print(json.dumps([{"task": c.task_id, "ok": c.ok, "oracle": c.oracle, "empty": c.empty, "error": c.error}
-                          for c in checks], indent=1))
+        print(
+            json.dumps(
+                [
+                    {"task": c.task_id, "ok": c.ok, "oracle": c.oracle, "empty": c.empty, "error": c.error}
+                    for c in checks
+                ],
+                indent=1,
+            )
+        )
     else:
         for c in checks:
             status = "ok" if c.ok else "FAIL"
-            print(f"{status:4} {c.task_id}  oracle={'1.0' if c.oracle_resolved else '0.0'} "
-                  f"empty={'1.0' if c.empty_resolved else '0.0'} {c.error}")
+            print(
+                f"{status:4} {c.task_id}  oracle={'1.0' if c.oracle_resolved else '0.0'} "
+                f"empty={'1.0' if c.empty_resolved else '0.0'} {c.error}"
+            )
         print(f"{len(checks) - len(bad)}/{len(checks)} task(s) re-validate")
     return 0 if checks and not bad else 1

@@ -49,8 +49,21 @@ class Dataset:
             copy_venv(_seed(), target)
             reqs = [r for r in venv.freeze if " @ file://" not in r]
             if reqs:
-                proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(target / "bin" / "python"),
-                                       "install", "-q", *reqs], capture_output=True, text=True, timeout=900)
+                proc = subprocess.run(
+                    [
+                        sys.executable,
+                        "-m",
+                        "pip",
+                        "--python",
+                        str(target / "bin" / "python"),
+                        "install",
+                        "-q",
+                        *reqs,
+                    ],
+                    capture_output=True,
+                    text=True,
+                    timeout=900,
+                )
                 if proc.returncode:
                     shutil.rmtree(target, ignore_errors=True)
                     raise BootstrapError(f"cannot recreate venv {key}: {proc.stderr[-1500:]}")

@@ -103,7 +103,9 @@ def declared_test_deps(root: Path) -> TestDeps:
             logger.warning("%s: cannot parse (%s); ignoring its test extras", pyproject, exc)
     extras = _pick(list(data.get("project", {}).get("optional-dependencies", {})))
     if not extras and not data.get("project") and (root / "setup.py").is_file():
-        extras = list(TEST_NAMES)  # setup.py extras are dynamic: ask for the usual names, pip skips absent ones
+        extras = list(
+            TEST_NAMES
+        )  # setup.py extras are dynamic: ask for the usual names, pip skips absent ones
     if not extras and (root / "setup.cfg").is_file():
         cp = configparser.ConfigParser(interpolation=None, strict=False)
         try:
@@ -121,8 +123,15 @@ def declared_test_deps(root: Path) -> TestDeps:
         deps.requirements += reqs
         deps.sources.append(f"dependency group {name!r}")
     seen: set[Path] = set()
-    patterns = ("requirements*test*.txt", "test*requirements*.txt", "requirements/test*.txt", "tests/requirements*.txt",
-                "requirements-dev.txt", "dev-requirements.txt", "requirements/dev*.txt")
+    patterns = (
+        "requirements*test*.txt",
+        "test*requirements*.txt",
+        "requirements/test*.txt",
+        "tests/requirements*.txt",
+        "requirements-dev.txt",
+        "dev-requirements.txt",
+        "requirements/dev*.txt",
+    )
     for pattern in patterns:
         for path in sorted(root.glob(pattern)):
             reqs = _requirements_file(path, seen)

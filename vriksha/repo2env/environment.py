@@ -55,16 +55,25 @@ class RepoEnv(Environment):
     action_type = ToolCallAction
     max_turns = 40
 
-    def __init__(self, dataset: str | Path | None = None, max_turns: int = 40, sandbox: bool = True,
-                 test_timeout_s: float = 120.0) -> None:
+    def __init__(
+        self,
+        dataset: str | Path | None = None,
+        max_turns: int = 40,
+        sandbox: bool = True,
+        test_timeout_s: float = 120.0,
+    ) -> None:
         super().__init__()
         root = dataset or os.environ.get("VRIKSHA_REPO2ENV_DATASET")
         if not root:
-            raise Repo2EnvError("the repo environment needs a dataset: make_env('repo', dataset=DIR) "
-                                "or set VRIKSHA_REPO2ENV_DATASET to a directory made by `vriksha repo2env`")
+            raise Repo2EnvError(
+                "the repo environment needs a dataset: make_env('repo', dataset=DIR) "
+                "or set VRIKSHA_REPO2ENV_DATASET to a directory made by `vriksha repo2env`"
+            )
         self.dataset = Dataset(root)
         if not self.dataset.task_ids:
-            raise Repo2EnvError(f"{root} holds no tasks; build some with `vriksha repo2env SOURCE --out {root}`")
+            raise Repo2EnvError(
+                f"{root} holds no tasks; build some with `vriksha repo2env SOURCE --out {root}`"
+            )
         self.max_turns = max_turns
         self.sandbox = sandbox
         self.test_timeout_s = test_timeout_s
@@ -90,23 +99,30 @@ class RepoEnv(Environment):
             "You work in the project's directory through tools: list_files, read_file, write_file, apply_patch "
             "(a unified diff), run_tests (the visible tests) and submit (the hidden tests decide; ends the episode)."
         )
-        return Observation(text=text, metadata={"task_id": tid, "repo": self._task.meta.repo,
-                                                "pipeline": self._task.meta.pipeline})
+        return Observation(
+            text=text,
+            metadata={"task_id": tid, "repo": self._task.meta.repo, "pipeline": self._task.meta.pipeline},
+        )
 
     def _step(self, action: ToolCallAction) -> StepResult:  # type: ignore[override]
         if action.tool == "submit":
             verdict = self.submit()
             score = score_verdict(verdict)
-            text = (f"fail-to-pass {len(verdict.f2p_passed)}/{len(verdict.f2p_passed) + len(verdict.f2p_failed)}, "
-                    f"pass-to-pass {len(verdict.p2p_passed)}/{len(verdict.p2p_passed) + len(verdict.p2p_failed)}"
-                    + (", resolved" if verdict.resolved else ", not resolved"))
-            return StepResult(observation=Observation(text=text), reward=score.total, terminated=True,
-                              info=score.info())
+            text = (
+                f"fail-to-pass {len(verdict.f2p_passed)}/{len(verdict.f2p_passed) + len(verdict.f2p_failed)}, "
+                f"pass-to-pass {len(verdict.p2p_passed)}/{len(verdict.p2p_passed) + len(verdict.p2p_failed)}"
+                + (", resolved" if verdict.resolved else ", not resolved")
+            )
+            return StepResult(
+                observation=Observation(text=text), reward=score.total, terminated=True, info=score.info()
+            )
         try:
             text = self.call_tool(action.tool, action.arguments)
         except ToolError as exc:
             text = f"error: {exc}"
-        return StepResult(observation=Observation(text=text), info={"reward_components": {}, "success": False})
+        return StepResult(
+            observation=Observation(text=text), info={"reward_components": {}, "success": False}
+        )
 
     def close(self) -> None:
         self._cleanup()
@@ -122,22 +138,61 @@ class RepoEnv(Environment):
     def tools(self) -> list[Tool]:
         s = {"type": "string"}
         return [
-            Tool("list_files", "List the files under a directory of the project (default: all).",
-                 {"type": "object", "properties": {"path": s}, "additionalProperties": False}, self.list_files),
-            Tool("read_file", "Read a text file of the project.",
-                 {"type": "object", "properties": {"path": s}, "required": ["path"], "additionalProperties": False},
-                 self.read_file),
-            Tool("write_file", "Create or overwrite a file of the project with `content`.",
-                 {"type": "object", "properties": {"path": s, "content": s}, "required": ["path", "content"],
-                  "additionalProperties": False}, self.write_file),
-            Tool("apply_patch", "Apply a unified diff (paths relative to the project root, a/ b/ prefixes allowed).",
-                 {"type": "object", "properties": {"patch": s}, "required": ["patch"], "additionalProperties": False},
-                 self.apply_patch),
-            Tool("run_tests", "Run the visible tests (or the given test files / node ids) and show pytest's output.",
-                 {"type": "object", "properties": {"tests": {"type": "array", "items": s}},
-                  "additionalProperties": False}, self.run_tests),
-            Tool("submit", "Submit the workspace: the hidden tests run and the episode ends.",
-                 {"type": "object", "properties": {}, "additionalProperties": False}, lambda: "use step() to submit"),
+            Tool(
+                "list_files",
+                "List the files under a directory of the project (default: all).",
+                {"type": "object", "properties": {"path": s}, "additionalProperties": False},
+                self.list_files,
+            ),
+            Tool(
+                "read_file",
+                "Read a text file of the project.",
+                {
+                    "type": "object",
+                    "properties": {"path": s},
+                    "required": ["path"],
+                    "additionalProperties": False,
+                },
+                self.read_file,
+            ),
+            Tool(
+                "write_file",
+                "Create or overwrite a file of the project with `content`.",
+                {
+                    "type": "object",
+                    "properties": {"path": s, "content": s},
+                    "required": ["path", "content"],
+                    "additionalProperties": False,
+                },
+                self.write_file,
+            ),
+            Tool(
+                "apply_patch",
+                "Apply a unified diff (paths relative to the project root, a/ b/ prefixes allowed).",
+                {
+                    "type": "object",
+                    "properties": {"patch": s},
+                    "required": ["patch"],
+                    "additionalProperties": False,
+                },
+                self.apply_patch,
+            ),
+            Tool(
+                "run_tests",
+                "Run the visible tests (or the given test files / node ids) and show pytest's output.",
+                {
+                    "type": "object",
+                    "properties": {"tests": {"type": "array", "items": s}},
+                    "additionalProperties": False,
+                },
+                self.run_tests,
+            ),
+            Tool(
+                "submit",
+                "Submit the workspace: the hidden tests run and the episode ends.",
+                {"type": "object", "properties": {}, "additionalProperties": False},
+                lambda: "use step() to submit",
+            ),
         ]
 
     def _path(self, rel: str) -> Path:
@@ -160,7 +215,11 @@ class RepoEnv(Environment):
         if not p.is_file():
             raise ToolError(f"{path!r} is not a file; list_files shows what exists")
         text = p.read_text(errors="replace")
-        return text if len(text) <= MAX_READ else text[:MAX_READ] + f"\n...[{len(text) - MAX_READ} more characters]"
+        return (
+            text
+            if len(text) <= MAX_READ
+            else text[:MAX_READ] + f"\n...[{len(text) - MAX_READ} more characters]"
+        )
 
     def write_file(self, path: str, content: str) -> str:
         p = self._path(path)
@@ -174,10 +233,19 @@ class RepoEnv(Environment):
             patch += "\n"
         last = ""
         for strip in ("-p1", "-p0"):
-            proc = subprocess.run(["git", "apply", strip, "--recount", "--whitespace=nowarn", "-"], cwd=self._ws,
-                                  input=patch, capture_output=True, text=True, timeout=30,
-                                  env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "GIT_CONFIG_NOSYSTEM": "1",
-                                       "HOME": str(self._ws)})
+            proc = subprocess.run(
+                ["git", "apply", strip, "--recount", "--whitespace=nowarn", "-"],
+                cwd=self._ws,
+                input=patch,
+                capture_output=True,
+                text=True,
+                timeout=30,
+                env={
+                    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                    "GIT_CONFIG_NOSYSTEM": "1",
+                    "HOME": str(self._ws),
+                },
+            )
             if proc.returncode == 0:
                 return "patch applied"
             last = proc.stderr.strip()
@@ -197,12 +265,19 @@ class RepoEnv(Environment):
         if self.sandbox:
             from vriksha.repo2env.sandboxed import run_tests_sandboxed
 
-            run = run_tests_sandboxed(self._venv, self._ws, paths=paths, timeout_s=self.test_timeout_s, extra_args=extra)
+            run = run_tests_sandboxed(
+                self._venv, self._ws, paths=paths, timeout_s=self.test_timeout_s, extra_args=extra
+            )
         else:
             from vriksha.repo2env.testrun import run_tests
 
-            run = run_tests(self._venv / "bin" / "python", self._ws, paths=paths, timeout_s=self.test_timeout_s,
-                            extra_args=extra)
+            run = run_tests(
+                self._venv / "bin" / "python",
+                self._ws,
+                paths=paths,
+                timeout_s=self.test_timeout_s,
+                extra_args=extra,
+            )
         note = "\n[timed out]" if run.timed_out else ""
         return run.output[-8000:] + note
 

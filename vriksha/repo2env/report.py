@@ -63,13 +63,21 @@ class YieldReport:
             f"  {'pipeline':<20}{'tried':>7}{'covered':>9}{'kept':>6}{'yield':>8}",
         ]
         for p in sorted(self.candidates):
-            lines.append(f"  {p:<20}{self.candidates[p]:>7}{self.covered[p]:>9}{self.kept[p]:>6}"
-                         f"{100 * self.yield_of(p):>7.0f}%")
-        lines.append(f"  {'total':<20}{sum(self.candidates.values()):>7}{sum(self.covered.values()):>9}{kept:>6}"
-                     f"{100 * self.yield_of():>7.0f}%")
+            lines.append(
+                f"  {p:<20}{self.candidates[p]:>7}{self.covered[p]:>9}{self.kept[p]:>6}"
+                f"{100 * self.yield_of(p):>7.0f}%"
+            )
+        lines.append(
+            f"  {'total':<20}{sum(self.candidates.values()):>7}{sum(self.covered.values()):>9}{kept:>6}"
+            f"{100 * self.yield_of():>7.0f}%"
+        )
         if self.drops:
-            lines.append("  drops: " + ", ".join(f"{r.replace('_', ' ')} {n}" for r, n in self.drops.most_common()))
+            lines.append(
+                "  drops: " + ", ".join(f"{r.replace('_', ' ')} {n}" for r, n in self.drops.most_common())
+            )
         if kept:
-            lines.append(f"  {self.wall_s / kept:.1f} s wall per kept task ({60 * kept / self.wall_s:.2f} tasks/min), "
-                         f"{self.kept_seconds / kept:.1f} s validation each")
+            lines.append(
+                f"  {self.wall_s / kept:.1f} s wall per kept task ({60 * kept / self.wall_s:.2f} tasks/min), "
+                f"{self.kept_seconds / kept:.1f} s validation each"
+            )
         return "\n".join(lines)

@@ -30,7 +30,9 @@ def run_tests_sandboxed(
     work = Path(tempfile.mkdtemp(prefix="vriksha-r2e-sbx-"))
     try:
         ws = work / "ws"
-        shutil.copytree(tree, ws, symlinks=False, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache"))
+        shutil.copytree(
+            tree, ws, symlinks=False, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache")
+        )
         copy_venv(venv, work / ".venv")
         shutil.copytree(PLUGIN_DIR, work / ".plugin", ignore=shutil.ignore_patterns("__pycache__"))
         select_file = None
@@ -43,10 +45,21 @@ def run_tests_sandboxed(
         out = work / ".out.json"
         env = test_env(ws, out, select_file, None, work / ".plugin")
         pytest_cmd = shlex.join(["../.venv/bin/python", *pytest_args(args, extra_args)])
-        res = run_sandboxed(["/bin/sh", "-c", f"cd ws && exec {pytest_cmd}"], cwd=work, timeout_s=timeout_s,
-                            memory_mb=memory_mb, max_procs=64, max_file_mb=64, env=env)
-        run = TestRun(exit_code=res.exit_code, duration_s=res.duration_s, timed_out=res.timed_out,
-                      output=(res.stdout + res.stderr)[-20000:])
+        res = run_sandboxed(
+            ["/bin/sh", "-c", f"cd ws && exec {pytest_cmd}"],
+            cwd=work,
+            timeout_s=timeout_s,
+            memory_mb=memory_mb,
+            max_procs=64,
+            max_file_mb=64,
+            env=env,
+        )
+        run = TestRun(
+            exit_code=res.exit_code,
+            duration_s=res.duration_s,
+            timed_out=res.timed_out,
+            output=(res.stdout + res.stderr)[-20000:],
+        )
         if out.is_file():
             try:
                 run.results, _ = parse_results(json.loads(out.read_text()))

@@ -27,10 +27,29 @@ __all__ = ["Project", "prepare_source", "content_hash", "fetch_sdist", "LITTER",
 
 # directories and files that are build or tool litter, never part of a task workspace
 LITTER_DIRS = {
-    ".git", ".hg", ".svn", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".tox", ".nox",
-    ".venv", ".eggs", ".hypothesis", ".cache", ".idea", ".vscode", "htmlcov",
+    ".git",
+    ".hg",
+    ".svn",
+    "__pycache__",
+    ".pytest_cache",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".tox",
+    ".nox",
+    ".venv",
+    ".eggs",
+    ".hypothesis",
+    ".cache",
+    ".idea",
+    ".vscode",
+    "htmlcov",
 }
-TOP_LITTER_DIRS = {"build", "dist", "venv", "env"}  # litter only at the top level (a package may be named build)
+TOP_LITTER_DIRS = {
+    "build",
+    "dist",
+    "venv",
+    "env",
+}  # litter only at the top level (a package may be named build)
 LITTER = LITTER_DIRS | TOP_LITTER_DIRS
 _LITTER_SUFFIXES = (".pyc", ".pyo", ".so", ".pyd", ".orig", ".rej", ".coverage")
 
@@ -135,9 +154,12 @@ def fetch_sdist(spec: str, dest_dir: Path, index_url: str | None = None, timeout
     try:
         page = urllib.request.urlopen(url, timeout=timeout).read().decode("utf-8", "replace")
     except OSError as exc:
-        raise SourceError(f"cannot reach the package index at {url}: {exc}; pass a local path instead") from exc
+        raise SourceError(
+            f"cannot reach the package index at {url}: {exc}; pass a local path instead"
+        ) from exc
     links = re.findall(r'href="([^"]+)"', page)
-    pattern = re.compile(rf"^{re.escape(norm).replace('-', '[-_.]')}-(.+?)\.(tar\.gz|zip)$", re.I)
+    name_re = "[-_.]".join(re.escape(part) for part in norm.split("-"))
+    pattern = re.compile(rf"^{name_re}-(.+?)\.(tar\.gz|zip)$", re.I)
     found: list[tuple[str, str]] = []
     for link in links:
         fname = urllib.parse.unquote(urllib.parse.urlparse(link).path.rsplit("/", 1)[-1])
@@ -185,7 +207,9 @@ def prepare_source(source: str | Path, work_dir: Path) -> Project:
         if (src / ".git").exists():
             git_dir = src.resolve()
         base = src.resolve()
-    elif src.is_file() and (src.name.endswith((".tar.gz", ".tgz", ".tar.bz2", ".tar")) or src.suffix == ".zip"):
+    elif src.is_file() and (
+        src.name.endswith((".tar.gz", ".tgz", ".tar.bz2", ".tar")) or src.suffix == ".zip"
+    ):
         unpack = Path(tempfile.mkdtemp(prefix="unpack-", dir=work_dir))
         try:
             if src.suffix == ".zip":
@@ -210,4 +234,6 @@ def prepare_source(source: str | Path, work_dir: Path) -> Project:
         tmp = Path(tempfile.mkdtemp(prefix="copy-", dir=work_dir))
         copy_tree(base, tmp)
         tmp.rename(root)
-    return Project(name=_project_name(root, base.name), root=root, content_hash=digest, origin=origin, git_dir=git_dir)
+    return Project(
+        name=_project_name(root, base.name), root=root, content_hash=digest, origin=origin, git_dir=git_dir
+    )

@@ -1,12 +1,12 @@
 """The task format: one directory per task, plus a dataset manifest with per-task hashes.
 
-    DIR/manifest.json                     DatasetManifest
-    DIR/venvs/<key>.json                  the venv a task runs in (path and pip freeze, to rebuild it)
-    DIR/tasks/<id>/task.json              TaskMeta
-    DIR/tasks/<id>/instruction.md         what the agent is told
-    DIR/tasks/<id>/workspace.tar.gz       the agent's starting tree (no solution, no hidden tests, no .git)
-    DIR/tasks/<id>/hidden/tests.tar.gz    withheld test files (mode 0700: unreadable from the sandbox)
-    DIR/tasks/<id>/solution/files.tar.gz  the reference solution's files (+ deleted.json)
+DIR/manifest.json                     DatasetManifest
+DIR/venvs/<key>.json                  the venv a task runs in (path and pip freeze, to rebuild it)
+DIR/tasks/<id>/task.json              TaskMeta
+DIR/tasks/<id>/instruction.md         what the agent is told
+DIR/tasks/<id>/workspace.tar.gz       the agent's starting tree (no solution, no hidden tests, no .git)
+DIR/tasks/<id>/hidden/tests.tar.gz    withheld test files (mode 0700: unreadable from the sandbox)
+DIR/tasks/<id>/solution/files.tar.gz  the reference solution's files (+ deleted.json)
 """
 
 from __future__ import annotations
@@ -24,8 +24,19 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from vriksha.repo2env.errors import TaskFormatError
 
-__all__ = ["TaskMeta", "DatasetManifest", "ManifestEntry", "TaskFiles", "write_task", "load_task", "load_manifest",
-           "write_manifest", "pack_files", "unpack_files", "file_sha256"]
+__all__ = [
+    "TaskMeta",
+    "DatasetManifest",
+    "ManifestEntry",
+    "TaskFiles",
+    "write_task",
+    "load_task",
+    "load_manifest",
+    "write_manifest",
+    "pack_files",
+    "unpack_files",
+    "file_sha256",
+]
 
 FORMAT_VERSION = 1
 
@@ -127,9 +138,17 @@ def write_task(out_dir: Path, task: TaskFiles) -> ManifestEntry:
         for f in private.iterdir():
             os.chmod(f, 0o600)
     task.path = d
-    names = ["task.json", "instruction.md", "workspace.tar.gz", "hidden/tests.tar.gz", "solution/files.tar.gz",
-             "solution/deleted.json"]
-    return ManifestEntry(id=task.meta.id, pipeline=task.meta.pipeline, sha256={n: file_sha256(d / n) for n in names})
+    names = [
+        "task.json",
+        "instruction.md",
+        "workspace.tar.gz",
+        "hidden/tests.tar.gz",
+        "solution/files.tar.gz",
+        "solution/deleted.json",
+    ]
+    return ManifestEntry(
+        id=task.meta.id, pipeline=task.meta.pipeline, sha256={n: file_sha256(d / n) for n in names}
+    )
 
 
 def load_task(task_dir: Path, entry: ManifestEntry | None = None) -> TaskFiles:
@@ -137,12 +156,16 @@ def load_task(task_dir: Path, entry: ManifestEntry | None = None) -> TaskFiles:
     try:
         meta = TaskMeta.model_validate_json((task_dir / "task.json").read_text())
     except FileNotFoundError as exc:
-        raise TaskFormatError(f"{task_dir}: no task.json; is this a task directory made by `vriksha repo2env`?") from exc
+        raise TaskFormatError(
+            f"{task_dir}: no task.json; is this a task directory made by `vriksha repo2env`?"
+        ) from exc
     if entry is not None:
         for name, digest in entry.sha256.items():
             path = task_dir / name
             if not path.is_file() or file_sha256(path) != digest:
-                raise TaskFormatError(f"{path}: missing or its sha256 differs from the manifest; rebuild the task")
+                raise TaskFormatError(
+                    f"{path}: missing or its sha256 differs from the manifest; rebuild the task"
+                )
     ws_bytes = (task_dir / "workspace.tar.gz").read_bytes()
     if hashlib.sha256(ws_bytes).hexdigest() != meta.workspace_hash:
         raise TaskFormatError(f"{task_dir}/workspace.tar.gz does not match workspace_hash in task.json")
@@ -164,5 +187,7 @@ def write_manifest(out_dir: Path, manifest: DatasetManifest) -> None:
 def load_manifest(out_dir: Path) -> DatasetManifest:
     path = out_dir / "manifest.json"
     if not path.is_file():
-        raise TaskFormatError(f"{out_dir}: no manifest.json; point at a directory made by `vriksha repo2env SOURCE --out DIR`")
+        raise TaskFormatError(
+            f"{out_dir}: no manifest.json; point at a directory made by `vriksha repo2env SOURCE --out DIR`"
+        )
     return DatasetManifest.model_validate_json(path.read_text())

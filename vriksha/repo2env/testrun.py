@@ -72,12 +72,26 @@ def source_roots(workspace: Path) -> list[Path]:
 
 def pytest_args(paths: Iterable[str] = (), extra: Iterable[str] = ()) -> list[str]:
     return [
-        "-m", "pytest", "-p", "vriksha_r2e_plugin", "-p", "no:cacheprovider", "-p", "no:randomly",
-        "-q", "--tb=short", "-rN", "--color=no", *extra, *paths,
+        "-m",
+        "pytest",
+        "-p",
+        "vriksha_r2e_plugin",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "no:randomly",
+        "-q",
+        "--tb=short",
+        "-rN",
+        "--color=no",
+        *extra,
+        *paths,
     ]
 
 
-def test_env(workspace: Path, out: Path | None, select: Path | None, trace: Path | None, plugin_dir: Path) -> dict[str, str]:
+def test_env(
+    workspace: Path, out: Path | None, select: Path | None, trace: Path | None, plugin_dir: Path
+) -> dict[str, str]:
     env = {
         "PYTHONPATH": os.pathsep.join([str(plugin_dir), *(str(p) for p in source_roots(workspace))]),
         "PYTHONDONTWRITEBYTECODE": "1",
@@ -96,8 +110,10 @@ def test_env(workspace: Path, out: Path | None, select: Path | None, trace: Path
 
 
 def parse_results(payload: dict) -> tuple[dict[str, TestResult], dict[str, list[str]]]:
-    results = {nid: TestResult(r["outcome"], float(r.get("duration", 0.0)), r.get("message", ""))
-               for nid, r in payload.get("tests", {}).items()}
+    results = {
+        nid: TestResult(r["outcome"], float(r.get("duration", 0.0)), r.get("message", ""))
+        for nid, r in payload.get("tests", {}).items()
+    }
     return results, payload.get("coverage", {})
 
 
@@ -131,12 +147,22 @@ def run_tests(
             select_file = scratch / "select.txt"
             select_file.write_text("\n".join(select) + "\n")
             args = _files_of(select) or ["--co"]
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(scratch), "TMPDIR": str(scratch),
-               **test_env(workspace, out, select_file, workspace if trace else None, PLUGIN_DIR)}
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(scratch),
+            "TMPDIR": str(scratch),
+            **test_env(workspace, out, select_file, workspace if trace else None, PLUGIN_DIR),
+        }
         cmd = [str(python), *pytest_args(args, extra_args)]
         start = time.monotonic()
-        proc = subprocess.Popen(cmd, cwd=workspace, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            cwd=workspace,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         timed_out = False
         try:
             output, _ = proc.communicate(timeout=timeout_s)
@@ -147,8 +173,12 @@ def run_tests(
             except ProcessLookupError:
                 pass
             output, _ = proc.communicate()
-        run = TestRun(exit_code=proc.returncode, duration_s=time.monotonic() - start, timed_out=timed_out,
-                      output=output.decode("utf-8", "replace")[-20000:])
+        run = TestRun(
+            exit_code=proc.returncode,
+            duration_s=time.monotonic() - start,
+            timed_out=timed_out,
+            output=output.decode("utf-8", "replace")[-20000:],
+        )
         if out.is_file():
             run.results, run.coverage = parse_results(json.loads(out.read_text()))
         return run

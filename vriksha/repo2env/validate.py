@@ -28,12 +28,18 @@ class TaskCheck:
 
     @property
     def ok(self) -> bool:
-        return self.oracle_resolved and not self.empty_resolved and not self.error and \
-            self.empty.get("f2p_passed", 1) == 0 and self.empty.get("p2p_failed", 1) == 0
+        return (
+            self.oracle_resolved
+            and not self.empty_resolved
+            and not self.error
+            and self.empty.get("f2p_passed", 1) == 0
+            and self.empty.get("p2p_failed", 1) == 0
+        )
 
 
-def validate_dataset(root: Path | str, *, sandbox: bool = False, progress: bool = True,
-                     task_ids: list[str] | None = None) -> list[TaskCheck]:
+def validate_dataset(
+    root: Path | str, *, sandbox: bool = False, progress: bool = True, task_ids: list[str] | None = None
+) -> list[TaskCheck]:
     ds = Dataset(root)
     checks = []
     for tid in tqdm(task_ids or ds.task_ids, desc="validate", unit="task", disable=not progress):

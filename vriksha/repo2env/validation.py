@@ -25,8 +25,16 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["Drop", "DROP_REASONS", "validate_candidate", "find_leaks"]
 
-DROP_REASONS = ("no_covering_test", "no_fail_to_pass", "no_pass_to_pass", "broke_pass_to_pass", "flaky", "timeout",
-                "leak", "error")
+DROP_REASONS = (
+    "no_covering_test",
+    "no_fail_to_pass",
+    "no_pass_to_pass",
+    "broke_pass_to_pass",
+    "flaky",
+    "timeout",
+    "leak",
+    "error",
+)
 
 
 @dataclass(slots=True)
@@ -55,7 +63,9 @@ def find_leaks(workspace: dict[str, bytes], secrets: list[str], hidden: dict[str
     norm_secrets = [_norm(s) for s in secrets if _norm(s)]
     for rel, data in workspace.items():
         parts = Path(rel).parts
-        if any(p in (".git", "__pycache__") or p.endswith((".egg-info", ".dist-info")) for p in parts) or rel.endswith(".pyc"):
+        if any(
+            p in (".git", "__pycache__") or p.endswith((".egg-info", ".dist-info")) for p in parts
+        ) or rel.endswith(".pyc"):
             leaks.append(f"{rel}: litter that may hold history or compiled code")
             continue
         if rel in hidden:
@@ -73,13 +83,17 @@ def _read_tree(root: Path) -> dict[str, bytes]:
     return {p.as_posix(): (root / p).read_bytes() for p in iter_files(root)}
 
 
-def validate_candidate(cand: Candidate, pipeline: Pipeline, project: Project, venv: Venv, baseline) -> Outcome:
+def validate_candidate(
+    cand: Candidate, pipeline: Pipeline, project: Project, venv: Venv, baseline
+) -> Outcome:
     start = time.monotonic()
     base_line = cand.baseline or baseline
     base = cand.base or project.root
 
     def drop(reason: str, detail: str = "", covered: bool = True) -> Outcome:
-        return Outcome(drop=Drop(reason, detail, time.monotonic() - start, covered), seconds=time.monotonic() - start)
+        return Outcome(
+            drop=Drop(reason, detail, time.monotonic() - start, covered), seconds=time.monotonic() - start
+        )
 
     covering = {t for t in cand.covering if is_test_file(file_of(t))} or set(cand.covering)
     if not covering:
@@ -99,8 +113,13 @@ def validate_candidate(cand: Candidate, pipeline: Pipeline, project: Project, ve
                 path.write_text(text)
         t0 = time.monotonic()
         timeout = base_line.timeout_for(covering)
-        run = run_tests(venv.python, broken_dir, select=sorted(covering), timeout_s=timeout,
-                        extra_args=base_line.extra_args)
+        run = run_tests(
+            venv.python,
+            broken_dir,
+            select=sorted(covering),
+            timeout_s=timeout,
+            extra_args=base_line.extra_args,
+        )
         timings["broken_run_s"] = time.monotonic() - t0
         if run.timed_out:
             return drop("timeout", f"the covering tests ran past {timeout:.0f} s on the broken tree")
@@ -128,23 +147,40 @@ def validate_candidate(cand: Candidate, pipeline: Pipeline, project: Project, ve
         instruction = pipeline.instruction(cand, run, f2p)
         tid = f"{pipeline.name}-{hashlib.sha256((project.content_hash + cand.cid).encode()).hexdigest()[:12]}"
         meta = TaskMeta(
-            id=tid, repo=project.name, repo_origin=project.origin,
+            id=tid,
+            repo=project.name,
+            repo_origin=project.origin,
             base_hash=project.content_hash if cand.base is None else cand.target,
-            workspace_hash="", pipeline=pipeline.name, target=cand.target,
-            fail_to_pass=f2p, pass_to_pass=p2p, hidden_files=sorted(hidden), solution_files=sorted(cand.solution),
-            venv_key=venv.key, pytest_extra_args=base_line.extra_args,
+            workspace_hash="",
+            pipeline=pipeline.name,
+            target=cand.target,
+            fail_to_pass=f2p,
+            pass_to_pass=p2p,
+            hidden_files=sorted(hidden),
+            solution_files=sorted(cand.solution),
+            venv_key=venv.key,
+            pytest_extra_args=base_line.extra_args,
             timeout_s=base_line.timeout_for(set(f2p) | set(p2p)),
         )
-        task = TaskFiles(meta=meta, instruction=instruction, workspace=workspace, hidden=hidden, solution=solution,
-                         deleted=deleted)
+        task = TaskFiles(
+            meta=meta,
+            instruction=instruction,
+            workspace=workspace,
+            hidden=hidden,
+            solution=solution,
+            deleted=deleted,
+        )
         t0 = time.monotonic()
         empty = verify(task, venv.path)
         timings["empty_check_s"] = time.monotonic() - t0
         if empty.timed_out:
             return drop("timeout", "the hidden tests ran past their limit on the untouched workspace")
         if empty.p2p_failed:
-            return drop("broke_pass_to_pass", f"{len(empty.p2p_failed)} pass-to-pass test(s) fail on the workspace, "
-                        f"e.g. {empty.p2p_failed[0]}")
+            return drop(
+                "broke_pass_to_pass",
+                f"{len(empty.p2p_failed)} pass-to-pass test(s) fail on the workspace, "
+                f"e.g. {empty.p2p_failed[0]}",
+            )
         if empty.f2p_passed:
             return drop("flaky", f"{empty.f2p_passed[0]} passed on the untouched workspace this time")
         t0 = time.monotonic()

@@ -38,8 +38,13 @@ class Verdict:
         return not self.f2p_failed and not self.p2p_failed and bool(self.f2p_passed) and not self.timed_out
 
     def summary(self) -> dict:
-        return {"f2p_passed": len(self.f2p_passed), "f2p_failed": len(self.f2p_failed),
-                "p2p_passed": len(self.p2p_passed), "p2p_failed": len(self.p2p_failed), "timed_out": self.timed_out}
+        return {
+            "f2p_passed": len(self.f2p_passed),
+            "f2p_failed": len(self.f2p_failed),
+            "p2p_passed": len(self.p2p_passed),
+            "p2p_failed": len(self.p2p_failed),
+            "timed_out": self.timed_out,
+        }
 
 
 def materialize(dest: Path, files: dict[str, bytes]) -> None:
@@ -54,14 +59,24 @@ def materialize(dest: Path, files: dict[str, bytes]) -> None:
 def verdict_of(run: TestRun, f2p: list[str], p2p: list[str]) -> Verdict:
     ok = {nid for nid, r in run.results.items() if r.outcome in PASS}
     return Verdict(
-        f2p_passed=[t for t in f2p if t in ok], f2p_failed=[t for t in f2p if t not in ok],
-        p2p_passed=[t for t in p2p if t in ok], p2p_failed=[t for t in p2p if t not in ok],
-        timed_out=run.timed_out, duration_s=run.duration_s, output=run.output,
+        f2p_passed=[t for t in f2p if t in ok],
+        f2p_failed=[t for t in f2p if t not in ok],
+        p2p_passed=[t for t in p2p if t in ok],
+        p2p_failed=[t for t in p2p if t not in ok],
+        timed_out=run.timed_out,
+        duration_s=run.duration_s,
+        output=run.output,
     )
 
 
-def verify(task: TaskFiles, venv: Path, workspace: Path | None = None, *, solution: bool = False,
-           sandbox: bool = False) -> Verdict:
+def verify(
+    task: TaskFiles,
+    venv: Path,
+    workspace: Path | None = None,
+    *,
+    solution: bool = False,
+    sandbox: bool = False,
+) -> Verdict:
     """Copy `workspace` (default: the task's own), add the hidden tests (and the solution), run F2P + P2P."""
     meta = task.meta
     tree = Path(tempfile.mkdtemp(prefix="vriksha-r2e-verify-"))
@@ -70,7 +85,9 @@ def verify(task: TaskFiles, venv: Path, workspace: Path | None = None, *, soluti
             materialize(tree, task.workspace)
         else:
             shutil.rmtree(tree)
-            shutil.copytree(workspace, tree, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache", ".git"))
+            shutil.copytree(
+                workspace, tree, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache", ".git")
+            )
         materialize(tree, task.hidden)  # hidden tests always win over whatever the workspace has there
         if solution:
             materialize(tree, task.solution)
@@ -80,11 +97,17 @@ def verify(task: TaskFiles, venv: Path, workspace: Path | None = None, *, soluti
         if sandbox:
             from vriksha.repo2env.sandboxed import run_tests_sandboxed
 
-            run = run_tests_sandboxed(venv, tree, select=select, timeout_s=meta.timeout_s,
-                                      extra_args=meta.pytest_extra_args)
+            run = run_tests_sandboxed(
+                venv, tree, select=select, timeout_s=meta.timeout_s, extra_args=meta.pytest_extra_args
+            )
         else:
-            run = run_tests(venv / "bin" / "python", tree, select=select, timeout_s=meta.timeout_s,
-                            extra_args=meta.pytest_extra_args)
+            run = run_tests(
+                venv / "bin" / "python",
+                tree,
+                select=select,
+                timeout_s=meta.timeout_s,
+                extra_args=meta.pytest_extra_args,
+            )
         return verdict_of(run, meta.fail_to_pass, meta.pass_to_pass)
     finally:
         shutil.rmtree(tree, ignore_errors=True)

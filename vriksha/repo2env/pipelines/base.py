@@ -98,7 +98,9 @@ def project_functions(root: Path) -> list[FunctionInfo]:
                         found.append(FunctionInfo(rel, f"{node.name}.{sub.name}", sub, text))
         for f in found:
             seen[f.qualname] = seen.get(f.qualname, 0) + 1
-        out += [f for f in found if seen[f.qualname] == 1]  # redefinitions (overloads, properties) are ambiguous
+        out += [
+            f for f in found if seen[f.qualname] == 1
+        ]  # redefinitions (overloads, properties) are ambiguous
     return out
 
 
@@ -124,6 +126,10 @@ def span(text: str, node: ast.AST) -> tuple[int, int]:
 
 def docstring_node(fn: ast.FunctionDef | ast.AsyncFunctionDef) -> ast.Expr | None:
     first = fn.body[0]
-    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+    if (
+        isinstance(first, ast.Expr)
+        and isinstance(first.value, ast.Constant)
+        and isinstance(first.value.value, str)
+    ):
         return first
     return None

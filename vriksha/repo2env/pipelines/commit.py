@@ -39,7 +39,9 @@ def _git(git_dir: Path, *args: str, binary: bool = False):
 
 
 def _show(git_dir: Path, rev: str, path: str) -> str | None:
-    proc = subprocess.run(["git", "-C", str(git_dir), "show", f"{rev}:{path}"], capture_output=True, timeout=60)
+    proc = subprocess.run(
+        ["git", "-C", str(git_dir), "show", f"{rev}:{path}"], capture_output=True, timeout=60
+    )
     return proc.stdout.decode("utf-8", "replace") if proc.returncode == 0 else None
 
 
@@ -96,7 +98,10 @@ class CommitPipeline(Pipeline):
         if len(parents) != 1:
             return None
         parent = parents[0]
-        changed = [line.split("\t") for line in _git(git_dir, "diff", "--name-status", "--no-renames", parent, rev).splitlines()]
+        changed = [
+            line.split("\t")
+            for line in _git(git_dir, "diff", "--name-status", "--no-renames", parent, rev).splitlines()
+        ]
         paths = [c[-1] for c in changed if len(c) >= 2]
         tests = [p for p in paths if is_test_file(p) and not p.endswith("conftest.py")]
         code = [p for p in paths if p not in tests]
@@ -105,7 +110,9 @@ class CommitPipeline(Pipeline):
         tree = Path(tempfile.mkdtemp(prefix=f"vriksha-commit-{rev[:10]}-"))
         self._trees.append(tree)
         raw = Path(tempfile.mkdtemp(prefix="raw-", dir=tree.parent))
-        with tarfile.open(fileobj=io.BytesIO(_git(git_dir, "archive", "--format=tar", rev, binary=True))) as tf:
+        with tarfile.open(
+            fileobj=io.BytesIO(_git(git_dir, "archive", "--format=tar", rev, binary=True))
+        ) as tf:
             tf.extractall(raw, filter="data")
         shutil.rmtree(tree)
         copy_tree(raw, tree)

@@ -62,6 +62,9 @@ class FixBugPipeline(Pipeline):
             msg = broken_run.results[nid].message.strip()
             if msg:
                 parts += ["", f"Output of {nid}:", "```", msg[-MAX_OUTPUT_CHARS:], "```"]
-        parts += ["", "Find and fix the bug in the library code. The failing tests are hidden and run when you "
-                  "submit; the visible tests can be run with the run_tests tool."]
+        parts += [
+            "",
+            "Find and fix the bug in the library code. The failing tests are hidden and run when you "
+            "submit; the visible tests can be run with the run_tests tool.",
+        ]
         return "\n".join(parts) + "\n"

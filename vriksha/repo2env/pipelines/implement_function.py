@@ -81,8 +81,13 @@ class ImplementFunctionPipeline(Pipeline):
                 covering_any=reaching,
                 hidden_extra=hidden_extra,
                 secrets=[body],
-                info={"file": fn.rel, "qualname": fn.qualname, "name": fn.node.name, "signature": signature_of(fn),
-                      "docstring": ast.get_docstring(fn.node) or ""},
+                info={
+                    "file": fn.rel,
+                    "qualname": fn.qualname,
+                    "name": fn.node.name,
+                    "signature": signature_of(fn),
+                    "docstring": ast.get_docstring(fn.node) or "",
+                },
             )
 
     def instruction(self, cand: Candidate, broken_run: TestRun, fail_to_pass: list[str]) -> str:
@@ -101,6 +106,9 @@ class ImplementFunctionPipeline(Pipeline):
         usage = i.get("usage") or []
         if usage:
             parts += ["", "How it is used elsewhere in the project:", "```python", *usage, "```"]
-        parts += ["", f"{len(fail_to_pass)} hidden test(s) check it when you submit; the visible tests can be run "
-                  "with the run_tests tool."]
+        parts += [
+            "",
+            f"{len(fail_to_pass)} hidden test(s) check it when you submit; the visible tests can be run "
+            "with the run_tests tool.",
+        ]
         return "\n".join(parts) + "\n"

@@ -11,10 +11,27 @@ from vriksha.repo2env.pipelines.base import span
 
 __all__ = ["Mutation", "mutations_in", "KINDS"]
 
-KINDS = ("comparison_flip", "off_by_one", "swapped_operands", "dropped_branch", "wrong_return", "boolean_flip")
+KINDS = (
+    "comparison_flip",
+    "off_by_one",
+    "swapped_operands",
+    "dropped_branch",
+    "wrong_return",
+    "boolean_flip",
+)
 
-_FLIP = {ast.Lt: ast.GtE, ast.GtE: ast.Lt, ast.Gt: ast.LtE, ast.LtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
-         ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
+_FLIP = {
+    ast.Lt: ast.GtE,
+    ast.GtE: ast.Lt,
+    ast.Gt: ast.LtE,
+    ast.LtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+}
 _NON_COMMUTATIVE = (ast.Sub, ast.Div, ast.FloorDiv, ast.Mod, ast.Pow, ast.LShift, ast.RShift)
 
 
@@ -43,9 +60,12 @@ def mutations_in(text: str, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> Itera
             new = copy.deepcopy(node)
             new.ops = [_FLIP[type(node.ops[0])]()]
             yield _replace(text, node, "comparison_flip", ast.unparse(new))
-        elif isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub)) and isinstance(
-            node.right, ast.Constant
-        ) and type(node.right.value) is int:
+        elif (
+            isinstance(node, ast.BinOp)
+            and isinstance(node.op, (ast.Add, ast.Sub))
+            and isinstance(node.right, ast.Constant)
+            and type(node.right.value) is int
+        ):
             new = copy.deepcopy(node)
             new.right = ast.Constant(node.right.value + 1)
             yield _replace(text, node, "off_by_one", ast.unparse(new))
@@ -69,14 +89,18 @@ def mutations_in(text: str, fn: ast.FunctionDef | ast.AsyncFunctionDef) -> Itera
                 yield _replace(text, v, "wrong_return", repr(not v.value))
             elif not (isinstance(v, ast.Constant) and v.value is None):
                 yield _replace(text, node, "wrong_return", "return None")
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.For, ast.While, ast.If, ast.With, ast.Try)):
+        if isinstance(
+            node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.For, ast.While, ast.If, ast.With, ast.Try)
+        ):
             body = getattr(node, "body", [])
-            for i, stmt in enumerate(body):
+            for stmt in body:
                 if isinstance(stmt, ast.If) and not stmt.orelse and len(body) > 1:
                     start, end = span(text, stmt)
                     yield Mutation("dropped_branch", start, end, "pass", stmt.lineno)
-            if isinstance(node, ast.If) and node.orelse and not (
-                len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If)
+            if (
+                isinstance(node, ast.If)
+                and node.orelse
+                and not (len(node.orelse) == 1 and isinstance(node.orelse[0], ast.If))
             ):
                 start, _ = span(text, node.orelse[0])
                 _, end = span(text, node.orelse[-1])
