@@ -77,3 +77,20 @@ def test_cli_eval_on_the_embedded_model(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["env"] == "arithmetic" and out["episodes"] == 2 and out["model"] == "embedded"
     assert set(out["components"]) == {"length_ok", "correct", "format"} and out["generated_tokens"] > 0
+
+
+def test_evaluate_under_the_profiler_records_env_phases(tiny_llm, tmp_path):
+    import gzip
+
+    from vriksha.envs.eval import evaluate
+    from vriksha.profiling import ProfileConfig, StepProfiler
+
+    prof = StepProfiler(
+        ProfileConfig(enabled=True, dir=tmp_path, wait=0, warmup=0, active=1), name="env_eval"
+    )
+    prof.start()
+    evaluate("arithmetic", tiny_llm, episodes=2, max_tokens=4, progress=False, on_step=prof.step)
+    traces = prof.stop()
+    assert traces
+    text = "".join(gzip.open(p, "rt").read() for p in traces)
+    assert '"env.step"' in text and '"env.reward"' in text and '"engine.forward"' in text
