@@ -25,6 +25,7 @@ from typing import Any
 from vriksha.envs.core import Environment, Observation, StepResult, Tool, ToolCallAction, ToolError
 from vriksha.envs.registry import register_env
 from vriksha.envs.rubrics import RubricScore
+from vriksha.profiling import phase
 from vriksha.repo2env.dataset import Dataset
 from vriksha.repo2env.errors import Repo2EnvError
 from vriksha.repo2env.layout import is_test_file
@@ -106,7 +107,8 @@ class RepoEnv(Environment):
 
     def _step(self, action: ToolCallAction) -> StepResult:  # type: ignore[override]
         if action.tool == "submit":
-            verdict = self.submit()
+            with phase("env.reward"):
+                verdict = self.submit()
             score = score_verdict(verdict)
             text = (
                 f"fail-to-pass {len(verdict.f2p_passed)}/{len(verdict.f2p_passed) + len(verdict.f2p_failed)}, "

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from vriksha.envs.sandbox import run_sandboxed
+from vriksha.profiling import phase
 from vriksha.repo2env.bootstrap import copy_venv
 from vriksha.repo2env.testrun import PLUGIN_DIR, TestRun, parse_results, pytest_args, test_env
 
@@ -45,15 +46,16 @@ def run_tests_sandboxed(
         out = work / ".out.json"
         env = test_env(ws, out, select_file, None, work / ".plugin")
         pytest_cmd = shlex.join(["../.venv/bin/python", *pytest_args(args, extra_args)])
-        res = run_sandboxed(
-            ["/bin/sh", "-c", f"cd ws && exec {pytest_cmd}"],
-            cwd=work,
-            timeout_s=timeout_s,
-            memory_mb=memory_mb,
-            max_procs=64,
-            max_file_mb=64,
-            env=env,
-        )
+        with phase("env.sandbox"):
+            res = run_sandboxed(
+                ["/bin/sh", "-c", f"cd ws && exec {pytest_cmd}"],
+                cwd=work,
+                timeout_s=timeout_s,
+                memory_mb=memory_mb,
+                max_procs=64,
+                max_file_mb=64,
+                env=env,
+            )
         run = TestRun(
             exit_code=res.exit_code,
             duration_s=res.duration_s,
