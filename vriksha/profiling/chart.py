@@ -45,18 +45,18 @@ def write_chart(a: Analysis, out: Path, top: int = 10) -> Path:
     ax.set_ylabel("% of step wall time")
     ax.set_ylim(0, 100)
     ax.set_title("per-step breakdown")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=4, frameon=False)
 
     ax = axes[1]
     phases = a.phases[:top][::-1]
-    ax.barh([p.name for p in phases], [p.total_us / 1000 for p in phases], color="#264653")
+    ax.barh([_short(p.name) for p in phases], [p.total_us / 1000 for p in phases], color="#264653")
     ax.set_xlabel("ms (inclusive)")
     ax.set_title("time per phase" if phases else "time per phase (no annotations in the trace)")
 
     ax = axes[2]
     ops = a.ops[:top][::-1]
     ax.barh(
-        [o.name for o in ops],
+        [_short(o.name) for o in ops],
         [o.self_us / 1000 for o in ops],
         color=["#2a9d8f" if o.compute else "#e9c46a" for o in ops],
     )
@@ -82,3 +82,7 @@ def write_chart(a: Analysis, out: Path, top: int = 10) -> Path:
     plt.close(fig)
     logger.info("wrote chart %s", out)
     return out
+
+
+def _short(name: str, width: int = 40) -> str:
+    return name if len(name) <= width else name[: width - 1] + "…"
