@@ -28,6 +28,8 @@ def server(server_factory, tiny_model_dir, tmp_path_factory):
         [
             "--model",
             str(tiny_model_dir),
+            "--kv-cache-memory-gb",
+            "0.05",
             "--served-model-name",
             MODEL,
             "tiny-alias",

@@ -18,6 +18,7 @@ REPO = Path(__file__).resolve().parents[2]
 MODEL = "tiny"
 
 
+@pytest.mark.slow
 def test_serve_help_lists_options():
     out = subprocess.run(
         [sys.executable, "-m", "vriksha.cli", "serve", "--help"],
@@ -39,6 +40,7 @@ def test_serve_help_lists_options():
         assert flag in out.stdout
 
 
+@pytest.mark.slow
 def test_sigterm_drains_then_exits_zero(server_factory, tiny_model_dir):
     server = server_factory(
         [
