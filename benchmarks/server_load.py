@@ -261,8 +261,8 @@ def main() -> None:
         rows = []
         levels = [None] if args.request_rate else args.concurrency
         for conc in levels:
-            if args.workload == "shared-prefix":
-                httpx.post(base_url + "/flush_cache", headers=h, timeout=60)
+            # each level starts from an empty prefix cache, so hits are the workload's own sharing
+            httpx.post(base_url + "/flush_cache", headers=h, timeout=60)
             results, duration = asyncio.run(run_level(base_url, model, prompts, args, conc))
             rows.append(summarize(results, duration, conc, args.request_rate))
             print(f"level {conc or args.request_rate}: {rows[-1]['completed']} done in {duration:.1f} s", file=sys.stderr)
