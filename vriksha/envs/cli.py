@@ -28,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--adversarial-episodes", type=int, default=3, help="episodes for the adversarial floor (default 3)"
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
+    _env_arg(p)
     p.set_defaults(func=_validate)
 
     p = sub.add_parser("eval", help="run a model through episodes; report reward, success and components")
@@ -42,6 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dtype", default="float32", help="model dtype (default float32)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    _env_arg(p)
     try:
         from vriksha.profiling import add_profile_args
 
@@ -58,6 +60,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             raise
     else:
         register_serve(sub)
+
+
+def _env_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--env-arg",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="constructor argument for the environment (repeatable; VALUE parsed as JSON when it can be), "
+        "e.g. --env-arg dataset=out/ for `repo`",
+    )
+
+
+def _env_kwargs(pairs: list[str]) -> dict:
+    from vriksha.errors import ConfigError
+
+    out = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--env-arg expects KEY=VALUE, got {pair!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -96,6 +124,7 @@ def _validate(args: argparse.Namespace) -> int:
             args.name,
             seeds=args.seeds,
             adversarial_episodes=args.adversarial_episodes,
+            env_kwargs=_env_kwargs(args.env_arg),
             progress=lambda msg: status.update(f"validating {args.name}: {msg}"),
         )
     if args.json:
@@ -142,6 +171,7 @@ def _eval(args: argparse.Namespace) -> int:
             max_tokens=args.max_tokens,
             temperature=args.temperature,
             reset_options=options,
+            env_kwargs=_env_kwargs(args.env_arg),
             on_step=profiler.step if profiler is not None else None,
             progress=not args.no_progress,
             model_name=args.model or "embedded",

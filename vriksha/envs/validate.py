@@ -108,27 +108,31 @@ def _run_actions(
 _BASE_STATE = {"episode_id", "step_count", "seed", "split", "done"}
 
 
-def _visible(result: StepResult | None = None, state: Any = None, extra: list[str] | None = None) -> str:
-    """What the agent can read: observation text, messages and tools, the environment's own state
-    fields, tool answers. (Bookkeeping numbers such as step_count are not task content.)"""
-    parts = list(extra or [])
+def _visible(
+    result: StepResult | None = None, state: Any = None, extra: list[str] | None = None
+) -> tuple[str, str]:
+    """What the agent can read, as (text, structured): observation text, messages and tool answers;
+    observation metadata, tool specs and the environment's own state fields. (Bookkeeping such as
+    step_count is not task content.)"""
+    text, structured = list(extra or []), []
     if result is not None:
         obs = result.observation
-        parts += [
-            obs.text,
-            json.dumps(obs.messages or []),
-            json.dumps([t.model_dump() for t in obs.tools]),
-            json.dumps(obs.metadata, default=str),
-        ]
+        text += [obs.text, *(str(m.get("content", "")) for m in obs.messages or [])]
+        structured += [json.dumps([t.model_dump() for t in obs.tools]), json.dumps(obs.metadata, default=str)]
     if state is not None:
-        parts.append(
-            json.dumps({k: v for k, v in state.model_dump().items() if k not in _BASE_STATE}, default=str)
-        )
-    return "\n".join(parts)
+        public = {k: v for k, v in state.model_dump().items() if k not in _BASE_STATE}
+        structured.append(json.dumps(public, default=str))
+    return "\n".join(text), "\n".join(structured)
 
 
-def _leaks(secrets: list[str], blob: str) -> list[str]:
-    return [s for s in secrets if s and re.search(rf"(?<![\w.]){re.escape(s)}(?![\w.])", blob)]
+def _leaks(secrets: list[str], text: str, structured: str = "") -> list[str]:
+    """Secrets found as whole tokens in the text, or in structured fields when at least 3 characters
+    long (a short answer such as 3 collides with structural numbers such as a level)."""
+
+    def found(s: str, blob: str) -> bool:
+        return bool(re.search(rf"(?<![\w.]){re.escape(s)}(?![\w.])", blob))
+
+    return [s for s in secrets if s and (found(s, text) or (len(s) >= 3 and found(s, structured)))]
 
 
 def validate_env(
@@ -279,10 +283,12 @@ def validate_env(
                     props = tool.parameters.get("properties", {})
                     probe = {k: ("1 + 1" if v.get("type") == "string" else 1) for k, v in props.items()}
                     probes.append(env.call_tool(tool.name, probe))
-                blob = _visible(r, env.state, probes)
+                views = [_visible(r, env.state, probes)]
                 _, results = _run_actions(env, seed, {"split": split}, [{"text": "I do not know."}])
-                blob += "\n".join(_visible(x, env.state) for x in results)
-                if leaked := _leaks(secrets, blob):
+                views += [_visible(x, env.state) for x in results]
+                text = "\n".join(v[0] for v in views)
+                structured = "\n".join(v[1] for v in views)
+                if leaked := _leaks(secrets, text, structured):
                     return f"seed {seed} ({split}): ground truth {leaked[:3]} visible to the agent"
         return None
 
