@@ -14,6 +14,7 @@ vriksha-only fields (`terminated`, `truncated`, `info`) ride along in `data`.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from typing import Any
@@ -113,13 +114,16 @@ def register_openenv_routes(app: FastAPI, manager: SessionManager, env_cls: type
         await websocket.accept()
         try:
             session = await manager.create("openenv")
-        except SessionCapacityError as exc:
-            await websocket.send_text(dumps(_error(str(exc), "CAPACITY_REACHED", **exc.details)))
-            await websocket.close()
-            return
         except Exception as exc:
-            await websocket.send_text(dumps(_error(str(exc), "FACTORY_ERROR")))
-            await websocket.close()
+            code = "CAPACITY_REACHED" if isinstance(exc, SessionCapacityError) else "FACTORY_ERROR"
+            details = exc.details if isinstance(exc, SessionCapacityError) else {}
+            # answer the client's first message (OpenEnv clients always speak first), then close:
+            # an error sent before that races the client's send against our close
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(websocket.receive_text(), 10.0)
+            with contextlib.suppress(Exception):
+                await websocket.send_text(dumps(_error(str(exc), code, **details)))
+                await websocket.close()
             return
 
         async def on_close(reason: str) -> None:
