@@ -79,15 +79,15 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
 def parallelize(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | None = None) -> nn.Module:
     """`fully_shard` each transformer block, then the root (embeddings, final norm, head).
 
-    Gradients are summed across ranks (divide factor 1): the loss is already normalised by the
-    global token count, so the sum is the single-process gradient.
+    FSDP averages gradients over ranks; the loss is normalised by the global token count, so the
+    caller scales each rank's loss by the world size (see `update.py`) to get the summed, i.e. the
+    single-process, gradient. (A divide factor of 1 would say the same, but gloo has no PREMUL_SUM.)
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
     kwargs = {"mesh": mesh, **({"mp_policy": mp} if mp else {})}
     for block in _blocks(model):
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)
-    model.set_gradient_divide_factor(1.0)
     return model
 
 

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from vriksha.profiling import phase
@@ -69,6 +70,7 @@ def policy_update(
     """`groups`: this rank's groups that carry signal, `filler`: any one group of this rank (for
     zero-weight micro-batches). Returns the local sums; the caller reduces them."""
     result = UpdateResult()
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
     local_tokens = float(sum(sum(e.loss_mask) for g in groups for e in g))
     global_tokens = all_reduce([local_tokens], op="sum", device=device)[0]
     local_micro = float(math.ceil(len(groups) / cfg.micro_batch_groups))
@@ -110,7 +112,8 @@ def policy_update(
                 if not real:
                     loss = loss * 0.0
             with phase("train.backward"):
-                loss.backward()
+                # FSDP averages gradients over ranks; scaling by the world size makes it the sum
+                (loss * world_size).backward()
             if real and epoch == 0:
                 result.loss += float(loss.detach())
                 result.stats.add(stats)

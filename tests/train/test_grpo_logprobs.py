@@ -1,0 +1,77 @@
+"""Shared-prefix log-probs equal per-sequence log-probs, values and gradients."""
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from vriksha.train.batch import collate_groups
+from vriksha.train.logprobs import completion_logprobs
+from vriksha.train.rollout import Episode
+
+
+def _tiny():
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        vocab_size=97,
+        tie_word_embeddings=True,
+    )
+    return AutoModelForCausalLM.from_config(cfg).eval()
+
+
+def _episode(group, member, prompt, completion, mask=None):
+    return Episode(
+        group=group,
+        member=member,
+        seed=0,
+        prompt_ids=prompt,
+        completion_ids=completion,
+        engine_logprobs=[0.0] * len(completion),
+        loss_mask=mask or [1] * len(completion),
+    )
+
+
+def test_shared_prefix_matches_full_sequences():
+    model = _tiny()
+    g = torch.Generator().manual_seed(1)
+
+    def ids(n):
+        return torch.randint(1, 97, (n,), generator=g).tolist()
+
+    p0, p1 = ids(7), ids(4)
+    groups = [
+        [_episode(0, 0, p0, ids(5)), _episode(0, 1, p0, ids(2)), _episode(0, 2, p0, ids(1))],
+        [
+            _episode(1, 0, p1, ids(3)),
+            _episode(1, 1, p1, ids(6), [1, 1, 0, 0, 1, 1]),
+            _episode(1, 2, p1, ids(4)),
+        ],
+    ]
+    batch = collate_groups(groups, [[1.0, -1.0, 0.0], [0.5, 0.5, -1.0]], pad_id=0)
+    out = completion_logprobs(model, batch, with_entropy=True)
+    loss_shared = (out.logprobs * batch.loss_mask).sum()
+    loss_shared.backward()
+    grads_shared = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+
+    total = 0.0
+    for j, e in enumerate([e for grp in groups for e in grp]):
+        seq = torch.tensor([e.prompt_ids + e.completion_ids])
+        logits = model(input_ids=seq).logits[0].float()
+        lp = logits.log_softmax(-1)
+        start = len(e.prompt_ids) - 1
+        ref = lp[start : start + len(e.completion_ids)].gather(-1, torch.tensor(e.completion_ids)[:, None])[
+            :, 0
+        ]
+        n = len(e.completion_ids)
+        assert torch.allclose(out.logprobs[j, :n], ref, atol=1e-5), j
+        p = lp[start : start + n].exp()
+        ent = -(p * lp[start : start + n]).sum(-1)
+        assert torch.allclose(out.entropy[j, :n], ent, atol=1e-4)
+        total = total + (ref * torch.tensor(e.loss_mask, dtype=torch.float32)).sum()
+    total.backward()
+    for a, b in zip(grads_shared, [p.grad for p in model.parameters()], strict=True):
+        assert torch.allclose(a, b, atol=1e-5)
