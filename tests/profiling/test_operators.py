@@ -23,6 +23,10 @@ from vriksha.profiling.operators import is_compute_kernel, is_compute_op
         "aten::threshold_backward",
         "aten::convolution_backward",
         "aten::embedding",
+        "mkldnn::_linear_pointwise",
+        "aten::_weight_int8pack_mm",
+        "triton_poi_fused_add_mul_0",
+        "cpp_fused_silu_1",
     ],
 )
 def test_compute_operators(op):
@@ -46,6 +50,7 @@ def test_compute_operators(op):
         "autograd::engine::evaluate_function: MmBackward0",
         "engine.forward",
         "cudaLaunchKernel",
+        "Torch-Compiled Region: 0/0",
     ],
 )
 def test_not_compute(op):
