@@ -30,6 +30,9 @@ class ModelConfig(_Section):
         None, description="model path (HF directory or .gguf); null = embedded SmolLM2-135M"
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
+    mixed_precision: Literal["none", "bfloat16"] = Field(
+        "none", description="FSDP2 compute dtype for the training forward/backward (fp32 master weights)"
+    )
     random_init: dict[str, Any] | None = Field(
         None,
         description="build a randomly initialised model from these Transformers config values "

@@ -107,10 +107,11 @@ class GRPOTrainer:
         model, self.tokenizer = load_policy(cfg.model, cfg.trainer.seed)
         model.to(pd.device)
         self.engine_module = copy.deepcopy(model).eval().requires_grad_(False)
+        mp = torch.bfloat16 if cfg.model.mixed_precision == "bfloat16" else None
         self.ref_model = None
         if cfg.grpo.kl_coef > 0:
-            self.ref_model = parallelize(copy.deepcopy(model).requires_grad_(False), pd.mesh)
-        self.policy = parallelize(model, pd.mesh)
+            self.ref_model = parallelize(copy.deepcopy(model).requires_grad_(False), pd.mesh, mp)
+        self.policy = parallelize(model, pd.mesh, mp)
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
