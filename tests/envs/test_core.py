@@ -127,3 +127,14 @@ def test_subclass_without_hooks_says_what_to_do():
 
     with pytest.raises(NotImplementedError, match="_reset"):
         Bare().reset(seed=0)
+
+
+def test_envs_import_without_torch():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, vriksha.envs as e; e.make_env('arithmetic').reset(seed=1); print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"  # environment processes and sandboxes stay light

@@ -17,9 +17,20 @@ from vriksha.envs.core import (
     UnknownEnvironmentError,
 )
 from vriksha.envs.registry import get_env_class, list_envs, make_env, register_env
+from vriksha.envs.rubrics import Criterion, Gate, Rubric, RubricScore, Sequence, TrajectoryRubric, WeightedSum
+from vriksha.envs.sandbox import SandboxResult, run_sandboxed
 
 __all__ = [
     "Action",
+    "Criterion",
+    "Gate",
+    "Rubric",
+    "RubricScore",
+    "SandboxResult",
+    "Sequence",
+    "TrajectoryRubric",
+    "WeightedSum",
+    "run_sandboxed",
     "EnvError",
     "Environment",
     "EpisodeStateError",

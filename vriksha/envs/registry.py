@@ -27,7 +27,7 @@ PROVIDER_MODULES: tuple[str, ...] = (
     "vriksha.repo2env.environment",
     "vriksha.repo2env",
 )
-_loaded = False
+_loaded: set[str] = set()
 
 
 def register_env(cls: type[Environment]) -> type[Environment]:
@@ -53,13 +53,16 @@ def unregister_env(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
-def _load_providers() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True
+def _load_providers(until: str | None = None) -> None:
+    """Import provider modules in order (stopping once `until` is registered, so looking up a built-in
+    does not import every other package)."""
     extra = [m.strip() for m in os.environ.get("VRIKSHA_ENV_MODULES", "").split(",") if m.strip()]
     for module in (*PROVIDER_MODULES, *extra):
+        if until is not None and until in _REGISTRY:
+            return
+        if module in _loaded:
+            continue
+        _loaded.add(module)
         try:
             importlib.import_module(module)
         except ModuleNotFoundError as exc:
@@ -80,7 +83,7 @@ def get_env_class(name: str) -> type[Environment]:
             raise UnknownEnvironmentError(f"{name!r} is not an Environment subclass")
         return cls
     if name not in _REGISTRY:
-        _load_providers()
+        _load_providers(until=name)
     if name not in _REGISTRY:
         raise UnknownEnvironmentError(
             f"no environment named {name!r}; registered: {sorted(_REGISTRY) or 'none'} "
