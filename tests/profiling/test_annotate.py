@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import timeit
 
 import pytest
@@ -66,3 +67,22 @@ def test_idle_phase_costs_about_a_microsecond_or_less():
     n = 20000
     per_call = min(timeit.repeat(use, number=n, repeat=3)) / n
     assert per_call < 5e-6  # ~0.3-0.5 µs here; generous bound for a loaded CI machine
+
+
+def test_decorated_coroutine_is_annotated_for_its_whole_run():
+    @phase("server.parse")
+    async def parse():
+        await asyncio.sleep(0)
+        return torch.ones(2).sum().item()
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        assert asyncio.run(parse()) == 2.0
+    [region] = [e for e in prof.events() if e.name == "server.parse"]
+    ops = [e for e in prof.events() if e.name == "aten::sum"]
+    assert (
+        ops
+        and region.time_range.start
+        <= ops[0].time_range.start
+        <= ops[0].time_range.end
+        <= region.time_range.end
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import inspect
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -18,6 +19,17 @@ def profiler_active() -> bool:
 
 
 def _decorate(name: str, fn: F) -> F:
+    if inspect.iscoroutinefunction(fn):
+
+        @functools.wraps(fn)
+        async def awrapper(*args: Any, **kwargs: Any) -> Any:
+            if not _autograd_profiler._is_profiler_enabled:
+                return await fn(*args, **kwargs)
+            with record_function(name):
+                return await fn(*args, **kwargs)
+
+        return awrapper  # type: ignore[return-value]
+
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if not _autograd_profiler._is_profiler_enabled:
