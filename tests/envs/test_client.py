@@ -194,9 +194,9 @@ def test_server_heartbeats_keep_last_seen_fresh(url):
 
 
 def test_client_against_builtin_arithmetic():
-    from vriksha.envs.registry import get_env_class
+    from vriksha.envs.builtin import ArithmeticEnv
 
-    with ServerThread(create_app(get_env_class("arithmetic"), ServerConfig(max_sessions=2))) as base:
+    with ServerThread(create_app(ArithmeticEnv, ServerConfig(max_sessions=2))) as base:
         with EnvClient(base) as env:
             prompt = env.reset(seed=5, options={"split": "test"}).observation.text
             assert prompt and env.reset(seed=5, options={"split": "test"}).observation.text == prompt

@@ -117,9 +117,9 @@ def test_unknown_bound_session_is_reported(server_url):
 
 
 def test_builtin_calculator_tools_over_mcp():
-    from vriksha.envs.registry import get_env_class
+    from vriksha.envs.builtin import CalculatorToolsEnv
 
-    app = create_app(get_env_class("calculator_tools"), ServerConfig(max_sessions=4))
+    app = create_app(CalculatorToolsEnv, ServerConfig(max_sessions=4))
     with ServerThread(app) as url:
 
         async def body(session: ClientSession) -> Any:

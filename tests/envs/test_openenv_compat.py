@@ -151,9 +151,9 @@ def test_openenv_capacity_error():
 
 
 def test_openenv_client_drives_builtin_arithmetic():
-    from vriksha.envs.registry import get_env_class
+    from vriksha.envs.builtin import ArithmeticEnv
 
-    with ServerThread(create_app(get_env_class("arithmetic"), ServerConfig(max_sessions=2))) as base:
+    with ServerThread(create_app(ArithmeticEnv, ServerConfig(max_sessions=2))) as base:
         with GenericEnvClient(base_url=base).sync() as env:
             a = env.reset(seed=123).observation["text"]
             assert a and env.reset(seed=123).observation["text"] == a  # same seed, same episode

@@ -22,7 +22,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from starlette.routing import Route
 
 from vriksha.envs.core import Environment
-from vriksha.envs.protocol import EnvServerError, UnknownSessionError
+from vriksha.envs.protocol import EnvServerError, UnknownSessionError, error_from_exception
 from vriksha.envs.sessions import Session, SessionManager
 
 if TYPE_CHECKING:
@@ -116,8 +116,6 @@ class McpApp:
         except UnknownSessionError as exc:
             return _error_result(str(exc))
         except Exception as exc:  # a tool's failure is the agent's to read, not a protocol error
-            from vriksha.envs.server import error_from_exception
-
             return _error_result(str(error_from_exception(exc)))
         return types.CallToolResult(content=[types.TextContent(type="text", text=output)])
 

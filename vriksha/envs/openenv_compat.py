@@ -23,7 +23,7 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse
 
 from vriksha.envs.core import Environment, StepResult
-from vriksha.envs.protocol import ErrorCode, SessionCapacityError
+from vriksha.envs.protocol import ErrorCode, SessionCapacityError, dumps, error_from_exception, loads
 from vriksha.envs.sessions import Session, SessionManager
 
 logger = logging.getLogger(__name__)
@@ -107,8 +107,6 @@ def _error(message: str, code: str, **extra: Any) -> dict[str, Any]:
 
 
 def register_openenv_routes(app: FastAPI, manager: SessionManager, env_cls: type[Environment]) -> None:
-    from vriksha.envs.server import dumps, error_from_exception, loads
-
     @app.websocket("/ws")
     async def openenv_ws(websocket: WebSocket) -> None:
         await websocket.accept()

@@ -18,12 +18,31 @@ path checks plain dicts and validates only the action.
 
 from __future__ import annotations
 
+import logging
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from vriksha.envs.core import EnvError, EpisodeStateError, InvalidActionError, ToolError
 from vriksha.errors import VrikshaError
+
+try:
+    import orjson
+
+    def dumps(obj: Any) -> str:
+        return orjson.dumps(obj).decode()
+
+    loads = orjson.loads
+except ImportError:  # pragma: no cover - orjson is optional; the stdlib does the same, slower
+    import json
+
+    def dumps(obj: Any) -> str:
+        return json.dumps(obj, separators=(",", ":"))
+
+    loads = json.loads
+
+logger = logging.getLogger(__name__)
 
 PROTOCOL_VERSION = 1
 WS_PATH = "/v1/ws"
@@ -110,6 +129,24 @@ class RemoteEnvError(VrikshaError):
 
 class EnvConnectionError(VrikshaError, ConnectionError):
     """The client could not reach the environment server or lost it and could not reconnect."""
+
+
+def error_from_exception(exc: BaseException) -> EnvServerError:
+    """Map any exception raised while serving a request to a wire error."""
+    if isinstance(exc, EnvServerError):
+        return exc
+    if isinstance(exc, InvalidActionError):
+        return EnvServerError(str(exc), ErrorCode.INVALID_ACTION)
+    if isinstance(exc, EpisodeStateError):
+        return EnvServerError(str(exc), ErrorCode.EPISODE_STATE)
+    if isinstance(exc, ToolError):
+        return EnvServerError(str(exc), ErrorCode.TOOL_ERROR)
+    if isinstance(exc, ValidationError):
+        return ProtocolError(f"invalid message: {exc.errors(include_url=False)}")
+    if isinstance(exc, EnvError):
+        return EnvServerError(str(exc), ErrorCode.ENV_ERROR)
+    logger.error("environment code raised", exc_info=exc)
+    return EnvServerError(f"the environment raised {type(exc).__name__}: {exc}", ErrorCode.ENV_ERROR)
 
 
 # ---------------------------------------------------------------- messages

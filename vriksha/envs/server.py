@@ -24,14 +24,7 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from vriksha.envs.core import (
-    EnvError,
-    Environment,
-    EpisodeStateError,
-    InvalidActionError,
-    StepResult,
-    ToolError,
-)
+from vriksha.envs.core import Environment, StepResult
 from vriksha.envs.protocol import (
     HTTP_STATUS,
     PROTOCOL_VERSION,
@@ -43,24 +36,12 @@ from vriksha.envs.protocol import (
     HttpStepBody,
     HttpToolBody,
     ProtocolError,
+    dumps,
+    error_from_exception,
+    loads,
     protocol_schema,
 )
-from vriksha.envs.sessions import Session, SessionManager
-
-try:
-    import orjson
-
-    def dumps(obj: Any) -> str:
-        return orjson.dumps(obj).decode()
-
-    loads = orjson.loads
-except ImportError:  # pragma: no cover - orjson is optional
-    import json
-
-    def dumps(obj: Any) -> str:
-        return json.dumps(obj, separators=(",", ":"))
-
-    loads = json.loads
+from vriksha.envs.sessions import Dispatcher, SessionManager
 
 logger = logging.getLogger(__name__)
 
@@ -87,82 +68,6 @@ def resolve_env_class(env: str | type[Environment]) -> type[Environment]:
     if isinstance(env, type) and issubclass(env, Environment):
         return env
     raise TypeError(f"expected an environment name or Environment subclass, got {env!r}")
-
-
-def error_from_exception(exc: BaseException) -> EnvServerError:
-    """Map any exception raised while serving a request to a wire error."""
-    if isinstance(exc, EnvServerError):
-        return exc
-    if isinstance(exc, InvalidActionError):
-        return EnvServerError(str(exc), ErrorCode.INVALID_ACTION)
-    if isinstance(exc, EpisodeStateError):
-        return EnvServerError(str(exc), ErrorCode.EPISODE_STATE)
-    if isinstance(exc, ToolError):
-        return EnvServerError(str(exc), ErrorCode.TOOL_ERROR)
-    if isinstance(exc, ValidationError):
-        return ProtocolError(f"invalid message: {exc.errors(include_url=False)}")
-    if isinstance(exc, EnvError):
-        return EnvServerError(str(exc), ErrorCode.ENV_ERROR)
-    logger.error("environment code raised", exc_info=exc)
-    return EnvServerError(f"the environment raised {type(exc).__name__}: {exc}", ErrorCode.ENV_ERROR)
-
-
-# ---------------------------------------------------------------- operations (JSON strings out)
-
-
-def _reset(env: Environment, seed: Any, options: Any) -> str:
-    if options is not None and not isinstance(options, dict):
-        raise ProtocolError(f"'options' must be a JSON object, got {type(options).__name__}")
-    return env.reset(seed, options).model_dump_json()
-
-
-def _step(env: Environment, action: Any) -> str:
-    return env.step(action).model_dump_json()
-
-
-def _state(env: Environment) -> str:
-    return env.state.model_dump_json()
-
-
-def _tools(env: Environment) -> str:
-    return dumps([t.spec().model_dump() for t in env.tools()])
-
-
-def _call_tool(env: Environment, name: Any, arguments: Any) -> str:
-    if not isinstance(name, str):
-        raise ProtocolError("call_tool needs a string 'name'")
-    return dumps({"output": env.call_tool(name, arguments if arguments is not None else {})})
-
-
-class Dispatcher:
-    """Runs one request against one session and returns the result as a JSON string."""
-
-    def __init__(self, manager: SessionManager) -> None:
-        self.manager = manager
-
-    async def __call__(self, session: Session, op: Any, msg: dict[str, Any]) -> str:
-        run = self.manager.run
-        env = session.env
-        if op == "step":
-            if "action" not in msg:
-                raise ProtocolError("a step needs an 'action' object")
-            session.steps += 1
-            return await run(session, _step, env, msg["action"])
-        if op == "reset":
-            return await run(session, _reset, env, msg.get("seed"), msg.get("options"))
-        if op == "state":
-            return await run(session, _state, env)
-        if op == "tools":
-            return await run(session, _tools, env)
-        if op == "call_tool":
-            return await run(session, _call_tool, env, msg.get("name"), msg.get("arguments"))
-        if op == "ping":
-            session.touch()
-            return dumps({"pong": time.time()})
-        raise EnvServerError(
-            f"unknown op {op!r}; expected one of reset, step, state, tools, call_tool, ping, close",
-            ErrorCode.UNKNOWN_OP,
-        )
 
 
 def _interrupted() -> EnvServerError:

@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from vriksha.envs.core import Environment
-from vriksha.envs.protocol import EnvServerError, ErrorCode, SessionCapacityError, UnknownSessionError
+from vriksha.envs.protocol import (
+    EnvServerError,
+    ErrorCode,
+    ProtocolError,
+    SessionCapacityError,
+    UnknownSessionError,
+    dumps,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -297,3 +304,61 @@ class SessionManager:
         for sid in list(self._sessions):
             await self.close(sid, reason="server shutting down")
         self.workers.shutdown()
+
+
+# ---------------------------------------------------------------- operations (JSON strings out)
+
+
+def _reset(env: Environment, seed: Any, options: Any) -> str:
+    if options is not None and not isinstance(options, dict):
+        raise ProtocolError(f"'options' must be a JSON object, got {type(options).__name__}")
+    return env.reset(seed, options).model_dump_json()
+
+
+def _step(env: Environment, action: Any) -> str:
+    return env.step(action).model_dump_json()
+
+
+def _state(env: Environment) -> str:
+    return env.state.model_dump_json()
+
+
+def _tools(env: Environment) -> str:
+    return dumps([t.spec().model_dump() for t in env.tools()])
+
+
+def _call_tool(env: Environment, name: Any, arguments: Any) -> str:
+    if not isinstance(name, str):
+        raise ProtocolError("call_tool needs a string 'name'")
+    return dumps({"output": env.call_tool(name, arguments if arguments is not None else {})})
+
+
+class Dispatcher:
+    """Runs one request against one session and returns the result as a JSON string."""
+
+    def __init__(self, manager: SessionManager) -> None:
+        self.manager = manager
+
+    async def __call__(self, session: Session, op: Any, msg: dict[str, Any]) -> str:
+        run = self.manager.run
+        env = session.env
+        if op == "step":
+            if "action" not in msg:
+                raise ProtocolError("a step needs an 'action' object")
+            session.steps += 1
+            return await run(session, _step, env, msg["action"])
+        if op == "reset":
+            return await run(session, _reset, env, msg.get("seed"), msg.get("options"))
+        if op == "state":
+            return await run(session, _state, env)
+        if op == "tools":
+            return await run(session, _tools, env)
+        if op == "call_tool":
+            return await run(session, _call_tool, env, msg.get("name"), msg.get("arguments"))
+        if op == "ping":
+            session.touch()
+            return dumps({"pong": time.time()})
+        raise EnvServerError(
+            f"unknown op {op!r}; expected one of reset, step, state, tools, call_tool, ping, close",
+            ErrorCode.UNKNOWN_OP,
+        )
