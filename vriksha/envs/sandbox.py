@@ -220,11 +220,11 @@ def _chown_tree(root: Path, uid: int) -> None:
             os.lchown(os.path.join(dirpath, name), uid, uid)
 
 
-def _classify(code: int | None, stderr: str, timed_out: bool, cpu_s: float) -> str | None:
+def _classify(code: int | None, stderr: str, timed_out: bool, cpu_s: float, duration_s: float) -> str | None:
     if timed_out:
         return "timeout"
-    if code in (-signal.SIGXCPU, -signal.SIGKILL) and cpu_s:
-        return "cpu" if code == -signal.SIGXCPU else None
+    if code == -signal.SIGXCPU or (code == -signal.SIGKILL and duration_s >= cpu_s):  # soft, then hard limit
+        return "cpu"
     if code == -signal.SIGXFSZ or "File too large" in stderr:
         return "file_size"
     if "MemoryError" in stderr or "Cannot allocate memory" in stderr or "std::bad_alloc" in stderr:
@@ -353,7 +353,7 @@ def _run(
             stderr=stderr,
             duration_s=duration,
             timed_out=timed_out,
-            limit_hit=_classify(code, stderr, timed_out, cpu_limit),
+            limit_hit=_classify(code, stderr, timed_out, cpu_limit, duration),
             network_isolated=bool(status.get("network_isolated")) and not allow_network,
             truncated=bool(out.dropped or err.dropped),
             isolation={
