@@ -118,3 +118,12 @@ def test_phases_in_other_threads_are_captured(tmp_path):
     prof.step()
     [trace] = prof.stop()
     assert "engine.forward" in [e.name for e in load_trace(trace).events if e.cat == "user_annotation"]
+
+
+def test_unwritable_profile_dir_is_a_clear_config_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    prof = StepProfiler(ProfileConfig(enabled=True, dir=blocker / "traces"), rank=0, name="train")
+    with pytest.raises(ConfigError, match="--profile-dir .* cannot be created"):
+        prof.start()
+    assert not prof.running

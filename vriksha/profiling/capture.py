@@ -126,7 +126,8 @@ class StepProfiler:
     """Wraps `torch.profiler.profile` with the config's schedule; a no-op when `cfg.enabled` is False.
 
     `start()`, then `step()` once per engine/trainer step, then `stop()`, which returns the trace files
-    written: `<dir>/<name>_rank<rank>_step<N>.pt.trace.json.gz`, N being the step that closed the window.
+    written: `<dir>/<name>_rank<rank>_step<N>.pt.trace.json.gz`, N being the
+    number of steps done when the window closed.
     With `use_schedule=False` (the server's /start_profile../stop_profile) everything between start and
     stop is recorded and written at stop. Step numbers keep counting across start/stop pairs, so a later
     capture never overwrites an earlier one. Also usable as a context manager.
@@ -169,7 +170,12 @@ class StepProfiler:
         if not self.cfg.enabled or self._prof is not None:
             return
         c = self.cfg
-        c.dir.mkdir(parents=True, exist_ok=True)
+        try:
+            c.dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(
+                f"--profile-dir {c.dir} cannot be created ({exc.strerror}); pass a writable directory"
+            ) from exc
         sched = (
             schedule(skip_first=c.skip, wait=c.wait, warmup=c.warmup, active=c.active, repeat=c.repeat)
             if self.use_schedule
