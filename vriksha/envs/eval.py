@@ -116,9 +116,10 @@ def evaluate(
             for x, out in zip(items, outs, strict=True):
                 comp = out.outputs[0]
                 text = comp.text
-                stop = x.obs.observation.metadata.get("stop")
-                if stop and comp.finish_reason == "stop" and not comp.text.endswith(tuple(stop)):
-                    text += _stop_matched(stop)
+                if isinstance(getattr(comp, "stop_reason", None), str) and not text.endswith(
+                    comp.stop_reason
+                ):
+                    text += comp.stop_reason  # the engine strips a matched stop string; the env asked for it
                 outputs[id(x)] = text
                 tokens += len(comp.token_ids)
         still: list[_Live] = []
@@ -156,12 +157,6 @@ def evaluate(
         generated_tokens=tokens,
         records=records,
     )
-
-
-def _stop_matched(stop: list[str]) -> str:
-    # The engine strips the stop string; environments that ask for one (a closing tool tag) want it
-    # back. With one stop string that is unambiguous.
-    return stop[0] if len(stop) == 1 else ""
 
 
 class _NoBar:
