@@ -9,6 +9,7 @@ import torch
 
 from vriksha.errors import ConfigError
 from vriksha.profiling import ProfileConfig, StepProfiler, add_profile_args, phase
+from vriksha.profiling.report import build
 from vriksha.profiling.trace import load_trace
 
 
@@ -72,6 +73,9 @@ def test_schedule_writes_one_trace_per_cycle_named_by_rank_and_step(tmp_path):
         assert names.count("engine.forward") == 2  # exactly the two active steps
         assert names.count("engine.schedule") == 2
         assert sum(n.startswith("ProfilerStep#") for n in names) == 2
+    report = build(files)  # both cycles read together by the report
+    assert [s.step for s in report.steps] == ["3", "4", "7", "8"]
+    assert {p.name: p.calls for p in report.phases} == {"engine.forward": 4, "engine.schedule": 4}
 
 
 def test_stop_inside_an_active_window_flushes_it(tmp_path):

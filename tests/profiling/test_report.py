@@ -172,3 +172,13 @@ def test_unscheduled_capture_is_split_at_long_silences(tmp_path, write_trace):
     by_phase = build([path], step_phase="engine.forward")
     assert [s.step for s in by_phase.steps] == ["0", "1"]
     assert all(p.name != "engine.forward" for p in by_phase.phases)
+
+
+def test_cpu_trace_of_tiny_calls_gets_the_dispatch_note(tmp_path, write_trace):
+    # 100 compute calls of 8 us each back to back: 100% "compute", but every call is dispatch-sized
+    events = [_x("aten::add", "cpu_op", 10 * i, 8) for i in range(100)]
+    a = build([write_trace(tmp_path / "adds.json", events)])
+    assert a.tiny_compute_fraction == 1.0
+    assert "calls shorter than 20 µs" in format_report(a)
+    big = build([write_trace(tmp_path / "mm.json", [_x("aten::mm", "cpu_op", 0, 5000)])])
+    assert "calls shorter than" not in format_report(big)
