@@ -106,7 +106,8 @@ def resolve_model_path(model: str | os.PathLike | None) -> Path:
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelLoadError(f"model file {path} is not a .gguf file; pass a directory or a GGUF file")
-        out = _gguf_cache_dir(path, path.stem)
+        name = DEFAULT_MODEL_NAME if path.resolve() == default_gguf_path().resolve() else path.stem
+        out = _gguf_cache_dir(path, name)
         if not (out / "config.json").is_file():
             _convert_gguf(path, out)
         return out

@@ -1,0 +1,47 @@
+"""Model resolution: the embedded default is converted once and cached; bad paths get clear errors."""
+
+import time
+
+import pytest
+
+from vriksha.errors import ModelLoadError
+from vriksha.models import load_model, resolve_model_path
+from vriksha.models.loader import default_gguf_path
+
+
+def test_default_model_is_cached_as_safetensors():
+    path = resolve_model_path(None)
+    assert (path / "model.safetensors").is_file() and (path / "config.json").is_file()
+    assert (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file()
+    start = time.perf_counter()
+    again = resolve_model_path(None)
+    assert again == path and time.perf_counter() - start < 1.0  # no second conversion
+    loaded = load_model(None)
+    assert loaded.tokenizer.chat_template, "the chat template must survive the conversion"
+    assert loaded.model.config.tie_word_embeddings
+
+
+def test_gguf_file_path_resolves_to_the_same_cache():
+    path = resolve_model_path(str(default_gguf_path()))
+    assert (path / "config.json").is_file()
+
+
+def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
+    from vriksha.models import cache_dir
+
+    monkeypatch.setenv("VRIKSHA_CACHE", str(tmp_path))
+    assert cache_dir() == tmp_path
+
+
+def test_bad_model_paths_are_named(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        resolve_model_path("/no/such/dir")
+    weights = tmp_path / "model.bin"
+    weights.write_bytes(b"not a model")
+    with pytest.raises(ModelLoadError, match="not a .gguf"):
+        resolve_model_path(weights)
+
+
+def test_directory_without_config_is_rejected(tmp_path):
+    with pytest.raises(ModelLoadError, match="config.json"):
+        resolve_model_path(tmp_path)
