@@ -18,6 +18,7 @@ Backward kernels (`aten::*_backward`) count as compute when their forward does; 
 
 from __future__ import annotations
 
+import functools
 import re
 
 MATMUL = frozenset(
@@ -69,6 +70,7 @@ def base_name(op: str) -> str:
     return name
 
 
+@functools.lru_cache(maxsize=16384)
 def is_compute_op(op: str) -> bool:
     """True if the host operator `op` (as named in a trace) is a compute operator."""
     name = base_name(op)
