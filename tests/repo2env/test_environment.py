@@ -27,10 +27,11 @@ def test_registered_and_serves_a_task(tiny_dataset):
     assert res.observation.metadata["task_id"] in Dataset(out).task_ids
     files = env.call_tool("list_files", {}).splitlines()
     assert "tinyproj/mathx.py" in files
-    with pytest.raises(ToolError):
-        env.call_tool("read_file", {"path": "../../etc/passwd"})
-    with pytest.raises(ToolError):
-        env.call_tool("write_file", {"path": "/tmp/x.py", "content": ""})
+    assert "outside the project" in env.call_tool("read_file", {"path": "../../etc/passwd"})
+    assert "outside the project" in env.call_tool("write_file", {"path": "/tmp/x.py", "content": ""})
+    assert "not a file" in env.call_tool("read_file", {"path": "nope.py"})
+    with pytest.raises(ToolError):  # argument validation stays an error of the call itself
+        env.call_tool("read_file", {})
     env.close()
 
 
@@ -74,6 +75,10 @@ def test_apply_patch_and_run_tests(tiny_dataset):
     assert env.call_tool("apply_patch", {"patch": patch}) == "patch applied"
     assert env.call_tool("read_file", {"path": rel}) == fixed.decode()
     visible = env.call_tool("run_tests", {})
+    one = env.call_tool(
+        "run_tests", {"tests": "tests/test_describe.py::test_describe_does_not_crash_the_caller"}
+    )
+    assert "1 passed" in one, one
     assert "passed" in visible or "no visible tests" in visible
     res = env.step({"tool": "submit"})
     assert res.reward == 1.0
@@ -94,3 +99,36 @@ def test_wrong_fix_is_not_resolved(tiny_dataset):
     res = env.step({"tool": "submit"})
     assert res.reward == 0.0 and res.info["reward_components"]["resolved"] == 0.0
     env.close()
+
+
+@pytest.mark.parametrize("path", ["conftest.py", "tests/conftest.py", "sitecustomize.py"])
+def test_judge_tampering_scores_zero(tiny_dataset, path, monkeypatch):
+    """A conftest that forces every report to pass (or a sitecustomize that exits 0) would resolve the
+    task if it reached the verifier; submit removes it first."""
+    import vriksha.repo2env.verify as verify_mod
+    from vriksha.repo2env.environment import EXPLOITS
+
+    _, _, out = tiny_dataset
+    tid = _first(out, "implement_function")
+    env = make_env("repo", dataset=out, sandbox=False)
+    env.reset(seed=0, options={"task_id": tid})
+    env.call_tool("write_file", {"path": path, "content": EXPLOITS[path]})
+    res = env.step({"tool": "submit"})
+    assert res.reward == 0.0
+    if path.endswith("conftest.py"):  # the same attack with the protection switched off does fool pytest
+        env.reset(seed=0, options={"task_id": tid})
+        env.call_tool("write_file", {"path": path, "content": EXPLOITS[path]})
+        monkeypatch.setattr(verify_mod, "protect", lambda tree, task: None)
+        assert env.step({"tool": "submit"}).reward == 1.0
+    env.close()
+
+
+def test_env_validator_contract(tiny_dataset):
+    from vriksha.envs.validate import validate_env
+
+    _, _, out = tiny_dataset
+    report = validate_env(
+        "repo", seeds=2, adversarial_episodes=1, env_kwargs={"dataset": str(out), "sandbox": False}
+    )
+    bad = {c.name: c.detail for c in report.checks if not c.ok}
+    assert not bad, bad

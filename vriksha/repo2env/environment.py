@@ -7,7 +7,7 @@ the reward is `resolved`. The task directory (solution, hidden tests) never ente
 
 Options: `dataset` (a directory made by `vriksha repo2env`, default `$VRIKSHA_REPO2ENV_DATASET`),
 `max_turns`, `sandbox` (default True), `test_timeout_s`. `reset(options={"task_id": ...})` picks a task;
-otherwise the seed picks one of the split (every tenth task, by id hash, is in `test`).
+otherwise the seed picks one of the split (one task in ten by id hash, at least one, is in `test`).
 """
 
 from __future__ import annotations
@@ -19,10 +19,13 @@ import random
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from vriksha.envs.core import Environment, Observation, StepResult, Tool, ToolCallAction, ToolError
+from pydantic import Field, model_validator
+
+from vriksha.envs.core import Action, Environment, Observation, StepResult, Tool, ToolError
 from vriksha.envs.registry import register_env
 from vriksha.envs.rubrics import RubricScore
 from vriksha.profiling import phase
@@ -34,9 +37,36 @@ from vriksha.repo2env.verify import Verdict, materialize, verify
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RepoEnv", "score_verdict"]
+__all__ = ["RepoEnv", "RepoAction", "score_verdict", "EXPLOITS"]
 
 MAX_READ = 20_000
+
+_FORCE_PASS = (
+    "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+    "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n"
+)
+EXPLOITS = {  # reward hacks a submission might try: each is undone before the hidden tests run
+    "conftest.py": _FORCE_PASS,
+    "tests/conftest.py": _FORCE_PASS,
+    "sitecustomize.py": "import os\nos._exit(0)\n",
+}
+
+
+class RepoAction(Action):
+    """A tool call (`tool` + `arguments`), or free `text`: a text answer ends the episode and the
+    workspace is judged as it stands (the same as `submit`)."""
+
+    text: str | None = None
+    tool: str | None = None
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_of(self) -> RepoAction:
+        if (self.text is None) == (self.tool is None):
+            raise ValueError(
+                "give exactly one of `tool` (+ `arguments`) or `text` (a final answer that submits)"
+            )
+        return self
 
 
 def score_verdict(v: Verdict) -> RubricScore:
@@ -44,8 +74,23 @@ def score_verdict(v: Verdict) -> RubricScore:
     return RubricScore(total=comps["resolved"], components=comps, success=v.resolved)
 
 
-def _split_of(task_id: str) -> str:
-    return "test" if int(hashlib.sha256(task_id.encode()).hexdigest(), 16) % 10 == 0 else "train"
+def _answer_errors(fn: Callable[..., str]) -> Callable[..., str]:
+    """A tool's own failures (no such file, a patch that does not apply) are answers, not exceptions."""
+
+    def call(**kwargs: Any) -> str:
+        try:
+            return fn(**kwargs)
+        except ToolError as exc:
+            return f"error: {exc}"
+
+    return call
+
+
+def split_tasks(task_ids: list[str]) -> dict[str, list[str]]:
+    """A fixed, disjoint split: one task in ten (at least one once there are two) is `test`, by id hash."""
+    ranked = sorted(task_ids, key=lambda t: hashlib.sha256(t.encode()).hexdigest())
+    n_test = max(1, len(ranked) // 10) if len(ranked) >= 2 else 0
+    return {"test": sorted(ranked[:n_test]), "train": sorted(ranked[n_test:]) or sorted(ranked)}
 
 
 @register_env
@@ -53,7 +98,7 @@ class RepoEnv(Environment):
     """Repository tasks made by repo2env: edit the workspace with tools, then submit."""
 
     name = "repo"
-    action_type = ToolCallAction
+    action_type = RepoAction
     max_turns = 40
 
     def __init__(
@@ -89,7 +134,7 @@ class RepoEnv(Environment):
         tid = options.get("task_id")
         if tid is None:
             split = options.get("split", "train")
-            ids = [t for t in self.dataset.task_ids if _split_of(t) == split] or self.dataset.task_ids
+            ids = split_tasks(self.dataset.task_ids)[split] or self.dataset.task_ids
             tid = random.Random(seed).choice(ids)
         self._task = self.dataset.task(tid)
         self._venv = self.dataset.venv(self._task.meta.venv_key)
@@ -105,8 +150,8 @@ class RepoEnv(Environment):
             metadata={"task_id": tid, "repo": self._task.meta.repo, "pipeline": self._task.meta.pipeline},
         )
 
-    def _step(self, action: ToolCallAction) -> StepResult:  # type: ignore[override]
-        if action.tool == "submit":
+    def _step(self, action: RepoAction) -> StepResult:  # type: ignore[override]
+        if action.tool == "submit" or action.tool is None:
             with phase("env.reward"):
                 verdict = self.submit()
             score = score_verdict(verdict)
@@ -135,11 +180,44 @@ class RepoEnv(Environment):
             shutil.rmtree(self._ws, ignore_errors=True)
             self._ws = None
 
+    # -- hooks for `vriksha env validate` (private: the agent never sees them) ----
+
+    def _validation_ground_truth(self) -> list[str]:
+        """The solution's lines that the workspace lacks: never visible to the agent."""
+        assert self._task is not None
+        out = []
+        for rel, data in self._task.solution.items():
+            have = {
+                ln.strip()
+                for ln in self._task.workspace.get(rel, b"").decode("utf-8", "replace").splitlines()
+            }
+            out += [
+                ln.strip()
+                for ln in data.decode("utf-8", "replace").splitlines()
+                if len(ln.strip()) >= 12 and ln.strip() not in have
+            ]
+        return out
+
+    def _validation_solution(self) -> list[dict[str, Any]]:
+        assert self._task is not None
+        writes = [
+            {"tool": "write_file", "arguments": {"path": rel, "content": data.decode()}}
+            for rel, data in self._task.solution.items()
+        ]
+        return [*writes, {"tool": "submit"}]
+
+    def _validation_exploits(self, observation: Observation) -> list[list[dict[str, Any]]]:
+        """Submissions that attack the judge instead of fixing the code; each must score 0."""
+        return [
+            [{"tool": "write_file", "arguments": {"path": path, "content": content}}, {"tool": "submit"}]
+            for path, content in EXPLOITS.items()
+        ]
+
     # -- tools -------------------------------------------------------------
 
     def tools(self) -> list[Tool]:
         s = {"type": "string"}
-        return [
+        tools = [
             Tool(
                 "list_files",
                 "List the files under a directory of the project (default: all).",
@@ -181,10 +259,11 @@ class RepoEnv(Environment):
             ),
             Tool(
                 "run_tests",
-                "Run the visible tests (or the given test files / node ids) and show pytest's output.",
+                "Run the visible tests (or the given test files / node ids, space-separated) and show "
+                "pytest's output.",
                 {
                     "type": "object",
-                    "properties": {"tests": {"type": "array", "items": s}},
+                    "properties": {"tests": s},
                     "additionalProperties": False,
                 },
                 self.run_tests,
@@ -196,6 +275,9 @@ class RepoEnv(Environment):
                 lambda: "use step() to submit",
             ),
         ]
+        for tool in tools:
+            tool.fn = _answer_errors(tool.fn)
+        return tools
 
     def _path(self, rel: str) -> Path:
         if self._ws is None:
@@ -253,8 +335,10 @@ class RepoEnv(Environment):
             last = proc.stderr.strip()
         raise ToolError(f"the patch does not apply: {last[-800:]}")
 
-    def run_tests(self, tests: list[str] | None = None) -> str:
+    def run_tests(self, tests: str | list[str] | None = None) -> str:
         assert self._ws is not None and self._venv is not None and self._task is not None
+        if isinstance(tests, str):
+            tests = tests.split()
         if tests:
             for t in tests:
                 self._path(t.split("::", 1)[0])

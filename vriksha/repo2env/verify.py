@@ -7,10 +7,11 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from vriksha.repo2env.layout import is_test_file
 from vriksha.repo2env.task import TaskFiles
 from vriksha.repo2env.testrun import PASS, TestRun, run_tests
 
-__all__ = ["Verdict", "verify", "materialize", "verdict_of"]
+__all__ = ["Verdict", "verify", "materialize", "verdict_of", "protect"]
 
 
 @dataclass(slots=True)
@@ -56,6 +57,26 @@ def materialize(dest: Path, files: dict[str, bytes]) -> None:
         path.write_bytes(data)
 
 
+PYTEST_CONFIG = {"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"}
+STARTUP_HOOKS = {"conftest.py", "sitecustomize.py", "usercustomize.py"}
+
+
+def protect(tree: Path, task: TaskFiles) -> None:
+    """Undo what a submission may not change: test files, pytest configuration, startup hooks.
+
+    The task's own test files and pytest config files are laid back over the submitted tree, and
+    conftest/sitecustomize/usercustomize files that the task did not ship are removed: a submission
+    changes library code, not the judge.
+    """
+    for rel, data in task.workspace.items():
+        if is_test_file(rel) or Path(rel).name in PYTEST_CONFIG:
+            materialize(tree, {rel: data})
+    for path in tree.rglob("*.py"):
+        rel = path.relative_to(tree).as_posix()
+        if path.name in STARTUP_HOOKS and rel not in task.workspace and rel not in task.hidden:
+            path.unlink()
+
+
 def verdict_of(run: TestRun, f2p: list[str], p2p: list[str]) -> Verdict:
     ok = {nid for nid, r in run.results.items() if r.outcome in PASS}
     return Verdict(
@@ -88,6 +109,8 @@ def verify(
             shutil.copytree(
                 workspace, tree, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache", ".git")
             )
+        if workspace is not None:
+            protect(tree, task)
         materialize(tree, task.hidden)  # hidden tests always win over whatever the workspace has there
         if solution:
             materialize(tree, task.solution)
