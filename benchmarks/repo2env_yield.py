@@ -22,22 +22,23 @@ from pathlib import Path
 from vriksha.repo2env.builder import BuildConfig, build_dataset
 from vriksha.repo2env.dataset import Dataset
 from vriksha.repo2env.validate import validate_dataset
-from vriksha.repo2env.validation import find_leaks
+from vriksha.repo2env.validation import find_leaks, solution_windows
 
 DEFAULT_PROJECTS = ["inflection==0.5.1", "cachetools==5.5.0", "toolz==1.0.0"]
 
 
 def _leaks(ds: Dataset) -> int:
+    """Tasks whose workspace holds litter, a hidden test file, or the solution's changed code with its
+    context (the same rule the build applies)."""
     n = 0
     for tid in ds.task_ids:
         task = ds.task(tid)
-        removed = []
+        secrets = []
         for rel, data in task.solution.items():
-            ws = set(task.workspace.get(rel, b"").decode("utf-8", "replace").splitlines())
-            body = [ln for ln in data.decode("utf-8", "replace").splitlines() if ln.strip() and ln not in ws]
-            if body:
-                removed.append("\n".join(body))
-        n += bool(find_leaks(task.workspace, removed, task.hidden))
+            secrets += solution_windows(
+                data.decode("utf-8", "replace"), task.workspace.get(rel, b"").decode("utf-8", "replace")
+            )
+        n += bool(find_leaks(task.workspace, secrets, task.hidden))
     return n
 
 

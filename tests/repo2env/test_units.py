@@ -117,3 +117,21 @@ def test_tampered_task_is_refused(tiny_dataset):
     finally:
         path.write_text(original)
     assert ds.task(tid).instruction == original
+
+
+def test_solution_windows_catch_an_untouched_copy_of_the_fixed_code():
+    from vriksha.repo2env.validation import find_leaks, solution_windows
+
+    fixed = "def a(k):\n    v = get(k)\n    if k in self:\n        touch(k)\n    return v\n"
+    broken = fixed.replace("if k in self", "if k not in self")
+    windows = solution_windows(fixed, broken)
+    assert windows and all("if k in self" in w for w in windows)
+    copy_elsewhere = {
+        "m.py": broken.encode(),
+        "other.py": ("class C:\n" + fixed.replace("\n", "\n    ")).encode(),
+    }
+    assert find_leaks(copy_elsewhere, windows, {}) == ["other.py: holds the removed code"]
+    assert find_leaks({"m.py": broken.encode()}, windows, {}) == []
+    assert find_leaks({"tests/test_m.py": b"x"}, [], {"tests/test_m.py": b"x"}) == [
+        "tests/test_m.py: a hidden test file"
+    ]

@@ -4,6 +4,7 @@ with a reason."""
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import logging
 import re
@@ -23,7 +24,7 @@ from vriksha.repo2env.verify import verify
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Drop", "DROP_REASONS", "validate_candidate", "find_leaks"]
+__all__ = ["Drop", "DROP_REASONS", "validate_candidate", "find_leaks", "solution_windows"]
 
 DROP_REASONS = (
     "no_covering_test",
@@ -77,6 +78,17 @@ def find_leaks(workspace: dict[str, bytes], secrets: list[str], hidden: dict[str
                 leaks.append(f"{rel}: holds the removed code")
                 break
     return leaks
+
+
+def solution_windows(solution: str, broken: str, context: int = 2) -> list[str]:
+    """The solution's changed lines with `context` lines around them: text that must not appear in the
+    workspace (an untouched copy of the fixed code elsewhere would hand the agent the answer)."""
+    sol, brk = solution.splitlines(), broken.splitlines()
+    out = []
+    for tag, i1, i2, _j1, _j2 in difflib.SequenceMatcher(None, sol, brk, autojunk=False).get_opcodes():
+        if tag != "equal" and i2 > i1:
+            out.append("\n".join(sol[max(0, i1 - context) : i2 + context]))
+    return out
 
 
 def _read_tree(root: Path) -> dict[str, bytes]:
@@ -138,7 +150,11 @@ def validate_candidate(
         hidden = {rel: base_files[rel] for rel in sorted(hidden_files) if rel in base_files}
         solution = {rel: text.encode() for rel, text in cand.solution.items() if text is not None}
         deleted = [rel for rel, text in cand.solution.items() if text is None]
-        leaks = find_leaks(workspace, cand.secrets, hidden)
+        secrets = list(cand.secrets)
+        for rel, text in cand.solution.items():
+            if text is not None and cand.broken.get(rel) is not None:
+                secrets += solution_windows(text, cand.broken[rel] or "")
+        leaks = find_leaks(workspace, secrets, hidden)
         if leaks:
             return drop("leak", "; ".join(leaks[:3]))
         if pipeline.name == "implement_function":
