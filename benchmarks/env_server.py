@@ -224,7 +224,7 @@ def main() -> int:
     )
     ap.add_argument("--steps", type=int, default=50, help="steps per session")
     ap.add_argument(
-        "--rounds", type=int, default=3, help="rounds per point, alternating servers; best round kept"
+        "--rounds", type=int, default=5, help="rounds per point, alternating servers; best round kept"
     )
     ap.add_argument("--heartbeat-s", type=float, default=1.0, help="vriksha server heartbeat interval")
     ap.add_argument("--json", help="also write the results to this JSON file")
