@@ -111,6 +111,7 @@ CASES = [
         None,
     ),
     ("negative temperature", "/v1/completions", {**COMPLETION, "temperature": -1}, 400, "temperature", None),
+    ("n too large", "/v1/completions", {**COMPLETION, "n": 1000}, 400, "at most 128", "n"),
     ("zero max_tokens", "/v1/completions", {**COMPLETION, "max_tokens": 0}, 400, "max_tokens", "max_tokens"),
     (
         "top_logprobs without logprobs",

@@ -94,6 +94,11 @@ def register(subparsers: Any) -> None:
         "--max-model-len", type=int, default=None, help="context length limit (default: the model's)"
     )
     g.add_argument("--no-prefix-caching", action="store_true", help="disable the radix prefix cache")
+    g.add_argument(
+        "--no-fast-linear",
+        action="store_true",
+        help="skip the per-shape CPU matmul layouts (saves their copies of the weights, costs speed)",
+    )
     p.set_defaults(func=handler)
 
 
@@ -101,6 +106,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     kw = {name: getattr(args, name) for name in _ENGINE_OPTIONS if getattr(args, name, None) is not None}
     if getattr(args, "no_prefix_caching", False):
         kw["enable_prefix_caching"] = False
+    if getattr(args, "no_fast_linear", False):
+        kw["fast_linear"] = False
     return kw
 
 

@@ -68,6 +68,7 @@ class RequestStream:
         t0 = time.perf_counter()
         t_first: float | None = None
         finished = False
+        failed = False
         waiting = True
         agen = client.engine.generate(prompt, self.params, request_id=self.request_id)
         try:
@@ -84,12 +85,15 @@ class RequestStream:
                 yield out
                 if finished:
                     return
+        except Exception:
+            failed = True
+            raise
         finally:
             if waiting:
                 client.admission.started()
             client.admission.done()
             if not finished:
-                m.requests.labels(self.endpoint, "abort").inc()
+                m.requests.labels(self.endpoint, "error" if failed else "abort").inc()
                 await client.abort(self.request_id)
             await _aclose(agen)
 
