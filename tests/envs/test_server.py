@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
@@ -156,6 +158,52 @@ def test_bad_messages_get_clear_errors_and_the_session_survives(url):
     finally:
         s.close()
         other.close()
+
+
+_FUZZ_SESSION: dict[str, WS] = {}
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+    max_leaves=12,
+)
+_requests = st.fixed_dictionaries(
+    {},
+    optional={
+        "id": st.one_of(
+            st.text(max_size=8), st.integers(), st.none(), st.booleans(), st.lists(st.integers())
+        ),
+        "op": st.one_of(
+            st.sampled_from(["reset", "step", "state", "tools", "call_tool", "ping"]), st.text(max_size=8)
+        ),
+        "action": _json,
+        "seed": _json,
+        "options": _json,
+        "name": _json,
+        "arguments": _json,
+    },
+)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(payload=st.one_of(_requests.map(json.dumps), st.text(max_size=40), _json.map(json.dumps)))
+def test_fuzzed_messages_get_an_answer_or_error_and_never_break_the_session(url, payload):
+    s = _FUZZ_SESSION.get(url) or _FUZZ_SESSION.setdefault(url, WS(url))  # one session takes every example
+    s.send_raw(payload)
+    try:
+        msg = json.loads(payload)
+    except ValueError:
+        msg = None
+    if not (isinstance(msg, dict) and msg.get("op") == "ping" and type(msg.get("id")) not in (str, int)):
+        answer = s.recv_answer()  # everything but an id-less ping is answered
+        assert answer["ok"] or answer["error"]["code"] in {
+            "invalid_json",
+            "invalid_message",
+            "unknown_op",
+            "invalid_action",
+            "episode_state",
+            "tool_error",
+        }, answer
+    assert s.ask("probe", "ping")["ok"]  # the session is still healthy
 
 
 def test_slow_session_does_not_block_others(url):
