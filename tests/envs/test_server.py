@@ -161,6 +161,12 @@ def test_bad_messages_get_clear_errors_and_the_session_survives(url):
 
 
 _FUZZ_SESSION: dict[str, WS] = {}
+
+
+def _reject(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
 _json = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
     lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
@@ -189,8 +195,8 @@ _requests = st.fixed_dictionaries(
 def test_fuzzed_messages_get_an_answer_or_error_and_never_break_the_session(url, payload):
     s = _FUZZ_SESSION.get(url) or _FUZZ_SESSION.setdefault(url, WS(url))  # one session takes every example
     s.send_raw(payload)
-    try:
-        msg = json.loads(payload)
+    try:  # strict JSON, as the server reads it: no NaN or Infinity
+        msg = json.loads(payload, parse_constant=_reject)
     except ValueError:
         msg = None
     if not (isinstance(msg, dict) and msg.get("op") == "ping" and type(msg.get("id")) not in (str, int)):
