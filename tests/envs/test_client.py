@@ -202,3 +202,23 @@ def test_client_against_builtin_arithmetic():
             assert prompt and env.reset(seed=5, options={"split": "test"}).observation.text == prompt
             out = env.step({"text": "garbage"})
             assert out.terminated and out.reward == 0.0 and out.info["success"] is False
+
+
+class BoardObservation(Observation):
+    board: list[int] = []
+
+
+class BoardEnv(TallyEnv):
+    name = "board"
+    observation_type = BoardObservation
+
+    def _reset(self, seed: int, options: dict[str, Any]) -> Observation:
+        self.n = 0
+        return BoardObservation(text="board", board=[seed, seed + 1])
+
+
+def test_observation_subclass_fields_reach_the_client():
+    with ServerThread(create_app(BoardEnv, ServerConfig(max_sessions=2))) as base:
+        with EnvClient(base, observation_type=BoardObservation) as env:
+            first = env.reset(seed=3)
+            assert isinstance(first.observation, BoardObservation) and first.observation.board == [3, 4]

@@ -312,11 +312,11 @@ class SessionManager:
 def _reset(env: Environment, seed: Any, options: Any) -> str:
     if options is not None and not isinstance(options, dict):
         raise ProtocolError(f"'options' must be a JSON object, got {type(options).__name__}")
-    return env.reset(seed, options).model_dump_json()
+    return env.reset(seed, options).model_dump_json(serialize_as_any=True)  # keep subclass fields
 
 
 def _step(env: Environment, action: Any) -> str:
-    return env.step(action).model_dump_json()
+    return env.step(action).model_dump_json(serialize_as_any=True)
 
 
 def _state(env: Environment) -> str:
