@@ -86,6 +86,10 @@ class McpApp:
             session = self.manager.find(sid)
             if session is not None:
                 return session
+            del self._by_mcp_session[key]  # reaped after idling: start a fresh episode
+        # forget MCP sessions whose env sessions are gone, so the map stays as small as the server
+        for stale in [k for k, v in self._by_mcp_session.items() if self.manager.find(v) is None]:
+            del self._by_mcp_session[stale]
         session = await self.manager.create("mcp")
         await self.manager.run(session, session.env.reset, None, None)
         self._by_mcp_session[key] = session.id
