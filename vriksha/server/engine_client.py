@@ -94,7 +94,8 @@ class RequestStream:
             client.admission.done()
             if not finished:
                 m.requests.labels(self.endpoint, "error" if failed else "abort").inc()
-                await client.abort(self.request_id)
+                if not failed:  # a failed request is gone (or never added: its id may belong to another)
+                    await client.abort(self.request_id)
             await _aclose(agen)
 
     def _record(self, out: RequestOutput, t0: float, t_first: float) -> None:
