@@ -75,13 +75,18 @@ class WS:
         return answer
 
     def close(self) -> None:
+        """A clean goodbye (`close` op), which frees the session at once."""
+        try:
+            self.ws.send('{"id": "bye", "op": "close"}')
+        except ConnectionClosed:
+            pass
         self.ws.close()
 
 
 @pytest.fixture(scope="module")
 def url():
     app = create_app(
-        CounterEnv, ServerConfig(max_sessions=6, heartbeat_s=0.2, idle_timeout_s=60, detach_grace_s=2.0)
+        CounterEnv, ServerConfig(max_sessions=16, heartbeat_s=0.2, idle_timeout_s=60, detach_grace_s=2.0)
     )
     with ServerThread(app) as base:
         yield base
@@ -91,7 +96,7 @@ def test_health_metadata_schema(url):
     assert httpx.get(url + "/health").json()["status"] == "healthy"
     meta = httpx.get(url + "/metadata").json()
     assert meta["name"] == "counter"
-    assert meta["server"]["max_sessions"] == 6  # the cap is reported up front
+    assert meta["server"]["max_sessions"] == 16  # the cap is reported up front
     assert meta["server"]["endpoints"]["websocket"] == "/v1/ws"
     schema = httpx.get(url + "/schema").json()
     assert schema["action"]["required"] == ["text"]
@@ -102,7 +107,7 @@ def test_health_metadata_schema(url):
 def test_hello_ids_echoed_and_episode_flow(url):
     s = WS(url)
     try:
-        assert s.hello["event"] == "hello" and s.hello["max_sessions"] == 6 and s.hello["session_id"]
+        assert s.hello["event"] == "hello" and s.hello["max_sessions"] == 16 and s.hello["session_id"]
         r = s.ask("a-1", "reset", seed=7)
         assert r["ok"] and r["result"]["observation"]["text"] == "seed=7"
         assert r["result"]["observation"]["tools"][0]["name"] == "total"
@@ -160,9 +165,6 @@ def test_bad_messages_get_clear_errors_and_the_session_survives(url):
         other.close()
 
 
-_FUZZ_SESSION: dict[str, WS] = {}
-
-
 def _reject(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
@@ -190,10 +192,17 @@ _requests = st.fixed_dictionaries(
 )
 
 
+@pytest.fixture(scope="module")
+def fuzz_ws(url):
+    s = WS(url)  # one session takes every example
+    yield s
+    s.close()
+
+
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(payload=st.one_of(_requests.map(json.dumps), st.text(max_size=40), _json.map(json.dumps)))
-def test_fuzzed_messages_get_an_answer_or_error_and_never_break_the_session(url, payload):
-    s = _FUZZ_SESSION.get(url) or _FUZZ_SESSION.setdefault(url, WS(url))  # one session takes every example
+def test_fuzzed_messages_get_an_answer_or_error_and_never_break_the_session(fuzz_ws, payload):
+    s = fuzz_ws
     s.send_raw(payload)
     try:  # strict JSON, as the server reads it: no NaN or Infinity
         msg = json.loads(payload, parse_constant=_reject)
@@ -257,7 +266,7 @@ def test_capacity_cap_reported_and_enforced():
 def test_http_session_api(url):
     with httpx.Client(base_url=url) as http:
         made = http.post("/v1/sessions")
-        assert made.status_code == 201 and made.json()["max_sessions"] == 6
+        assert made.status_code == 201 and made.json()["max_sessions"] == 16
         sid = made.json()["session_id"]
         early = http.post(f"/v1/sessions/{sid}/step", json={"action": {"text": "x"}})
         assert early.status_code == 409 and early.json()["error"]["code"] == "episode_state"
@@ -288,7 +297,7 @@ def test_idle_sessions_are_reaped():
         s = WS(base)
         s.ask(0, "reset", seed=0)
         dropped = WS(base)
-        dropped.close()  # gone without "close": resumable for detach_grace_s, then reaped
+        dropped.ws.close()  # gone without "close": resumable for detach_grace_s, then reaped
         time.sleep(1.5)
         r = httpx.post(f"{base}/v1/sessions/{sid}/reset", json={})
         assert r.status_code == 404 and "reaped" in r.json()["error"]["message"]

@@ -400,13 +400,18 @@ class ServerThread:
     """Run an app under uvicorn in a background thread (tests, notebooks): `with ServerThread(app) as url:`."""
 
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
+        import socket
+
         import uvicorn
 
-        self.host = host
-        self.port = port or free_port(host)
+        # bind here, so port 0 picks a free port with no window for another process to take it
+        self.sock = socket.create_server((host, port))
+        self.host, self.port = host, self.sock.getsockname()[1]
         self.server = uvicorn.Server(uvicorn_config(app, self.host, self.port, log_level))
         self.server.install_signal_handlers = lambda: None  # type: ignore[method-assign]
-        self.thread = threading.Thread(target=self.server.run, name="vriksha-env-server", daemon=True)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, name="vriksha-env-server", daemon=True
+        )
 
     @property
     def url(self) -> str:
@@ -424,6 +429,7 @@ class ServerThread:
     def stop(self, timeout_s: float = 10.0) -> None:
         self.server.should_exit = True
         self.thread.join(timeout_s)
+        self.sock.close()
 
     def __enter__(self) -> str:
         return self.start()
