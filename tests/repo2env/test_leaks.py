@@ -125,7 +125,7 @@ def test_agent_code_cannot_read_the_solution_or_hidden_tests_from_the_sandbox(li
         env = RepoEnv(dataset=out, sandbox=sandbox)
         env.reset(seed=0, options={"task_id": task.meta.id})
         env.call_tool("write_file", {"path": "tests/test_probe.py", "content": probe})
-        outputs[sandbox] = env.call_tool("run_tests", {"tests": ["tests/test_probe.py"]})
+        outputs[sandbox] = env.call_tool("run_tests", {"tests": "tests/test_probe.py"})
         env.close()
     assert "1 passed" in outputs[True], outputs[True]
     # the same probe outside the sandbox does reach the files: it is a real probe
