@@ -222,3 +222,13 @@ def test_observation_subclass_fields_reach_the_client():
         with EnvClient(base, observation_type=BoardObservation) as env:
             first = env.reset(seed=3)
             assert isinstance(first.observation, BoardObservation) and first.observation.board == [3, 4]
+
+
+def test_a_reaped_session_is_reported_clearly():
+    config = ServerConfig(max_sessions=2, idle_timeout_s=0.5, heartbeat_s=30, detach_grace_s=0.5)
+    with ServerThread(create_app(TallyEnv, config)) as base:
+        with EnvClient(base, reconnect_backoff_s=0.05) as env:
+            env.reset(seed=0)
+            time.sleep(1.5)  # no request and no heartbeat within the idle timeout
+            with pytest.raises(EnvConnectionError, match="idle"):
+                env.step({"text": "late"})
