@@ -9,16 +9,17 @@ from r2e_projects import tiny_project
 
 @pytest.fixture(scope="session", autouse=True)
 def r2e_cache(tmp_path_factory):
-    """One cache (seed venv, project venvs) for the whole session; $VRIKSHA_TEST_CACHE reuses one across runs."""
-    old = os.environ.get("VRIKSHA_CACHE")
-    os.environ["VRIKSHA_CACHE"] = os.environ.get("VRIKSHA_TEST_CACHE") or str(
-        tmp_path_factory.mktemp("r2e-cache")
-    )
-    yield Path(os.environ["VRIKSHA_CACHE"])
+    """One repo2env cache (seed venv, project venvs) for the session; $VRIKSHA_TEST_CACHE reuses one
+    across runs. Only repo2env reads VRIKSHA_REPO2ENV_CACHE, so other packages' caches are untouched."""
+    old = os.environ.get("VRIKSHA_REPO2ENV_CACHE")
+    root = os.environ.get("VRIKSHA_TEST_CACHE")
+    path = Path(root) / "repo2env" if root else tmp_path_factory.mktemp("r2e-cache")
+    os.environ["VRIKSHA_REPO2ENV_CACHE"] = str(path)
+    yield path
     if old is None:
-        os.environ.pop("VRIKSHA_CACHE", None)
+        os.environ.pop("VRIKSHA_REPO2ENV_CACHE", None)
     else:
-        os.environ["VRIKSHA_CACHE"] = old
+        os.environ["VRIKSHA_REPO2ENV_CACHE"] = old
 
 
 @pytest.fixture(scope="session")

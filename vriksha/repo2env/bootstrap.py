@@ -36,6 +36,9 @@ SEED_PACKAGES = ["pytest"]
 
 
 def cache_root() -> Path:
+    """$VRIKSHA_REPO2ENV_CACHE, else $VRIKSHA_CACHE/repo2env (default ~/.cache/vriksha/repo2env)."""
+    if os.environ.get("VRIKSHA_REPO2ENV_CACHE"):
+        return Path(os.environ["VRIKSHA_REPO2ENV_CACHE"]).expanduser()
     return Path(os.environ.get("VRIKSHA_CACHE", Path.home() / ".cache" / "vriksha")).expanduser() / "repo2env"
 
 
