@@ -224,7 +224,8 @@ class SessionManager:
             except Exception:
                 logger.debug("session %s on_close failed", session_id, exc_info=True)
         try:
-            await self.workers.submit(session.env.close)
+            async with session.lock:  # let a call in flight finish before the env goes away
+                await self.workers.submit(session.env.close)
         except Exception:
             logger.warning("session %s: env.close() failed", session_id, exc_info=True)
         logger.debug("session %s closed (%s); %d active", session_id, reason, self.active)
