@@ -322,3 +322,20 @@ def test_metrics_exposition(server):
         assert name in text, name
     m = server.metrics()
     assert m["vriksha_generation_tokens_total"] > 0 and m["vriksha_prompt_tokens_total"] > 0
+
+
+def test_native_generate_duplicate_request_id_leaves_the_first_running(server):
+    body = {
+        "input_ids": [5, 6, 7],
+        "request_id": "dup",
+        "stream": True,
+        "sampling_params": {"temperature": 0, "max_tokens": 60, "ignore_eos": True},
+    }
+    with httpx.stream("POST", f"{server.base_url}/generate", json=body, timeout=120) as first:
+        lines = first.iter_lines()
+        assert next(line for line in lines if line).startswith("data: ")
+        dup = httpx.post(f"{server.base_url}/generate", json={**body, "stream": False}, timeout=60)
+        assert dup.status_code == 400 and "already in use" in dup.json()["error"]["message"], dup.text
+        events = [json.loads(line[6:]) for line in lines if line.startswith("data: {")]
+    assert events[-1]["finished"] and events[-1]["outputs"][0]["finish_reason"] == "length"
+    assert sum(len(e["outputs"][0]["token_ids"]) for e in events if e["outputs"]) >= 59
