@@ -91,6 +91,15 @@ def register(subparsers: Any) -> None:
         "--max-num-seqs", type=int, default=None, help="most requests decoded at once (default: engine's)"
     )
     g.add_argument(
+        "--max-num-batched-tokens", type=int, default=None, help="tokens per forward pass (default: engine's)"
+    )
+    g.add_argument(
+        "--chunked-prefill-size",
+        type=int,
+        default=None,
+        help="prompt tokens of one request per step (default: engine's)",
+    )
+    g.add_argument(
         "--max-model-len", type=int, default=None, help="context length limit (default: the model's)"
     )
     g.add_argument("--no-prefix-caching", action="store_true", help="disable the radix prefix cache")

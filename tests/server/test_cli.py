@@ -1,0 +1,48 @@
+"""`vriksha serve` arguments map onto the engine's config and the server's config."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+
+from vriksha.engine.config import EngineConfig
+from vriksha.server.cli import engine_kwargs, register
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    return parser.parse_args(["serve", *argv])
+
+
+def test_engine_options_are_engine_config_fields():
+    args = parse(
+        [
+            "--dtype", "bfloat16", "--kv-cache-memory-gb", "0.25", "--max-num-seqs", "8",
+            "--max-num-batched-tokens", "256", "--chunked-prefill-size", "128", "--max-model-len", "1024",
+            "--no-prefix-caching", "--no-fast-linear",
+        ]
+    )  # fmt: skip
+    kw = engine_kwargs(args)
+    assert set(kw) <= {f.name for f in fields(EngineConfig)}
+    cfg = EngineConfig(**kw)
+    assert (cfg.dtype, cfg.kv_cache_memory_gb, cfg.max_num_seqs, cfg.max_model_len) == (
+        "bfloat16",
+        0.25,
+        8,
+        1024,
+    )
+    assert cfg.enable_prefix_caching is False and cfg.fast_linear is False
+    assert cfg.max_num_batched_tokens == 256 and cfg.chunked_prefill_size == 128
+
+
+def test_defaults_leave_the_engine_its_own_defaults():
+    args = parse([])
+    assert engine_kwargs(args) == {}
+    assert (args.host, args.port, args.max_waiting, args.auth_exempt) == (
+        "127.0.0.1",
+        8000,
+        256,
+        ["/health", "/metrics"],
+    )
+    assert parse(["--auth-exempt"]).auth_exempt == []
