@@ -303,6 +303,9 @@ def test_profile_endpoints_write_trace(server, client):
     assert any(n.startswith("aten::") for n in names), (
         "no operator events: the engine thread was not profiled"
     )
+    assert {"engine.sample", "server.parse"} <= names, sorted(n for n in names if "." in n and "::" not in n)[
+        :20
+    ]
     assert httpx.post(f"{server.base_url}/stop_profile", timeout=30).status_code == 409
 
 
