@@ -55,10 +55,17 @@ def workload(args: argparse.Namespace) -> list[list[int]]:
     return [prefixes[i % args.num_groups] + toks(args.input_len) for i in range(args.num_prompts)]
 
 
-async def one_request(client: httpx.AsyncClient, model: str, prompt: list[int], args: argparse.Namespace) -> Result:
+async def one_request(
+    client: httpx.AsyncClient, model: str, prompt: list[int], args: argparse.Namespace
+) -> Result:
     body = {
-        "model": model, "prompt": prompt, "max_tokens": args.output_len, "temperature": args.temperature,
-        "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": args.output_len,
+        "temperature": args.temperature,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
     }
     t0 = time.perf_counter()
     res = Result(ok=False)
@@ -76,7 +83,9 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: list[int], 
                     res.error = chunk["error"]["message"]
                     return res
                 now = time.perf_counter()
-                if chunk.get("choices") and (chunk["choices"][0]["text"] or chunk["choices"][0]["finish_reason"]):
+                if chunk.get("choices") and (
+                    chunk["choices"][0]["text"] or chunk["choices"][0]["finish_reason"]
+                ):
                     if res.ttft == 0.0:
                         res.ttft = now - t0
                     else:
@@ -94,15 +103,20 @@ async def one_request(client: httpx.AsyncClient, model: str, prompt: list[int], 
     return res
 
 
-async def run_level(base_url: str, model: str, prompts: list[list[int]], args: argparse.Namespace,
-                    concurrency: int | None) -> tuple[list[Result], float]:
+async def run_level(
+    base_url: str, model: str, prompts: list[list[int]], args: argparse.Namespace, concurrency: int | None
+) -> tuple[list[Result], float]:
     limits = httpx.Limits(max_connections=(concurrency or len(prompts)) + 4)
     sem = asyncio.Semaphore(concurrency or len(prompts))
     rng = random.Random(args.seed + 1)
     deadline = time.perf_counter() + args.max_duration
 
-    async with httpx.AsyncClient(base_url=base_url, timeout=args.request_timeout, limits=limits,
-                                 headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}) as c:
+    async with httpx.AsyncClient(
+        base_url=base_url,
+        timeout=args.request_timeout,
+        limits=limits,
+        headers={"Authorization": f"Bearer {args.api_key}"} if args.api_key else {},
+    ) as c:
 
         async def guarded(p: list[int]) -> Result:
             async with sem:
@@ -138,34 +152,52 @@ def summarize(results: list[Result], duration: float, concurrency: int | None, r
     out = sum(r.output_tokens for r in ok)
     ms = 1000.0
     return {
-        "concurrency": concurrency, "request_rate": rate,
-        "completed": len(ok), "failed": len(results) - len(ok),
+        "concurrency": concurrency,
+        "request_rate": rate,
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
         "errors": sorted({r.error for r in results if not r.ok})[:5],
         "duration_s": duration,
-        "request_throughput": len(ok) / duration, "output_throughput": out / duration,
+        "request_throughput": len(ok) / duration,
+        "output_throughput": out / duration,
         "total_token_throughput": (prompt + out) / duration,
-        "prompt_tokens": prompt, "output_tokens": out,
+        "prompt_tokens": prompt,
+        "output_tokens": out,
         "ttft_ms_mean": statistics.fmean(ttft) * ms if ttft else float("nan"),
-        "ttft_ms_p50": pct(ttft, 50) * ms, "ttft_ms_p99": pct(ttft, 99) * ms,
-        "tpot_ms_p50": pct(tpot, 50) * ms, "tpot_ms_p99": pct(tpot, 99) * ms,
-        "itl_ms_p50": pct(itl, 50) * ms, "itl_ms_p99": pct(itl, 99) * ms,
+        "ttft_ms_p50": pct(ttft, 50) * ms,
+        "ttft_ms_p99": pct(ttft, 99) * ms,
+        "tpot_ms_p50": pct(tpot, 50) * ms,
+        "tpot_ms_p99": pct(tpot, 99) * ms,
+        "itl_ms_p50": pct(itl, 50) * ms,
+        "itl_ms_p99": pct(itl, 99) * ms,
         "e2e_ms_p50": pct([r.e2e for r in ok], 50) * ms,
         "cache_hit_rate": (sum(r.cached_tokens for r in ok) / prompt) if prompt else 0.0,
     }
 
 
 def table(rows: list[dict], peak_rss: float | None) -> str:
-    cols = [("concurrency", "conc", "{}"), ("request_rate", "rate", "{}"), ("completed", "done", "{}"),
-            ("failed", "fail", "{}"), ("request_throughput", "req/s", "{:.2f}"), ("output_throughput", "out tok/s", "{:.1f}"),
-            ("ttft_ms_p50", "TTFT p50 ms", "{:.1f}"), ("ttft_ms_p99", "TTFT p99 ms", "{:.1f}"),
-            ("tpot_ms_p50", "TPOT p50 ms", "{:.1f}"), ("tpot_ms_p99", "TPOT p99 ms", "{:.1f}"),
-            ("itl_ms_p50", "ITL p50 ms", "{:.1f}"), ("itl_ms_p99", "ITL p99 ms", "{:.1f}"),
-            ("cache_hit_rate", "cache hit", "{:.1%}")]
+    cols = [
+        ("concurrency", "conc", "{}"),
+        ("request_rate", "rate", "{}"),
+        ("completed", "done", "{}"),
+        ("failed", "fail", "{}"),
+        ("request_throughput", "req/s", "{:.2f}"),
+        ("output_throughput", "out tok/s", "{:.1f}"),
+        ("ttft_ms_p50", "TTFT p50 ms", "{:.1f}"),
+        ("ttft_ms_p99", "TTFT p99 ms", "{:.1f}"),
+        ("tpot_ms_p50", "TPOT p50 ms", "{:.1f}"),
+        ("tpot_ms_p99", "TPOT p99 ms", "{:.1f}"),
+        ("itl_ms_p50", "ITL p50 ms", "{:.1f}"),
+        ("itl_ms_p99", "ITL p99 ms", "{:.1f}"),
+        ("cache_hit_rate", "cache hit", "{:.1%}"),
+    ]
     head = "| " + " | ".join(h for _, h, _ in cols) + " |"
     sep = "|" + "|".join("---" for _ in cols) + "|"
     lines = [head, sep]
     for r in rows:
-        lines.append("| " + " | ".join(f.format(r[k]) if r[k] is not None else "-" for k, _, f in cols) + " |")
+        lines.append(
+            "| " + " | ".join(f.format(r[k]) if r[k] is not None else "-" for k, _, f in cols) + " |"
+        )
     if peak_rss is not None:
         lines.append(f"\nserver peak resident memory: {peak_rss / 2**30:.2f} GiB")
     return "\n".join(lines)
@@ -179,9 +211,23 @@ def _free_port() -> int:
 
 def launch(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    cmd = [sys.executable, "-m", "vriksha.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
-           "--max-waiting", "100000", *(["--model", args.model] if args.model else []), *args.server_args]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    cmd = [
+        sys.executable,
+        "-m",
+        "vriksha.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-waiting",
+        "100000",
+        *(["--model", args.model] if args.model else []),
+        *args.server_args,
+    ]
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
+    )
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=open(args.server_log, "wb"))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 600
@@ -207,7 +253,9 @@ def peak_rss_bytes(base_url: str, api_key: str | None, proc: subprocess.Popen | 
         except OSError:
             pass
     try:
-        text = httpx.get(base_url + "/metrics", headers={"Authorization": f"Bearer {api_key}"} if api_key else {}).text
+        text = httpx.get(
+            base_url + "/metrics", headers={"Authorization": f"Bearer {api_key}"} if api_key else {}
+        ).text
     except httpx.HTTPError:
         return None
     for line in text.splitlines():
@@ -217,17 +265,38 @@ def peak_rss_bytes(base_url: str, api_key: str | None, proc: subprocess.Popen | 
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--base-url", default=None, help="a running server on loopback (default: --launch one)")
-    p.add_argument("--launch", action="store_true", help="start `vriksha serve` on a free loopback port for the run")
-    p.add_argument("--model", default=None, help="with --launch: model to serve (default: the embedded default)")
-    p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="with --launch: extra `vriksha serve` args (last)")
+    p.add_argument(
+        "--launch", action="store_true", help="start `vriksha serve` on a free loopback port for the run"
+    )
+    p.add_argument(
+        "--model", default=None, help="with --launch: model to serve (default: the embedded default)"
+    )
+    p.add_argument(
+        "--server-args",
+        nargs=argparse.REMAINDER,
+        default=[],
+        help="with --launch: extra `vriksha serve` args (last)",
+    )
     p.add_argument("--server-log", default="server_load.server.log", help="with --launch: server log file")
     p.add_argument("--api-key", default=os.environ.get("VRIKSHA_API_KEY"))
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16], help="levels to run in turn (default: 1 4 16)")
-    p.add_argument("--request-rate", type=float, default=None, help="Poisson arrivals per second instead of closed loop")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="+",
+        default=[1, 4, 16],
+        help="levels to run in turn (default: 1 4 16)",
+    )
+    p.add_argument(
+        "--request-rate", type=float, default=None, help="Poisson arrivals per second instead of closed loop"
+    )
     p.add_argument("--num-prompts", type=int, default=32, help="requests per level (default: 32)")
-    p.add_argument("--max-duration", type=float, default=300.0, help="per level: no request starts after this (s)")
+    p.add_argument(
+        "--max-duration", type=float, default=300.0, help="per level: no request starts after this (s)"
+    )
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--workload", choices=["random", "shared-prefix"], default="random")
     p.add_argument("--input-len", type=int, default=128, help="random tokens per prompt (after the prefix)")
@@ -250,13 +319,17 @@ def main() -> None:
     else:
         base_url = args.base_url.rstrip("/")
         if urlparse(base_url).hostname not in LOOPBACK:
-            sys.exit(f"--base-url must be a loopback address ({sorted(LOOPBACK)}); this load generator targets only this machine")
+            sys.exit(
+                f"--base-url must be a loopback address ({sorted(LOOPBACK)}); this load generator targets only this machine"
+            )
     try:
         h = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
         model = httpx.get(base_url + "/v1/models", headers=h, timeout=30).json()["data"][0]["id"]
         prompts = workload(args)
         if args.warmup:
-            warm_args = argparse.Namespace(**{**vars(args), "seed": args.seed + 99, "num_prompts": args.warmup})
+            warm_args = argparse.Namespace(
+                **{**vars(args), "seed": args.seed + 99, "num_prompts": args.warmup}
+            )
             asyncio.run(run_level(base_url, model, workload(warm_args), args, 1))
         rows = []
         levels = [None] if args.request_rate else args.concurrency
@@ -265,13 +338,19 @@ def main() -> None:
             httpx.post(base_url + "/flush_cache", headers=h, timeout=60)
             results, duration = asyncio.run(run_level(base_url, model, prompts, args, conc))
             rows.append(summarize(results, duration, conc, args.request_rate))
-            print(f"level {conc or args.request_rate}: {rows[-1]['completed']} done in {duration:.1f} s", file=sys.stderr)
+            print(
+                f"level {conc or args.request_rate}: {rows[-1]['completed']} done in {duration:.1f} s",
+                file=sys.stderr,
+            )
         rss = peak_rss_bytes(base_url, args.api_key, proc)
         print(table(rows, rss))
         if args.output_json:
             config = {k: v for k, v in vars(args).items() if k not in ("api_key",)}
-            Path(args.output_json).write_text(json.dumps({"config": config, "model": model, "peak_rss_bytes": rss,
-                                                          "results": rows}, indent=2))
+            Path(args.output_json).write_text(
+                json.dumps(
+                    {"config": config, "model": model, "peak_rss_bytes": rss, "results": rows}, indent=2
+                )
+            )
     finally:
         if proc is not None:
             proc.send_signal(signal.SIGTERM)
