@@ -101,6 +101,10 @@ def test_venv_holds_no_copy_of_the_project(littered_dataset):
 
 def test_agent_code_cannot_read_the_solution_or_hidden_tests_from_the_sandbox(littered_dataset):
     """The agent writes a test that looks for the task directory and the solution; run_tests runs it."""
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("the sandbox hides the file system (private mounts, another uid) only when run as root")
     from vriksha.repo2env.environment import RepoEnv
 
     _, out = littered_dataset
