@@ -15,7 +15,7 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights and KV dtype")
     g.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the accelerator if present)")
     g.add_argument("--kv-cache-memory-gb", type=float, default=None,
-                   help="KV pool size in GiB (default: 2 on the CPU, 40%% of free memory on an accelerator)")
+                   help="KV pool size in GiB (default: 1 on the CPU, 40%% of free memory on an accelerator)")
     g.add_argument("--max-num-seqs", type=int, default=256, help="most requests running at once")
     g.add_argument("--max-num-batched-tokens", type=int, default=1024, help="most tokens in one forward pass")
     g.add_argument("--chunked-prefill-size", type=int, default=512, help="most prompt tokens of one request per step")

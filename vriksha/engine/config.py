@@ -12,7 +12,7 @@ class EngineConfig:
     model: str | None = None  # None: the embedded SmolLM2-135M-Instruct
     dtype: str = "float32"
     device: str | None = None  # None: the current accelerator if there is one, else the CPU
-    kv_cache_memory_gb: float | None = None  # None: 2 GiB on the CPU, 40% of free memory on an accelerator
+    kv_cache_memory_gb: float | None = None  # None: 1 GiB on the CPU (pages are touched only as slots fill), 40% of free memory on an accelerator
     max_num_seqs: int = 256  # running requests at once
     max_num_batched_tokens: int = 1024  # tokens one forward pass computes (decode tokens + prefill chunks)
     chunked_prefill_size: int = 512  # at most this many prompt tokens of one request per step

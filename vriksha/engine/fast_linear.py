@@ -83,21 +83,29 @@ def _time(fn: Callable[[], torch.Tensor], min_seconds: float = 0.01, max_reps: i
 
 
 def _choose(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool) -> list[str]:
-    """The fastest path per bucket for one shape, timed on random data."""
+    """The fastest path per bucket for one shape, timed on random data.
+
+    At most one derived layout is kept per shape (a second full copy of the weights costs more memory than
+    it saves time), so each bucket picks between `F.linear` and the derived path that helps most overall.
+    """
     weight = torch.nn.Linear(in_f, out_f, bias=has_bias, dtype=dtype)
-    candidates = {"linear", "transposed"} | ({"mkldnn"} if _mkldnn_available(dtype) else set())
-    layouts = _Layouts(weight, candidates)
-    choice = []
+    derived = ["transposed"] + (["mkldnn"] if _mkldnn_available(dtype) else [])
+    layouts = _Layouts(weight, set(derived))
+    times: list[dict[str, float]] = []
     with torch.inference_mode():
         for rows in BUCKETS:
             x = torch.randn(rows, in_f, dtype=dtype)
-            times = {p: _time(lambda p=p: layouts.run(p, x)) for p in sorted(candidates)}
-            choice.append(min(times, key=times.get))
-    return choice
+            times.append({p: _time(lambda p=p: layouts.run(p, x)) for p in ["linear", *derived]})
+
+    def cost(path: str) -> float:  # time relative to each bucket's best, summed over buckets
+        return sum(min(t["linear"], t[path]) / min(t.values()) for t in times)
+
+    best = min(derived, key=cost)
+    return [best if t[best] < t["linear"] else "linear" for t in times]
 
 
 def _profile_key(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool) -> str:
-    return f"{out_f}x{in_f}:{dtype}:{'b' if has_bias else 'nb'}:t{torch.get_num_threads()}:{torch.__version__}"
+    return f"v2:{out_f}x{in_f}:{dtype}:{'b' if has_bias else 'nb'}:t{torch.get_num_threads()}:{torch.__version__}"
 
 
 class FastLinear:

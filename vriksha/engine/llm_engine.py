@@ -22,7 +22,7 @@ from vriksha.profiling import phase
 
 logger = logging.getLogger(__name__)
 
-_DEFAULT_CPU_KV_GB = 2.0
+_DEFAULT_CPU_KV_GB = 1.0
 _DEFAULT_ACCEL_KV_FRACTION = 0.4
 
 
