@@ -84,7 +84,9 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | N
     single-process, gradient. (A divide factor of 1 would say the same, but gloo has no PREMUL_SUM.)
     """
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
-    kwargs = {"mesh": mesh, **({"mp_policy": mp} if mp else {})}
+    # one rank: keep the gathered parameters from forward to backward (nothing to save by freeing
+    # them, and the prompt and completion forwards of a micro-batch then gather only once)
+    kwargs = {"mesh": mesh, "reshard_after_forward": mesh.size() > 1, **({"mp_policy": mp} if mp else {})}
     for block in _blocks(model):
         fully_shard(block, **kwargs)
     fully_shard(model, **kwargs)

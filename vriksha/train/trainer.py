@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -213,7 +214,9 @@ class GRPOTrainer:
             self.pd.device,
             self.ref_model,
         )
-        self.scheduler.step()
+        with warnings.catch_warnings():  # a step whose groups all lacked signal ran no optimizer step
+            warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*")
+            self.scheduler.step()
         self._engine_stale = result.optimizer_steps > 0
         t3 = time.perf_counter()
         episodes = [e for g in groups for e in g]
