@@ -65,7 +65,12 @@ def _config(tmp: Path, model_dir: Path, name: str, **trainer) -> Path:
     cfg = {
         "model": {"path": str(model_dir)},
         "env": {"name": "arithmetic", "options": {"level": 1}},
-        "rollout": {"group_size": 8, "prompts_per_step": 4, "max_new_tokens": 1, "engine": {"kv_cache_memory_gb": 0.05}},
+        "rollout": {
+            "group_size": 8,
+            "prompts_per_step": 4,
+            "max_new_tokens": 1,
+            "engine": {"kv_cache_memory_gb": 0.05},
+        },
         "optim": {"lr": 2.0e-4, "max_grad_norm": 10.0},
         "grpo": {"micro_batch_groups": 1},
         "trainer": {

@@ -65,3 +65,14 @@ def test_bad_files_and_overrides(tmp_path):
         load_config(bad)
     with pytest.raises(ConfigError, match="KEY=VALUE"):
         parse_override("optim.lr")
+
+
+def test_nproc_is_stripped_before_torchrun():
+    from vriksha.train.cli import _strip_nproc
+
+    assert _strip_nproc(["c.yaml", "--nproc", "2", "--set", "a.b=1", "--nproc=3", "--resume"]) == [
+        "c.yaml",
+        "--set",
+        "a.b=1",
+        "--resume",
+    ]
