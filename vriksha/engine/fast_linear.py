@@ -69,7 +69,7 @@ class _Layouts:
         return F.linear(x, self.linear.weight, bias)
 
 
-def _time(fn: Callable[[], torch.Tensor], min_seconds: float = 0.01, max_reps: int = 20) -> float:
+def _time(fn: Callable[[], torch.Tensor], min_seconds: float = 0.05, max_reps: int = 30) -> float:
     fn()
     best = float("inf")
     start = time.perf_counter()
@@ -105,7 +105,7 @@ def _choose(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool) -> list[s
 
 
 def _profile_key(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool) -> str:
-    return f"v2:{out_f}x{in_f}:{dtype}:{'b' if has_bias else 'nb'}:t{torch.get_num_threads()}:{torch.__version__}"
+    return f"v3:{out_f}x{in_f}:{dtype}:{'b' if has_bias else 'nb'}:t{torch.get_num_threads()}:{torch.__version__}"
 
 
 class FastLinear:

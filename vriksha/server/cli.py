@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from pathlib import Path
 from typing import Any
 
 from vriksha.errors import ConfigError, VrikshaError
@@ -68,12 +67,6 @@ def register(subparsers: Any) -> None:
         help="requests allowed to wait for their first token; more get 503 with Retry-After (default: 256)",
     )
     p.add_argument(
-        "--profile-dir",
-        type=Path,
-        default=Path("profiles"),
-        help="where /start_profile + /stop_profile write traces (default: ./profiles)",
-    )
-    p.add_argument(
         "--shutdown-timeout",
         type=float,
         default=30.0,
@@ -108,6 +101,9 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="skip the per-shape CPU matmul layouts (saves their copies of the weights, costs speed)",
     )
+    from vriksha.profiling import add_profile_args
+
+    add_profile_args(p)  # --profile: scheduled capture over engine steps; --profile-dir also for /start_profile
     p.set_defaults(func=handler)
 
 
@@ -140,7 +136,13 @@ def handler(args: argparse.Namespace) -> int:
         profile_dir=args.profile_dir,
         shutdown_timeout_s=args.shutdown_timeout,
     )
+    from vriksha.profiling import ProfileConfig, StepProfiler
+
     engine = AsyncEngine(model=args.model, **engine_kwargs(args))
+    step_profiler = StepProfiler(ProfileConfig.from_args(args), rank=0, name="serve")
+    if step_profiler.enabled:
+        engine.step_hooks.append(step_profiler.step)
+        step_profiler.start()
     app = create_app(engine, config)
     state = app.state.vriksha
 
@@ -158,7 +160,11 @@ def handler(args: argparse.Namespace) -> int:
         lifespan="on",
     )
     server = GracefulServer(uv_config, on_signal=drain)
-    server.run()
+    try:
+        server.run()
+    finally:
+        for path in step_profiler.stop():
+            logger.warning("trace: %s", path)
     if app.state.startup_error is not None:
         err = app.state.startup_error
         raise err if isinstance(err, VrikshaError) else ConfigError(f"the engine failed to start: {err}")
