@@ -9,7 +9,7 @@ install:
 	$(PIP) install -q -e '.[test]'
 
 demo: install
-	vriksha generate --prompt "Write a haiku about trees." --max-tokens 64
+	vriksha generate --chat --prompt "Write a haiku about trees." --prompt "What is 12 + 30?" --max-tokens 64
 
 test: install
 	$(PYTHON) -m pytest -q -ra
