@@ -129,7 +129,7 @@ def run_llama_cpp(gguf: str, wl: Workload, threads: int, parallel: int) -> dict 
     prompt = wl.prompts[0]
     start = time.perf_counter()
     n = 0
-    for tok in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
+    for _ in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
         n += 1
         if n >= wl.new_tokens[0]:
             break

@@ -95,7 +95,7 @@ def _choose(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool) -> list[s
     with torch.inference_mode():
         for rows in BUCKETS:
             x = torch.randn(rows, in_f, dtype=dtype)
-            times.append({p: _time(lambda p=p: layouts.run(p, x)) for p in ["linear", *derived]})
+            times.append({p: _time(lambda p=p, x=x: layouts.run(p, x)) for p in ["linear", *derived]})
 
     def cost(path: str) -> float:  # time relative to each bucket's best, summed over buckets
         return sum(min(t["linear"], t[path]) / min(t.values()) for t in times)

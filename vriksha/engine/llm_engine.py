@@ -14,7 +14,7 @@ from vriksha.engine.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
 from vriksha.engine.model_runner import ModelRunner, kv_layout
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
 from vriksha.engine.radix_cache import RadixCache
-from vriksha.engine.request import Request, Status
+from vriksha.engine.request import Request
 from vriksha.engine.sampler import Sampler
 from vriksha.engine.sampling_params import SamplingParams
 from vriksha.errors import InvalidRequestError, PromptTooLongError
