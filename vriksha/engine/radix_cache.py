@@ -93,20 +93,7 @@ class RadixCache:
         """The longest cached prefix of `token_ids`; `last_node` ends exactly where the match ends."""
         if not self.enabled:
             return MatchResult(self._empty, self.root)
-        tokens = _as_list(token_ids)
-        now = next(self._clock)
-        node, pos, values = self.root, 0, []
-        node.last_access = now
-        while pos < len(tokens):
-            child = node.children.get(tokens[pos])
-            if child is None:
-                break
-            n = _common_length(child.key, tokens, pos)
-            if n < len(child.key):
-                child = self._split(child, n)
-            child.last_access = now
-            values.append(child.value)
-            node, pos = child, pos + n
+        node, _, values = self._walk(_as_list(token_ids), next(self._clock))
         if not values:
             return MatchResult(self._empty, node)
         return MatchResult(values[0] if len(values) == 1 else torch.cat(values), node)
@@ -125,7 +112,19 @@ class RadixCache:
                 f"insert got {len(tokens)} tokens but {slots.numel()} slots; pass one slot per token"
             )
         now = next(self._clock)
-        node, pos = self.root, 0
+        node, pos, _ = self._walk(tokens, now)
+        if pos < len(tokens):
+            leaf = TreeNode(
+                key=tokens[pos:], value=slots[pos:].to(torch.int64).clone(), parent=node, last_access=now
+            )
+            node.children[tokens[pos]] = leaf
+            self._evictable += len(leaf)
+        return pos
+
+    def _walk(self, tokens: list[int], now: int) -> tuple[TreeNode, int, list[torch.Tensor]]:
+        """Follow `tokens` down the tree, splitting where the match ends inside a node and stamping access
+        times; returns the last node reached, the tokens matched and the slot tensors along the way."""
+        node, pos, values = self.root, 0, []
         node.last_access = now
         while pos < len(tokens):
             child = node.children.get(tokens[pos])
@@ -135,14 +134,9 @@ class RadixCache:
             if n < len(child.key):
                 child = self._split(child, n)
             child.last_access = now
+            values.append(child.value)
             node, pos = child, pos + n
-        if pos < len(tokens):
-            leaf = TreeNode(
-                key=tokens[pos:], value=slots[pos:].to(torch.int64).clone(), parent=node, last_access=now
-            )
-            node.children[tokens[pos]] = leaf
-            self._evictable += len(leaf)
-        return pos
+        return node, pos, values
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut `child` after its first `n` tokens; the new upper node inherits lock_ref and access time."""
