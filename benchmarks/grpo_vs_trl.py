@@ -31,12 +31,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=8, help="prompts per step")
     p.add_argument("--group", type=int, default=8, help="generations per prompt")
     p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--lr", type=float, default=1e-5, help="learning rate (both sides unless --vriksha-lr)")
+    p.add_argument("--vriksha-lr", type=float, default=None, help="vriksha's learning rate, if different")
     p.add_argument("--level", type=int, default=1, help="arithmetic level (1: one-digit + and -)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", type=float, default=0.8, help="reward whose first crossing is timed")
     p.add_argument("--only", choices=["both", "trl", "vriksha"], default="both")
     p.add_argument("--out", default="runs/bench_grpo", help="output directory")
+    p.add_argument(
+        "--reuse",
+        action="store_true",
+        help="take a side that --only skips from <out>/<side>_rows.json of a past run",
+    )
     p.add_argument("--worker", choices=["trl", "vriksha"], help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -116,7 +122,7 @@ def run_vriksha(args: argparse.Namespace, out: Path) -> list[dict]:
                 "max_new_tokens": args.max_new_tokens,
                 "temperature": 1.0,
             },
-            "optim": {"lr": args.lr},
+            "optim": {"lr": args.vriksha_lr or args.lr},
             "trainer": {
                 "steps": args.steps,
                 "seed": args.seed,
@@ -201,11 +207,19 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     sides = ["trl", "vriksha"] if args.only == "both" else [args.only]
     results = {}
+    if args.reuse:
+        for side in {"trl", "vriksha"} - set(sides):
+            past = out / f"{side}_rows.json"
+            if past.is_file():
+                rows = json.loads(past.read_text())
+                results[side] = {"rows": rows, "summary": summarise(rows, args.target), "reused": True}
+                print(f"== {side}: reusing {past}")
     for side in sides:
-        forwarded = [a for a in (argv if argv is not None else sys.argv[1:]) if not a.startswith("--only")]
+        forwarded = list(argv if argv is not None else sys.argv[1:])
         if "--only" in forwarded:
             i = forwarded.index("--only")
             del forwarded[i : i + 2]
+        forwarded = [a for a in forwarded if not a.startswith("--only=")]
         cmd = [sys.executable, __file__, *forwarded, "--worker", side]
         print(f"== {side}: {' '.join(cmd[1:])}", flush=True)
         t0 = time.perf_counter()
@@ -222,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(
         f"\nGRPO, SmolLM2-135M, arithmetic level {args.level}: {args.prompts} prompts x {args.group} "
-        f"generations x {args.max_new_tokens} new tokens, lr {args.lr}, {args.steps} steps"
+        f"generations x {args.max_new_tokens} new tokens, lr {args.lr}"
+        f"{f' (vriksha {args.vriksha_lr})' if args.vriksha_lr else ''}, {args.steps} steps"
     )
     print(
         f"{'':10} {'s/step (median)':>16} {'s/step (mean)':>14} {'reward start':>13} {'reward end':>11} {'s to ' + str(args.target):>10}"

@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from vriksha.train.metrics import MEASURED_PREFIXES
+
 pytestmark = pytest.mark.slow
 
-TIMING = ("time/", "perf/")
+TIMING = MEASURED_PREFIXES
 
 
 @pytest.fixture(scope="module")
@@ -159,3 +161,7 @@ def test_two_processes_match_one(reference_run, tiny_model_dir, tmp_path):
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-4)
         assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-3, abs=1e-5)
         assert b["entropy"] == pytest.approx(a["entropy"], rel=1e-3)
+    measured = json.loads((tmp_path / "two" / "metrics.jsonl").read_text().splitlines()[-1])
+    # every rank reports its own peak resident memory: a whole model process is well above 50 MiB
+    assert 0.05 < measured["memory/rank0_peak_rss_gb"] < 64
+    assert 0.05 < measured["memory/rank1_peak_rss_gb"] < 64

@@ -45,7 +45,7 @@ def test_shipped_configs_validate():
         ("optim.betas=[0.9, 1.5]", "optim.betas"),
         ("optim.schedule=exponential", "optim.schedule"),
         ("trainer.steps=0", "trainer.steps"),
-        ("trainer.eval_interval=99", "trainer.eval_interval"),
+        ("trainer.eval_interval=-1", "trainer.eval_interval"),
         ("rollout.gruop_size=4", "rollout.gruop_size"),
         ("grpo.kl_coef=-0.1", "grpo.kl_coef"),
     ],

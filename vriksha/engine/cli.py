@@ -22,6 +22,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=int, default=None, help="context limit (default: the model's)")
     g.add_argument("--no-prefix-caching", action="store_true", help="disable the radix prefix cache")
     g.add_argument("--no-fast-linear", action="store_true", help="always use F.linear on the CPU")
+    g.add_argument("--no-fast-forward", action="store_true",
+                   help="run every step through the Transformers forward instead of the engine's lean loop "
+                        "over the same modules (Llama, Qwen2, Qwen3)")
 
 
 def engine_config_from_args(args: argparse.Namespace):
@@ -32,6 +35,7 @@ def engine_config_from_args(args: argparse.Namespace):
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         chunked_prefill_size=args.chunked_prefill_size, max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching, fast_linear=not args.no_fast_linear,
+        fast_forward=not args.no_fast_forward,
     )
 
 

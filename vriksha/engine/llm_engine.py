@@ -102,7 +102,9 @@ class LLMEngine:
         from vriksha.engine.scheduler import Scheduler
 
         self.scheduler = Scheduler(config, self.allocator, self.table, self.cache)
-        self.runner = ModelRunner(model, self.pool, self.table, config.fast_linear and self.device.type == "cpu")
+        self.runner = ModelRunner(
+            model, self.pool, self.table, config.fast_linear and self.device.type == "cpu", config.fast_forward
+        )
         self.sampler = Sampler(config.seed)
         self._groups: dict[str, _Group] = {}
         self.step_hooks: list = []  # called after every step (profilers)

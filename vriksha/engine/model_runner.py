@@ -9,6 +9,7 @@ import torch
 
 from vriksha.engine import fast_linear
 from vriksha.engine.attention import AttentionBatch, PrefillSegment, forward_context, register_attention
+from vriksha.engine.fast_forward import FastForward, unsupported_reason
 from vriksha.engine.kv_pool import KVPool, ReqToTokenTable
 from vriksha.engine.request import Request
 from vriksha.profiling import phase
@@ -48,7 +49,14 @@ def kv_layout(config) -> tuple[int, int, int]:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, pool: KVPool, table: ReqToTokenTable, use_fast_linear: bool) -> None:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        pool: KVPool,
+        table: ReqToTokenTable,
+        use_fast_linear: bool,
+        use_fast_forward: bool = True,
+    ) -> None:
         self.model = model
         self.pool = pool
         self.table = table
@@ -56,6 +64,13 @@ class ModelRunner:
         name = register_attention()
         model.set_attn_implementation(name)
         self.fast_linear = fast_linear.FastLinear(model) if use_fast_linear else None
+        self.fast_forward: FastForward | None = None
+        if use_fast_forward:
+            reason = unsupported_reason(model)
+            if reason is None:
+                self.fast_forward = FastForward(model)
+            else:
+                logger.info("Transformers forward for every step (lean forward: %s)", reason)
 
     def weights_updated(self) -> None:
         if self.fast_linear is not None:
@@ -107,6 +122,8 @@ class ModelRunner:
         with phase("engine.forward"), forward_context(attn):
             previous = fast_linear.set_active(True)
             try:
+                if self.fast_forward is not None:
+                    return self.fast_forward(input_ids, position_ids, sample_index)
                 out = self.model(
                     input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=sample_index
                 )

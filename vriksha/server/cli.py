@@ -101,6 +101,11 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="skip the per-shape CPU matmul layouts (saves their copies of the weights, costs speed)",
     )
+    g.add_argument(
+        "--no-fast-forward",
+        action="store_true",
+        help="run every step through the Transformers forward instead of the engine's lean loop (Llama, Qwen2, Qwen3)",
+    )
     from vriksha.profiling import add_profile_args
 
     add_profile_args(p)  # --profile: scheduled capture over engine steps; --profile-dir also for /start_profile
@@ -113,6 +118,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         kw["enable_prefix_caching"] = False
     if getattr(args, "no_fast_linear", False):
         kw["fast_linear"] = False
+    if getattr(args, "no_fast_forward", False):
+        kw["fast_forward"] = False
     return kw
 
 

@@ -111,7 +111,7 @@ class GRPOConfig(_Section):
 class TrainerConfig(_Section):
     steps: int = Field(10, ge=1, description="GRPO steps")
     seed: int = Field(0, ge=0, description="seed for episodes, sampling and initialisation")
-    eval_interval: int = Field(0, ge=0, description="evaluate every N steps (0: before and after only)")
+    eval_interval: int = Field(0, ge=0, description="evaluate every N steps (0, or more than steps: before and after only)")
     eval_episodes: int = Field(32, ge=0, description="held-out episodes per evaluation (0: no eval)")
     eval_max_new_tokens: int | None = Field(None, ge=1, description="defaults to rollout.max_new_tokens")
     checkpoint_interval: int = Field(0, ge=0, description="checkpoint every K steps (0: only at the end)")
@@ -135,14 +135,6 @@ class TrainConfig(_Section):
     optim: OptimConfig = Field(default_factory=OptimConfig)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
-
-    @model_validator(mode="after")
-    def _check(self) -> TrainConfig:
-        if self.trainer.eval_interval and self.trainer.eval_interval > self.trainer.steps:
-            raise ValueError(
-                f"trainer.eval_interval: {self.trainer.eval_interval} exceeds trainer.steps={self.trainer.steps}"
-            )
-        return self
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

@@ -14,20 +14,10 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MetricsWriter", "TIMING_KEYS", "read_jsonl", "summary_table", "write_plots"]
+__all__ = ["MEASURED_PREFIXES", "MetricsWriter", "read_jsonl", "summary_table", "write_plots"]
 
-# keys that measure time and so differ between otherwise identical runs
-TIMING_KEYS = frozenset(
-    {
-        "time/rollout_s",
-        "time/train_s",
-        "time/sync_s",
-        "time/step_s",
-        "time/eval_s",
-        "perf/tokens_per_s",
-        "time/elapsed_s",
-    }
-)
+# keys that measure time or memory and so differ between otherwise identical runs
+MEASURED_PREFIXES = ("time/", "perf/", "memory/")
 
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:

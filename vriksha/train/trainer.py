@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import math
+import resource
 import time
 import warnings
 from pathlib import Path
@@ -80,6 +81,14 @@ def _gather(obj: Any) -> list[Any]:
         return [obj]
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
+    return out
+
+
+def _peak_memory_gb(device: torch.device) -> dict[str, float]:
+    """This process's peak resident memory so far (and the accelerator's peak allocation), in GiB."""
+    out = {"peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # Linux: KiB
+    if device.type == "cuda":
+        out["cuda_peak_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
     return out
 
 
@@ -235,6 +244,7 @@ class GRPOTrainer:
             "stats": [getattr(result.stats, k) for k in result.stats.__slots__],
             "entropy": result.entropy_sum,
             "times": (sync_s, t2 - t1, t3 - t2),
+            "memory": _peak_memory_gb(self.pd.device),
         }
         return self._reduce(step, _gather(local), result.grad_norm, time.perf_counter() - t0)
 
@@ -289,6 +299,9 @@ class GRPOTrainer:
                 "perf/tokens_per_s": sum(lengths) / step_s if step_s > 0 else 0.0,
             }
         )
+        for rank, p in enumerate(parts):
+            for key, value in p["memory"].items():
+                row[f"memory/rank{rank}_{key}"] = value
         return row
 
     # -- the loop ------------------------------------------------------------
