@@ -8,8 +8,10 @@ install:
 	$(PIP) install -q torch==2.13.0
 	$(PIP) install -q -e '.[test]'
 
+# the main job on the embedded model: a short GRPO training with held-out success before and after
 demo: install
-	vriksha generate --chat --prompt "Write a haiku about trees." --prompt "What is 12 + 30?" --max-tokens 64
+	vriksha generate --chat --prompt "What is 7 + 5?" --max-tokens 32
+	vriksha train configs/grpo_demo.yaml
 
 test: install
 	$(PYTHON) -m pytest -q -ra

@@ -80,6 +80,10 @@ def run_trl(args: argparse.Namespace, out: Path) -> list[dict]:
         use_cpu=not torch.cuda.is_available(),
         seed=args.seed,
         disable_dropout=True,
+        # the same arithmetic as vriksha's side: float32 (TRL's default bf16 autocast runs at a fifth of the
+        # fp32 matmul speed on a CPU without bf16 instructions), and no activation recomputation
+        bf16=False,
+        gradient_checkpointing=False,
     )
     rows: list[dict] = []
 
@@ -123,6 +127,7 @@ def run_vriksha(args: argparse.Namespace, out: Path) -> list[dict]:
                 "temperature": 1.0,
             },
             "optim": {"lr": args.vriksha_lr or args.lr},
+            "grpo": {"micro_batch_groups": 4},  # 4 groups of 8 per forward/backward: bigger CPU matmuls
             "trainer": {
                 "steps": args.steps,
                 "seed": args.seed,
