@@ -111,7 +111,7 @@ def handler(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     try:
         trainer = GRPOTrainer(cfg, resume=args.resume, profile=profile)
         summary = trainer.fit()
-        if trainer.pd.is_main and summary.get("table"):
+        if trainer.pd.is_main and (summary.get("before") or summary.get("after")):
             print(summary["table"])
             print(f"\noutputs in {cfg.trainer.output_dir}")
     finally:
