@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 import yaml
 
+from tests.tiny_llama import embedded_tokenizer, save_model_dir, tiny_llama
 from vriksha.cli import main
 from vriksha.profiling.trace import load_trace
 
@@ -19,18 +19,8 @@ PROFILE = ["--profile-skip", "0", "--profile-wait", "0", "--profile-warmup", "1"
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    from vriksha.models import load_tokenizer, resolve_model_path
-
-    tok = load_tokenizer(resolve_model_path(None))
-    cfg = LlamaConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                      intermediate_size=128, vocab_size=len(tok), max_position_embeddings=512)
-    torch.manual_seed(0)
-    out = tmp_path_factory.mktemp("tiny") / "model"
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    tok = embedded_tokenizer()
+    return save_model_dir(tiny_llama(tok), tok, tmp_path_factory.mktemp("tiny") / "model")
 
 
 def phases(path: Path) -> set[str]:

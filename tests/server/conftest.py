@@ -27,30 +27,13 @@ def free_port() -> int:
 
 
 def build_tiny_model(out: Path) -> Path:
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from tests.tiny_llama import embedded_tokenizer, save_model_dir, tiny_llama
 
-    from vriksha.models import load_tokenizer, resolve_model_path
-
-    tok = load_tokenizer(resolve_model_path(None))
-    cfg = LlamaConfig(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        vocab_size=len(tok),
-        max_position_embeddings=TINY_MAX_MODEL_LEN,
-        bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=True,
+    tok = embedded_tokenizer()
+    model = tiny_llama(
+        tok, max_position_embeddings=TINY_MAX_MODEL_LEN, bos_token_id=tok.bos_token_id, tie_word_embeddings=True
     )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg)
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return save_model_dir(model, tok, out)
 
 
 @pytest.fixture(scope="session")

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.tiny_llama import embedded_tokenizer, save_model_dir, tiny_llama
 from vriksha.train.metrics import MEASURED_PREFIXES
 
 pytestmark = pytest.mark.slow
@@ -23,25 +24,8 @@ TIMING = MEASURED_PREFIXES
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    from vriksha.models import load_tokenizer, resolve_model_path
-
-    tok = load_tokenizer(resolve_model_path(None))
-    cfg = LlamaConfig(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        vocab_size=len(tok),
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg)
+    tok = embedded_tokenizer()
+    model = tiny_llama(tok, tie_word_embeddings=False)
     digits = [tok.convert_tokens_to_ids(str(d)) for d in range(10)]
     # every prompt ends with the same assistant header, so the last hidden state hardly varies:
     # digit rows along it get logits near 12, every other row 0, so digits take nearly all the mass
@@ -55,10 +39,7 @@ def tiny_model_dir(tmp_path_factory):
         g = torch.Generator().manual_seed(0)
         for d in digits:
             w[d] = 12.0 * h / h.dot(h) + 0.05 * torch.randn(h.shape, generator=g)
-    out = tmp_path_factory.mktemp("tiny") / "model"
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
+    return save_model_dir(model, tok, tmp_path_factory.mktemp("tiny") / "model")
 
 
 def _config(tmp: Path, model_dir: Path, name: str, **trainer) -> Path:
