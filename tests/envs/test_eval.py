@@ -10,25 +10,11 @@ llm_mod = pytest.importorskip("vriksha.engine.llm", reason="the engine (vriksha.
 
 @pytest.fixture(scope="module")
 def tiny_llm():
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from tests.tiny_llama import embedded_tokenizer, tiny_llama
 
-    from vriksha.models import load_tokenizer, resolve_model_path
-
-    tok = load_tokenizer(resolve_model_path(None))
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        vocab_size=len(tok),
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.bos_token_id,
-    )
-    return llm_mod.LLM.from_module(AutoModelForCausalLM.from_config(cfg).eval(), tok)
+    tok = embedded_tokenizer()
+    model = tiny_llama(tok, max_position_embeddings=2048, bos_token_id=tok.bos_token_id)
+    return llm_mod.LLM.from_module(model.eval(), tok)
 
 
 def test_evaluate_single_turn(tiny_llm):

@@ -69,26 +69,11 @@ def test_environment_factory_shape():
 
 
 def _tiny_model_and_tokenizer():
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from tests.tiny_llama import embedded_tokenizer, tiny_llama
 
-    from vriksha.models import load_tokenizer, resolve_model_path
-
-    tok = load_tokenizer(resolve_model_path(None))
+    tok = embedded_tokenizer()
     tok.padding_side = "left"
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        vocab_size=len(tok),
-        pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id,
-        bos_token_id=tok.bos_token_id,
-    )
-    return AutoModelForCausalLM.from_config(cfg), tok
+    return tiny_llama(tok, max_position_embeddings=2048, bos_token_id=tok.bos_token_id), tok
 
 
 @pytest.mark.slow

@@ -9,7 +9,7 @@ import torch
 
 from vriksha.engine import fast_linear
 from vriksha.engine.attention import AttentionBatch, PrefillSegment, forward_context, register_attention
-from vriksha.engine.fast_forward import FastForward, unsupported_reason
+from vriksha.engine.fast_forward import FastForward
 from vriksha.engine.kv_pool import KVPool, ReqToTokenTable
 from vriksha.engine.request import Request
 from vriksha.profiling import phase
@@ -66,11 +66,10 @@ class ModelRunner:
         self.fast_linear = fast_linear.FastLinear(model) if use_fast_linear else None
         self.fast_forward: FastForward | None = None
         if use_fast_forward:
-            reason = unsupported_reason(model)
-            if reason is None:
+            try:
                 self.fast_forward = FastForward(model)
-            else:
-                logger.info("Transformers forward for every step (lean forward: %s)", reason)
+            except ValueError as exc:
+                logger.info("Transformers forward for every step: %s", exc)
 
     def weights_updated(self) -> None:
         if self.fast_linear is not None:

@@ -111,9 +111,10 @@ def handler(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     try:
         trainer = GRPOTrainer(cfg, resume=args.resume, profile=profile)
         summary = trainer.fit()
-        if trainer.pd.is_main and (summary.get("before") or summary.get("after")):
-            print(summary["table"])
-            print(f"\noutputs in {cfg.trainer.output_dir}")
+        if trainer.pd.is_main:
+            if summary.get("before") or summary.get("after"):
+                print(summary["table"] + "\n")
+            print(f"outputs in {cfg.trainer.output_dir}")
     finally:
         shutdown_distributed()
     return 0
