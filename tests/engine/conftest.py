@@ -35,8 +35,14 @@ def tiny_config(family: str, vocab_size: int):
 
 
 def tiny_model(family: str, vocab_size: int, seed: int = 0):
+    """A random tiny model of `family`; "qwen2-sliding" is Qwen2 with a 6-token window on its second layer."""
     from transformers import AutoModelForCausalLM
 
+    if family == "qwen2-sliding":
+        config = tiny_config("qwen2", vocab_size)
+        config.use_sliding_window, config.sliding_window, config.max_window_layers = True, 6, 1
+        config.layer_types = ["full_attention", "sliding_attention"]
+    else:
+        config = tiny_config(family, vocab_size)
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(tiny_config(family, vocab_size), dtype=torch.float32)
-    return model.eval()
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()

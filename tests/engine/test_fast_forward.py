@@ -5,29 +5,15 @@ import copy
 import pytest
 import torch
 
-from tests.engine.conftest import tiny_config, tiny_model
+from tests.engine.conftest import tiny_model
 from vriksha import LLM, SamplingParams
 from vriksha.engine.fast_forward import unsupported_reason
-
-
-def _qwen2_sliding(vocab: int):
-    from transformers import AutoModelForCausalLM
-
-    config = tiny_config("qwen2", vocab)
-    config.use_sliding_window, config.sliding_window, config.max_window_layers = True, 6, 1
-    config.layer_types = ["full_attention", "sliding_attention"]
-    torch.manual_seed(0)
-    return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-
-
-def _models(name: str, vocab: int):
-    return _qwen2_sliding(vocab) if name == "qwen2-sliding" else tiny_model(name, vocab)
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "qwen2-sliding"])
 def test_lean_forward_matches_transformers_forward(name, default_tokenizer):
     vocab = 512
-    model = _models(name, vocab)
+    model = tiny_model(name, vocab)
     assert unsupported_reason(model) is None
     common = dict(chunked_prefill_size=8, max_num_batched_tokens=24, kv_cache_memory_gb=0.01, max_model_len=256)
     lean = LLM.from_module(copy.deepcopy(model), default_tokenizer, **common)

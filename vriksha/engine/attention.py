@@ -2,7 +2,8 @@
 
 The model runs one flattened ragged batch ([1, T] tokens, no padding computed). For each layer this function
 writes the new tokens' K/V into the pool, then attends each request's queries over that request's cached
-tokens: decode tokens (one query each) in one padded SDPA call, prefill chunks one SDPA call per request.
+tokens: decode tokens (one query each) in one call (on the CPU in fp32 a native kernel reading the pool in
+place, else one padded SDPA over gathered K/V), prefill chunks one SDPA call per request.
 The batch layout is published by the model runner through `forward_context` before the forward pass.
 """
 
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from vriksha.engine.kv_pool import KVPool
+from vriksha.engine.native import Kernels
 
 ATTENTION_NAME = "vriksha_paged"
 
@@ -36,6 +38,7 @@ class AttentionBatch:
     decode_kv_slots: torch.Tensor | None = None  # [B, Lmax], padded with slot 0
     decode_kv_lens: torch.Tensor | None = None  # [B]
     prefills: list[PrefillSegment] = field(default_factory=list)
+    native: Kernels | None = None  # decode attention reads the pool in place (CPU, fp32)
     _masks: dict = field(default_factory=dict)
 
     def decode_mask(self, window: int | None) -> torch.Tensor:
@@ -117,7 +120,14 @@ def paged_attention(
     out = query.new_empty(total, num_heads, v_dim)
     k_pool, v_pool = pool.k[layer], pool.v[layer]
 
-    if batch.num_decode:
+    if batch.num_decode and batch.native is not None and query.dtype == torch.float32:
+        b = batch.num_decode
+        q = query[0, :, :b].transpose(0, 1).contiguous()  # [B, H, D]
+        scale = scaling if scaling is not None else head_dim**-0.5
+        out[:b] = batch.native.decode_attention(
+            q, k_pool, v_pool, batch.decode_kv_slots, batch.decode_kv_lens, scale, window
+        )
+    elif batch.num_decode:
         b = batch.num_decode
         q = query[0, :, :b].transpose(0, 1).reshape(b, num_kv_heads, group, head_dim)
         slots = batch.decode_kv_slots

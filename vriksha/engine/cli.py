@@ -25,6 +25,9 @@ def add_engine_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--no-fast-forward", action="store_true",
                    help="run every step through the Transformers forward instead of the engine's lean loop "
                         "over the same modules (Llama, Qwen2, Qwen3)")
+    g.add_argument("--no-native-kernels", action="store_true",
+                   help="do not compile and use the engine's C kernels (CPU fp32 decode attention over the KV "
+                        "pool in place, bandwidth-bound linear layers); torch's kernels only")
 
 
 def engine_config_from_args(args: argparse.Namespace):
@@ -35,7 +38,7 @@ def engine_config_from_args(args: argparse.Namespace):
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         chunked_prefill_size=args.chunked_prefill_size, max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching, fast_linear=not args.no_fast_linear,
-        fast_forward=not args.no_fast_forward,
+        fast_forward=not args.no_fast_forward, native_kernels=not args.no_native_kernels,
     )
 
 

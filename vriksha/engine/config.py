@@ -20,6 +20,7 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     fast_linear: bool = True  # pick the fastest matmul path per linear-layer shape on the CPU
     fast_forward: bool = True  # Llama/Qwen2/Qwen3: the engine's lean loop over the model's modules
+    native_kernels: bool = True  # CPU fp32: compiled decode attention and bandwidth-bound linear kernels
     lpm_max_queue: int = 128  # order the waiting queue by longest prefix match up to this length, else FCFS
     in_batch_prefix_min: int = 32  # defer a prompt sharing this many uncached tokens with one admitted this step
     seed: int = 0

@@ -1,9 +1,10 @@
 """Pick the fastest CPU matmul path per linear-layer shape and batch size, measured when the model loads.
 
 On the CPU the same [out x in] linear layer can differ several-fold in time between `F.linear`, a matmul
-against a pre-transposed contiguous weight, and oneDNN's packed linear, depending on the batch size. The
-engine times each path for each distinct weight shape at a few batch-size buckets and routes every call to
-the winner. The choice applies only inside engine forward passes; training forwards use `F.linear` as usual.
+against a pre-transposed contiguous weight, oneDNN's packed linear and the engine's native bandwidth-bound
+kernel (`native/kernels.c`, on the weight in place), depending on the batch size. The engine times each path
+for each distinct weight shape at a few batch-size buckets, with the weights out of cache as they are when a
+decode step streams the whole model, and routes every call to the winner. The choice applies only inside engine forward passes; training forwards use `F.linear` as usual.
 Derived weight layouts are rebuilt by `refresh()` after the weights change in place.
 """
 
@@ -18,12 +19,14 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from vriksha.engine.native import Kernels
 from vriksha.models.loader import cache_dir
 
 logger = logging.getLogger(__name__)
 
-BUCKETS = (1, 4, 16, 64, 256, 1024)  # representative batch sizes; a call uses the smallest bucket >= its rows
-PATHS = ("linear", "transposed", "mkldnn")
+BUCKETS = (1, 2, 4, 8, 16, 64, 256, 1024)  # representative batch sizes; a call uses the smallest bucket >= its rows
+PATHS = ("linear", "transposed", "mkldnn", "native")
+COLD_BYTES = 96 << 20  # timing cycles through copies of a weight until they exceed the last-level cache
 _active = False
 
 
@@ -47,9 +50,10 @@ def _mkldnn_available(dtype: torch.dtype) -> bool:
 class _Layouts:
     """Derived weight layouts of one linear layer."""
 
-    def __init__(self, linear: torch.nn.Linear, paths: set[str]) -> None:
+    def __init__(self, linear: torch.nn.Linear, paths: set[str], native: Kernels | None = None) -> None:
         self.linear = linear
         self.paths = paths
+        self.native = native
         self.transposed: torch.Tensor | None = None
         self.packed: torch.Tensor | None = None
         self.refresh()
@@ -66,70 +70,89 @@ class _Layouts:
             return out + bias if bias is not None else out
         if path == "mkldnn":
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+        if path == "native":
+            return self.native.linear(x.contiguous(), self.linear.weight, bias)
         return F.linear(x, self.linear.weight, bias)
 
 
-def _time(fn: Callable[[], torch.Tensor], min_seconds: float = 0.05, max_reps: int = 30) -> float:
-    fn()
+def _time(fn: Callable[[int], torch.Tensor], copies: int, min_seconds: float = 0.05, max_reps: int = 30) -> float:
+    """Best time of `fn(copy)` over repetitions, each on the next copy of the weight."""
+    fn(0)
     best = float("inf")
     start = time.perf_counter()
     for _ in range(max_reps):
+        copy = (_ + 1) % copies
         t = time.perf_counter()
-        fn()
+        fn(copy)
         best = min(best, time.perf_counter() - t)
         if time.perf_counter() - start > min_seconds and _ >= 2:
             break
     return best
 
 
-def _choose(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool) -> list[str]:
-    """The fastest path per bucket for one shape, timed on random data.
+def _choose(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: Kernels | None) -> list[str]:
+    """The fastest path per bucket for one shape, timed on random data out of cache.
 
     At most one derived layout is kept per shape (a second full copy of the weights costs more memory than
-    it saves time), so each bucket picks between `F.linear` and the derived path that helps most overall.
+    it saves time), so each bucket picks between `F.linear`, the native kernel (no copy) and the derived
+    path that helps most overall.
     """
-    weight = torch.nn.Linear(in_f, out_f, bias=has_bias, dtype=dtype)
     derived = ["transposed"] + (["mkldnn"] if _mkldnn_available(dtype) else [])
-    layouts = _Layouts(weight, set(derived))
+    free = ["linear"] + (["native"] if native is not None and dtype == torch.float32 else [])
+    weight_bytes = out_f * in_f * torch.empty((), dtype=dtype).element_size()
+    copies = max(1, min(64, COLD_BYTES // max(weight_bytes, 1)))
+    layouts = [
+        _Layouts(torch.nn.Linear(in_f, out_f, bias=has_bias, dtype=dtype), set(derived), native)
+        for _ in range(copies)
+    ]
     times: list[dict[str, float]] = []
     with torch.inference_mode():
         for rows in BUCKETS:
             x = torch.randn(rows, in_f, dtype=dtype)
-            times.append({p: _time(lambda p=p, x=x: layouts.run(p, x)) for p in ["linear", *derived]})
+            times.append({
+                p: _time(lambda c, p=p, x=x: layouts[c].run(p, x), copies) for p in [*free, *derived]
+            })
+
+    def best_of(t: dict[str, float], paths: list[str]) -> str:
+        return min(paths, key=t.__getitem__)
 
     def cost(path: str) -> float:  # time relative to each bucket's best, summed over buckets
-        return sum(min(t["linear"], t[path]) / min(t.values()) for t in times)
+        return sum(t[best_of(t, [*free, path])] / min(t.values()) for t in times)
 
-    best = min(derived, key=cost)
-    return [best if t[best] < t["linear"] else "linear" for t in times]
+    kept = min(derived, key=cost)
+    return [best_of(t, [*free, kept]) for t in times]
 
 
-def _profile_key(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool) -> str:
-    return f"v3:{out_f}x{in_f}:{dtype}:{'b' if has_bias else 'nb'}:t{torch.get_num_threads()}:{torch.__version__}"
+def _profile_key(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: bool) -> str:
+    return (f"v4:{out_f}x{in_f}:{dtype}:{'b' if has_bias else 'nb'}:t{torch.get_num_threads()}:"
+            f"{torch.__version__}:{'native' if native else 'torch'}")
 
 
 class FastLinear:
     """Routes the engine's CPU linear calls of one model to the fastest measured path."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, native: Kernels | None = None) -> None:
         self.layouts: list[_Layouts] = []
         self._originals: list[tuple[torch.nn.Linear, Callable]] = []
+        self.native = native
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
         if not linears or linears[0].weight.device.type != "cpu":
             return
         plan = self._plan(linears)
         for linear in linears:
-            choice = plan[_profile_key(linear.out_features, linear.in_features, linear.weight.dtype,
-                                       linear.bias is not None)]
+            choice = plan[self._key(linear)]
             if set(choice) == {"linear"}:
                 continue
-            layouts = _Layouts(linear, set(choice) - {"linear"})
+            layouts = _Layouts(linear, set(choice) - {"linear", "native"}, native)
             self.layouts.append(layouts)
             self._originals.append((linear, linear.forward))
             linear.forward = self._make_forward(linear, layouts, choice)
 
-    @staticmethod
-    def _plan(linears: list[torch.nn.Linear]) -> dict[str, list[str]]:
+    def _key(self, linear: torch.nn.Linear) -> str:
+        return _profile_key(linear.out_features, linear.in_features, linear.weight.dtype, linear.bias is not None,
+                            self.native is not None)
+
+    def _plan(self, linears: list[torch.nn.Linear]) -> dict[str, list[str]]:
         path = cache_dir() / "fast_linear.json"
         try:
             known = json.loads(path.read_text())
@@ -137,10 +160,10 @@ class FastLinear:
             known = {}
         changed = False
         for linear in linears:
-            key = _profile_key(linear.out_features, linear.in_features, linear.weight.dtype, linear.bias is not None)
+            key = self._key(linear)
             if key not in known or len(known[key]) != len(BUCKETS):
                 known[key] = _choose(linear.out_features, linear.in_features, linear.weight.dtype,
-                                     linear.bias is not None)
+                                     linear.bias is not None, self.native)
                 logger.info("linear %s: %s", key, dict(zip(BUCKETS, known[key], strict=True)))
                 changed = True
         if changed:

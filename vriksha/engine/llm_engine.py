@@ -103,7 +103,8 @@ class LLMEngine:
 
         self.scheduler = Scheduler(config, self.allocator, self.table, self.cache)
         self.runner = ModelRunner(
-            model, self.pool, self.table, config.fast_linear and self.device.type == "cpu", config.fast_forward
+            model, self.pool, self.table, config.fast_linear and self.device.type == "cpu", config.fast_forward,
+            config.native_kernels,
         )
         self.sampler = Sampler(config.seed)
         self._groups: dict[str, _Group] = {}

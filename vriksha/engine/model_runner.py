@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vriksha.engine import fast_linear
+from vriksha.engine import fast_linear, native
 from vriksha.engine.attention import AttentionBatch, PrefillSegment, forward_context, register_attention
 from vriksha.engine.fast_forward import FastForward
 from vriksha.engine.kv_pool import KVPool, ReqToTokenTable
@@ -56,6 +56,7 @@ class ModelRunner:
         table: ReqToTokenTable,
         use_fast_linear: bool,
         use_fast_forward: bool = True,
+        use_native: bool = True,
     ) -> None:
         self.model = model
         self.pool = pool
@@ -63,7 +64,9 @@ class ModelRunner:
         self.device = pool.device
         name = register_attention()
         model.set_attn_implementation(name)
-        self.fast_linear = fast_linear.FastLinear(model) if use_fast_linear else None
+        self.native = native.kernels() if use_native and self.device.type == "cpu" else None
+        self.native_attention = self.native is not None and pool.dtype == torch.float32
+        self.fast_linear = fast_linear.FastLinear(model, self.native) if use_fast_linear else None
         self.fast_forward: FastForward | None = None
         if use_fast_forward:
             try:
@@ -86,7 +89,10 @@ class ModelRunner:
             positions.extend(range(chunk.start, chunk.end))
         table = self.table.table
         slot_parts: list[torch.Tensor] = []
-        attn = AttentionBatch(pool=self.pool, slot_mapping=torch.empty(0), num_decode=len(batch.decodes))
+        attn = AttentionBatch(
+            pool=self.pool, slot_mapping=torch.empty(0), num_decode=len(batch.decodes),
+            native=self.native if self.native_attention else None,
+        )
         if batch.decodes:
             rows = torch.tensor([r.row for r in batch.decodes], dtype=torch.int64)
             lens = torch.tensor([r.num_computed + 1 for r in batch.decodes], dtype=torch.int64)

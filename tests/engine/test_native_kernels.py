@@ -1,0 +1,95 @@
+"""The native CPU kernels against torch's reference math, and the engine with them against the engine without."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.engine.conftest import tiny_model
+from vriksha import LLM, SamplingParams
+from vriksha.engine import native
+from vriksha.engine.native import kernels
+
+
+@pytest.fixture(scope="module")
+def k():
+    built = kernels()
+    assert built is not None, "the native kernels should build on this machine (gcc is installed)"
+    return built
+
+
+@pytest.mark.parametrize("out_f,in_f", [(576, 576), (7, 5), (193, 577), (64, 1536)])
+@pytest.mark.parametrize("bias", [False, True])
+def test_linear_matches_f_linear(k, out_f, in_f, bias):
+    gen = torch.Generator().manual_seed(out_f * in_f)
+    w = torch.randn(out_f, in_f, generator=gen)
+    b = torch.randn(out_f, generator=gen) if bias else None
+    for rows in (1, 2, 3, 5, 17):
+        x = torch.randn(rows, in_f, generator=gen)
+        torch.testing.assert_close(k.linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-4)
+
+
+def _reference_attention(q, k_pool, v_pool, slots, lens, scale, window):
+    batch, heads, d = q.shape
+    kv_heads = k_pool.shape[1]
+    out = torch.empty(batch, heads, v_pool.shape[2])
+    for b in range(batch):
+        n = int(lens[b])
+        start = max(0, n - window) if window else 0
+        keys = k_pool[slots[b, start:n]].transpose(0, 1)  # [Hkv, n, D]
+        values = v_pool[slots[b, start:n]].transpose(0, 1)
+        o = F.scaled_dot_product_attention(q[b].view(kv_heads, heads // kv_heads, d), keys, values, scale=scale)
+        out[b] = o.reshape(heads, -1)
+    return out
+
+
+@pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (4, 4, 16), (8, 1, 24)])
+@pytest.mark.parametrize("window", [None, 5])
+def test_decode_attention_matches_sdpa(k, heads, kv_heads, d, window):
+    gen = torch.Generator().manual_seed(heads * 100 + d)
+    num_slots = 300
+    k_pool = torch.randn(num_slots, kv_heads, d, generator=gen)
+    v_pool = torch.randn(num_slots, kv_heads, d, generator=gen)
+    lens = torch.tensor([1, 7, 40, 100])
+    slots = torch.zeros(len(lens), int(lens.max()), dtype=torch.int64)
+    for b, n in enumerate(lens.tolist()):  # each request's slots scattered over the pool, padding slot 0
+        slots[b, :n] = torch.randperm(num_slots - 1, generator=gen)[:n] + 1
+    q = torch.randn(len(lens), heads, d, generator=gen)
+    got = k.decode_attention(q, k_pool, v_pool, slots, lens, d**-0.5, window)
+    want = _reference_attention(q, k_pool, v_pool, slots, lens, d**-0.5, window)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_disabled_or_unbuildable_falls_back_to_torch(monkeypatch, tmp_path):
+    monkeypatch.setenv("VRIKSHA_CACHE", str(tmp_path))
+    try:
+        native.kernels.cache_clear()
+        monkeypatch.setenv("VRIKSHA_NATIVE", "0")
+        assert kernels() is None
+        native.kernels.cache_clear()
+        monkeypatch.setenv("VRIKSHA_NATIVE", "1")
+        monkeypatch.setenv("CC", "false")  # a "compiler" that fails every build
+        assert kernels() is None
+        assert not list((tmp_path / "native").glob("*.so"))
+    finally:
+        native.kernels.cache_clear()
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2-sliding", "gemma3"])
+def test_engine_with_native_kernels_equals_engine_without(name, default_tokenizer):
+    vocab = 512
+    model = tiny_model(name, vocab)
+    common = dict(chunked_prefill_size=8, max_num_batched_tokens=24, kv_cache_memory_gb=0.01, max_model_len=256)
+    fast = LLM.from_module(copy.deepcopy(model), default_tokenizer, **common)
+    plain = LLM.from_module(copy.deepcopy(model), default_tokenizer, native_kernels=False, **common)
+    assert fast.engine.runner.native is not None and plain.engine.runner.native is None
+    g = torch.Generator().manual_seed(4)
+    prompts = [{"prompt_token_ids": torch.randint(0, vocab, (n,), generator=g).tolist()} for n in (1, 9, 30)]
+    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=5, logprobs=2, n=2)
+    for x, y in zip(fast.generate(prompts, params), plain.generate(prompts, params), strict=True):
+        for a, b in zip(x.outputs, y.outputs, strict=True):
+            assert a.token_ids == b.token_ids
+            assert a.token_logprobs == pytest.approx(b.token_logprobs, abs=1e-4)

@@ -1,0 +1,159 @@
+/* CPU kernels for the engine's decode path, fp32, called through ctypes.
+ *
+ * linear_f32: y[m, o] = sum_i W[o, i] x[m, i] (+ b[o]) on the weight as nn.Linear stores it, read once per
+ *   call; at decode batch sizes this is bound by memory bandwidth, which these loops reach and MKL's GEMV
+ *   does not on small cores.
+ * decode_attention_f32: one query token per request attending over that request's KV slots, read in place
+ *   from the pool (no gather copy), with grouped-query heads and an optional sliding window.
+ * Threads: OpenMP, sharing the runtime torch already loaded; the caller passes its thread count.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define VRIKSHA_AVX2 1
+#endif
+
+#ifdef VRIKSHA_AVX2
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_hadd_ps(s, s);
+  s = _mm_hadd_ps(s, s);
+  return _mm_cvtss_f32(s);
+}
+#endif
+
+static inline float dot(const float* a, const float* b, int64_t n) {
+  int64_t i = 0;
+  float s = 0.f;
+#ifdef VRIKSHA_AVX2
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
+  for (; i + 16 <= n; i += 16) {
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), a1);
+  }
+  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
+  s = hsum8(_mm256_add_ps(a0, a1));
+#endif
+  for (; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+/* Four weight rows against one input row: each weight element is loaded once per input row. */
+static inline void dot4(const float* w, int64_t in, const float* x, float* out4) {
+  const float *w0 = w, *w1 = w + in, *w2 = w + 2 * in, *w3 = w + 3 * in;
+  int64_t i = 0;
+  float s0 = 0.f, s1 = 0.f, s2 = 0.f, s3 = 0.f;
+#ifdef VRIKSHA_AVX2
+  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps(), a2 = _mm256_setzero_ps(), a3 = _mm256_setzero_ps();
+  for (; i + 8 <= in; i += 8) {
+    __m256 xv = _mm256_loadu_ps(x + i);
+    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w0 + i), xv, a0);
+    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w1 + i), xv, a1);
+    a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w2 + i), xv, a2);
+    a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w3 + i), xv, a3);
+  }
+  s0 = hsum8(a0); s1 = hsum8(a1); s2 = hsum8(a2); s3 = hsum8(a3);
+#endif
+  for (; i < in; i++) {
+    s0 += w0[i] * x[i]; s1 += w1[i] * x[i]; s2 += w2[i] * x[i]; s3 += w3[i] * x[i];
+  }
+  out4[0] = s0; out4[1] = s1; out4[2] = s2; out4[3] = s3;
+}
+
+void linear_f32(const float* w, const float* bias, const float* x, float* y,
+                int64_t out, int64_t in, int64_t m, int threads) {
+  int64_t blocks = (out + 3) / 4;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t blk = 0; blk < blocks; blk++) {
+    int64_t o = blk * 4;
+    for (int64_t r = 0; r < m; r++) {
+      const float* xr = x + r * in;
+      float* yr = y + r * out;
+      if (o + 4 <= out) {
+        float s[4];
+        dot4(w + o * in, in, xr, s);
+        for (int k = 0; k < 4; k++) yr[o + k] = s[k] + (bias ? bias[o + k] : 0.f);
+      } else {
+        for (int64_t k = o; k < out; k++) yr[k] = dot(w + k * in, xr, in) + (bias ? bias[k] : 0.f);
+      }
+    }
+  }
+}
+
+static inline void axpy(float* acc, float p, const float* v, int64_t n) {
+  int64_t e = 0;
+#ifdef VRIKSHA_AVX2
+  __m256 pv = _mm256_set1_ps(p);
+  for (; e + 8 <= n; e += 8) _mm256_storeu_ps(acc + e, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + e), _mm256_loadu_ps(acc + e)));
+#endif
+  for (; e < n; e++) acc[e] += p * v[e];
+}
+
+static inline void prefetch_row(const float* p, int64_t n) {
+  for (int64_t e = 0; e < n; e += 16) __builtin_prefetch(p + e);
+}
+
+#if defined(__GNUC__) && !defined(__clang__)
+/* auto-vectorising the loops over KV positions turns them into gathers, several times slower than these */
+#define NO_AUTO_VECTORIZE __attribute__((optimize("no-tree-vectorize")))
+#else
+#define NO_AUTO_VECTORIZE
+#endif
+
+/* One request, one KV head: `group` query heads over n KV slots. scores [group * n], acc [group * dv]. */
+NO_AUTO_VECTORIZE
+static void attend(const float* qh, const float* k_pool, const float* v_pool, const int64_t* row, int64_t n,
+                   int64_t kv_heads, int64_t h, int64_t d, int64_t dv, int64_t group, float scale,
+                   float* scores, float* acc, float* out) {
+  const int64_t ahead = 4;
+  for (int64_t j = 0; j < n; j++) {
+    if (j + ahead < n) prefetch_row(k_pool + (row[j + ahead] * kv_heads + h) * d, d);
+    const float* kj = k_pool + (row[j] * kv_heads + h) * d;
+    for (int64_t g = 0; g < group; g++) scores[g * n + j] = dot(qh + g * d, kj, d) * scale;
+  }
+  for (int64_t g = 0; g < group; g++) {
+    float* sg = scores + g * n;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; j++) mx = sg[j] > mx ? sg[j] : mx;
+    float total = 0.f;
+    for (int64_t j = 0; j < n; j++) {
+      sg[j] = expf(sg[j] - mx);
+      total += sg[j];
+    }
+    float inv = 1.f / total;
+    for (int64_t j = 0; j < n; j++) sg[j] *= inv;
+  }
+  for (int64_t e = 0; e < group * dv; e++) acc[e] = 0.f;
+  for (int64_t j = 0; j < n; j++) {
+    if (j + ahead < n) prefetch_row(v_pool + (row[j + ahead] * kv_heads + h) * dv, dv);
+    const float* vj = v_pool + (row[j] * kv_heads + h) * dv;
+    for (int64_t g = 0; g < group; g++) axpy(acc + g * dv, scores[g * n + j], vj, dv);
+  }
+  for (int64_t e = 0; e < group * dv; e++) out[e] = acc[e];
+}
+
+/* q [B, H, D]; k_pool [S, Hkv, D]; v_pool [S, Hkv, Dv]; slots [B, max_len]; lens [B]; out [B, H, Dv].
+ * window <= 0: attend to all lens[b] tokens; else to the last `window` of them. */
+void decode_attention_f32(const float* q, const float* k_pool, const float* v_pool, const int64_t* slots,
+                          const int64_t* lens, float* out, int64_t batch, int64_t heads, int64_t kv_heads,
+                          int64_t d, int64_t dv, int64_t max_len, float scale, int64_t window, int threads) {
+  int64_t group = heads / kv_heads;
+#pragma omp parallel num_threads(threads)
+  {
+    float* scores = (float*)malloc(sizeof(float) * group * (max_len > 0 ? max_len : 1));
+    float* acc = (float*)malloc(sizeof(float) * group * dv);
+#pragma omp for schedule(dynamic, 1) collapse(2)
+    for (int64_t b = 0; b < batch; b++) {
+      for (int64_t h = 0; h < kv_heads; h++) {
+        int64_t len = lens[b];
+        int64_t start = (window > 0 && len > window) ? len - window : 0;
+        attend(q + (b * heads + h * group) * d, k_pool, v_pool, slots + b * max_len + start, len - start,
+               kv_heads, h, d, dv, group, scale, scores, acc, out + (b * heads + h * group) * dv);
+      }
+    }
+    free(scores);
+    free(acc);
+  }
+}
