@@ -93,3 +93,24 @@ def test_engine_with_native_kernels_equals_engine_without(name, default_tokenize
         for a, b in zip(x.outputs, y.outputs, strict=True):
             assert a.token_ids == b.token_ids
             assert a.token_logprobs == pytest.approx(b.token_logprobs, abs=1e-4)
+
+
+def test_elementwise_kernels_match_torch(k):
+    gen = torch.Generator().manual_seed(7)
+    for rows, dim in ((1, 576), (5, 64), (3, 13)):
+        x, res, w = (torch.randn(rows, dim, generator=gen) for _ in range(3))
+        w = w[0]
+        torch.testing.assert_close(k.rms_norm(x.clone(), w, 1e-5), F.rms_norm(x, (dim,), w, 1e-5))
+        updated = x.clone()
+        got = k.rms_norm(updated, w, 1e-5, residual=res)
+        torch.testing.assert_close(updated, x + res)
+        torch.testing.assert_close(got, F.rms_norm(x + res, (dim,), w, 1e-5))
+    tokens, heads, dim = 4, 3, 16
+    x = torch.randn(tokens, heads, dim, generator=gen)
+    angles = torch.randn(tokens, dim // 2, generator=gen).repeat(1, 2)
+    cos, sin = angles.cos(), angles.sin()
+    rotated = torch.cat((-x[..., dim // 2 :], x[..., : dim // 2]), dim=-1)
+    want = x * cos[:, None] + rotated * sin[:, None]
+    torch.testing.assert_close(k.rope_(x.clone(), cos, sin), want)
+    gate, up = torch.randn(2, 100, generator=gen), torch.randn(2, 100, generator=gen)
+    torch.testing.assert_close(k.silu_mul(gate, up), F.silu(gate) * up)

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vriksha.engine.attention import paged_attention
+from vriksha.engine.native import Kernels
 
 SUPPORTED_LAYERS = frozenset({"LlamaDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer"})
 
@@ -58,18 +59,27 @@ def unsupported_reason(model: nn.Module) -> str | None:
 
 
 class FastForward:
-    """Callable (input_ids [1, T], position_ids [1, T], sample_index [S]) -> logits [S, vocab]."""
+    """Callable (input_ids [1, T], position_ids [1, T], sample_index [S]) -> logits [S, vocab].
 
-    def __init__(self, model: nn.Module) -> None:
+    With native kernels (CPU, fp32 weights) the norms, residual adds, rotary embedding and SiLU gating run as
+    fused C loops in place, which at decode batch sizes removes most of the per-layer operator overhead.
+    """
+
+    def __init__(self, model: nn.Module, kernels: Kernels | None = None) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the lean forward does not support this model: {reason}")
         self.model = model
         self.layers = list(model.model.layers[: _text_config(model).num_hidden_layers])
+        weight = model.model.embed_tokens.weight
+        fp32_cpu = weight.dtype == torch.float32 and weight.device.type == "cpu"
+        self.kernels = kernels if fp32_cpu else None
 
     def __call__(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, sample_index: torch.Tensor
     ) -> torch.Tensor:
+        if self.kernels is not None:
+            return self._fused(input_ids, position_ids, sample_index)
         inner = self.model.model
         h = inner.embed_tokens.forward(input_ids)
         cos, sin = inner.rotary_emb(h, position_ids=position_ids)
@@ -93,3 +103,34 @@ class FastForward:
             h = h + mlp.down_proj.forward(F.silu(mlp.gate_proj.forward(x)) * mlp.up_proj.forward(x))
         h = _rms_norm(h[0, sample_index], inner.norm)
         return self.model.lm_head.forward(h)
+
+    def _fused(self, input_ids: torch.Tensor, position_ids: torch.Tensor, sample_index: torch.Tensor) -> torch.Tensor:
+        k = self.kernels
+        inner = self.model.model
+        h = inner.embed_tokens.forward(input_ids)[0]  # [T, hidden], a fresh tensor: updated in place below
+        cos, sin = inner.rotary_emb(h[None], position_ids=position_ids)
+        cos, sin = cos[0].contiguous(), sin[0].contiguous()  # [T, D]
+        tokens = h.shape[0]
+        delta: torch.Tensor | None = None  # the MLP output still to be added to h
+        for layer in self.layers:
+            attn = layer.self_attn
+            norm = layer.input_layernorm
+            x = k.rms_norm(h, norm.weight, norm.variance_epsilon, residual=delta)
+            q = attn.q_proj.forward(x).view(tokens, -1, attn.head_dim)
+            key = attn.k_proj.forward(x).view(tokens, -1, attn.head_dim)
+            value = attn.v_proj.forward(x).view(tokens, -1, attn.head_dim)
+            if hasattr(attn, "q_norm"):
+                q = k.rms_norm(q, attn.q_norm.weight, attn.q_norm.variance_epsilon)
+                key = k.rms_norm(key, attn.k_norm.weight, attn.k_norm.variance_epsilon)
+            k.rope_(q, cos, sin)
+            k.rope_(key, cos, sin)
+            o, _ = paged_attention(
+                attn, q.transpose(0, 1)[None], key.transpose(0, 1)[None], value.transpose(0, 1)[None], None,
+                scaling=attn.scaling,
+            )
+            norm = layer.post_attention_layernorm
+            x = k.rms_norm(h, norm.weight, norm.variance_epsilon, residual=attn.o_proj.forward(o.reshape(tokens, -1)))
+            mlp = layer.mlp
+            delta = mlp.down_proj.forward(k.silu_mul(mlp.gate_proj.forward(x), mlp.up_proj.forward(x)))
+        h = h[sample_index] + delta[sample_index]
+        return self.model.lm_head.forward(k.rms_norm(h, inner.norm.weight, inner.norm.variance_epsilon))

@@ -70,7 +70,7 @@ class ModelRunner:
         self.fast_forward: FastForward | None = None
         if use_fast_forward:
             try:
-                self.fast_forward = FastForward(model)
+                self.fast_forward = FastForward(model, self.native)
             except ValueError as exc:
                 logger.info("Transformers forward for every step: %s", exc)
 

@@ -75,6 +75,12 @@ class Kernels:
         lib.linear_f32.restype = None
         lib.decode_attention_f32.argtypes = [_PTR] * 6 + [_I64] * 6 + [_F32, _I64, _INT]
         lib.decode_attention_f32.restype = None
+        lib.rms_norm_f32.argtypes = [_PTR] * 4 + [_I64, _I64, _F32, _INT]
+        lib.rms_norm_f32.restype = None
+        lib.rope_f32.argtypes = [_PTR] * 3 + [_I64] * 3 + [_INT]
+        lib.rope_f32.restype = None
+        lib.silu_mul_f32.argtypes = [_PTR] * 3 + [_I64, _INT]
+        lib.silu_mul_f32.restype = None
         self._lib = lib
         self.path = path
 
@@ -88,6 +94,29 @@ class Kernels:
             out_f, in_f, rows, torch.get_num_threads(),
         )
         return y
+
+    def rms_norm(
+        self, x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """RMSNorm of x [..., dim] times weight; with `residual`, x += residual first (x is updated in place)."""
+        dim = x.shape[-1]
+        out = torch.empty_like(x)
+        self._lib.rms_norm_f32(
+            x.data_ptr(), residual.data_ptr() if residual is not None else None, weight.data_ptr(),
+            out.data_ptr(), x.numel() // dim, dim, eps, torch.get_num_threads(),
+        )
+        return out
+
+    def rope_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotary embedding in place: x [tokens, heads, dim]; cos, sin [tokens, dim]."""
+        tokens, heads, dim = x.shape
+        self._lib.rope_f32(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), tokens, heads, dim, torch.get_num_threads())
+        return x
+
+    def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+        out = torch.empty_like(gate)
+        self._lib.silu_mul_f32(gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.numel(), torch.get_num_threads())
+        return out
 
     def decode_attention(
         self,

@@ -157,3 +157,48 @@ void decode_attention_f32(const float* q, const float* k_pool, const float* v_po
     free(acc);
   }
 }
+
+/* x [rows, dim] (+= residual [rows, dim] first, in place, when given); out = x / rms(x) * weight. */
+void rms_norm_f32(float* x, const float* residual, const float* weight, float* out, int64_t rows, int64_t dim,
+                  float eps, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
+  for (int64_t r = 0; r < rows; r++) {
+    float* xr = x + r * dim;
+    float* orow = out + r * dim;
+    if (residual) {
+      const float* rr = residual + r * dim;
+      for (int64_t e = 0; e < dim; e++) xr[e] += rr[e];
+    }
+    float ss = dot(xr, xr, dim);
+    float inv = 1.f / sqrtf(ss / (float)dim + eps);
+    for (int64_t e = 0; e < dim; e++) orow[e] = weight[e] * (xr[e] * inv);
+  }
+}
+
+/* Rotary embedding in place (rotate-half form): x [tokens, heads, dim]; cos, sin [tokens, dim]. */
+void rope_f32(float* x, const float* cos, const float* sin, int64_t tokens, int64_t heads, int64_t dim,
+              int threads) {
+  int64_t half = dim / 2;
+#pragma omp parallel for schedule(static) num_threads(threads) if (tokens > 1)
+  for (int64_t t = 0; t < tokens; t++) {
+    const float* c = cos + t * dim;
+    const float* s = sin + t * dim;
+    for (int64_t h = 0; h < heads; h++) {
+      float* xh = x + (t * heads + h) * dim;
+      for (int64_t e = 0; e < half; e++) {
+        float a = xh[e], b = xh[e + half];
+        xh[e] = a * c[e] - b * s[e];
+        xh[e + half] = b * c[e + half] + a * s[e + half];
+      }
+    }
+  }
+}
+
+/* out = silu(gate) * up, elementwise over n values. */
+void silu_mul_f32(const float* gate, const float* up, float* out, int64_t n, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (n > 65536)
+  for (int64_t i = 0; i < n; i++) {
+    float g = gate[i];
+    out[i] = g / (1.f + expf(-g)) * up[i];
+  }
+}
