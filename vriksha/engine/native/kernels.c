@@ -22,7 +22,50 @@ static inline float hsum8(__m256 v) {
   s = _mm_hadd_ps(s, s);
   return _mm_cvtss_f32(s);
 }
+
+/* The four horizontal sums of a0..a3, in order. */
+static inline __m128 hsum8x4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+/* e^x, Cephes-style range reduction and polynomial: relative error about 2e-7 over the float range. */
+static inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
+  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
+  __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
+}
 #endif
+
+/* x[i] = e^(x[i] - shift) for i < n; returns their sum. */
+static inline float exp_shifted_sum(float* x, int64_t n, float shift) {
+  int64_t i = 0;
+  float total = 0.f;
+#ifdef VRIKSHA_AVX2
+  __m256 acc = _mm256_setzero_ps(), sh = _mm256_set1_ps(shift);
+  for (; i + 8 <= n; i += 8) {
+    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), sh));
+    _mm256_storeu_ps(x + i, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  total = hsum8(acc);
+#endif
+  for (; i < n; i++) {
+    x[i] = expf(x[i] - shift);
+    total += x[i];
+  }
+  return total;
+}
 
 static inline float dot(const float* a, const float* b, int64_t n) {
   int64_t i = 0;
@@ -62,13 +105,42 @@ static inline void dot4(const float* w, int64_t in, const float* x, float* out4)
   out4[0] = s0; out4[1] = s1; out4[2] = s2; out4[3] = s3;
 }
 
+#ifdef VRIKSHA_AVX2
+/* Four weight rows against two input rows: eight dot products sharing every load. */
+static inline void dot4x2(const float* w, int64_t in, const float* x0, const float* x1, float* y0, float* y1) {
+  const float *w0 = w, *w1 = w + in, *w2 = w + 2 * in, *w3 = w + 3 * in;
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  for (int64_t i = 0; i < in; i += 8) {
+    __m256 u = _mm256_loadu_ps(x0 + i), v = _mm256_loadu_ps(x1 + i), k;
+    k = _mm256_loadu_ps(w0 + i); a0 = _mm256_fmadd_ps(k, u, a0); b0 = _mm256_fmadd_ps(k, v, b0);
+    k = _mm256_loadu_ps(w1 + i); a1 = _mm256_fmadd_ps(k, u, a1); b1 = _mm256_fmadd_ps(k, v, b1);
+    k = _mm256_loadu_ps(w2 + i); a2 = _mm256_fmadd_ps(k, u, a2); b2 = _mm256_fmadd_ps(k, v, b2);
+    k = _mm256_loadu_ps(w3 + i); a3 = _mm256_fmadd_ps(k, u, a3); b3 = _mm256_fmadd_ps(k, v, b3);
+  }
+  _mm_storeu_ps(y0, hsum8x4(a0, a1, a2, a3));
+  _mm_storeu_ps(y1, hsum8x4(b0, b1, b2, b3));
+}
+#endif
+
 void linear_f32(const float* w, const float* bias, const float* x, float* y,
                 int64_t out, int64_t in, int64_t m, int threads) {
   int64_t blocks = (out + 3) / 4;
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t blk = 0; blk < blocks; blk++) {
     int64_t o = blk * 4;
-    for (int64_t r = 0; r < m; r++) {
+    int64_t r = 0;
+#ifdef VRIKSHA_AVX2
+    if (in % 8 == 0 && o + 4 <= out) {
+      for (; r + 2 <= m; r += 2) {
+        float* y0 = y + r * out + o;
+        float* y1 = y0 + out;
+        dot4x2(w + o * in, in, x + r * in, x + (r + 1) * in, y0, y1);
+        if (bias)
+          for (int k = 0; k < 4; k++) { y0[k] += bias[o + k]; y1[k] += bias[o + k]; }
+      }
+    }
+#endif
+    for (; r < m; r++) {
       const float* xr = x + r * in;
       float* yr = y + r * out;
       if (o + 4 <= out) {
@@ -111,18 +183,33 @@ static void attend(const float* qh, const float* k_pool, const float* v_pool, co
   for (int64_t j = 0; j < n; j++) {
     if (j + ahead < n) prefetch_row(k_pool + (row[j + ahead] * kv_heads + h) * d, d);
     const float* kj = k_pool + (row[j] * kv_heads + h) * d;
-    for (int64_t g = 0; g < group; g++) scores[g * n + j] = dot(qh + g * d, kj, d) * scale;
+    int64_t g = 0;
+#ifdef VRIKSHA_AVX2
+    if (d % 8 == 0) {
+      for (; g < group; g += 4) {  /* up to four query heads per pass over the key row */
+        int64_t cnt = group - g < 4 ? group - g : 4;
+        const float* qg = qh + g * d;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t i = 0; i < d; i += 8) {
+          __m256 kv = _mm256_loadu_ps(kj + i);
+          a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), kv, a0);
+          if (cnt > 1) a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d + i), kv, a1);
+          if (cnt > 2) a2 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 2 * d + i), kv, a2);
+          if (cnt > 3) a3 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 3 * d + i), kv, a3);
+        }
+        float four[4];
+        _mm_storeu_ps(four, hsum8x4(a0, a1, a2, a3));
+        for (int64_t c = 0; c < cnt; c++) scores[(g + c) * n + j] = four[c] * scale;
+      }
+    }
+#endif
+    for (; g < group; g++) scores[g * n + j] = dot(qh + g * d, kj, d) * scale;
   }
   for (int64_t g = 0; g < group; g++) {
     float* sg = scores + g * n;
     float mx = -INFINITY;
     for (int64_t j = 0; j < n; j++) mx = sg[j] > mx ? sg[j] : mx;
-    float total = 0.f;
-    for (int64_t j = 0; j < n; j++) {
-      sg[j] = expf(sg[j] - mx);
-      total += sg[j];
-    }
-    float inv = 1.f / total;
+    float inv = 1.f / exp_shifted_sum(sg, n, mx);
     for (int64_t j = 0; j < n; j++) sg[j] *= inv;
   }
   for (int64_t e = 0; e < group * dv; e++) acc[e] = 0.f;
@@ -144,9 +231,10 @@ void decode_attention_f32(const float* q, const float* k_pool, const float* v_po
   {
     float* scores = (float*)malloc(sizeof(float) * group * (max_len > 0 ? max_len : 1));
     float* acc = (float*)malloc(sizeof(float) * group * dv);
+    /* head-major: consecutive tasks read the same head of requests that often share a cached prefix */
 #pragma omp for schedule(dynamic, 1) collapse(2)
-    for (int64_t b = 0; b < batch; b++) {
-      for (int64_t h = 0; h < kv_heads; h++) {
+    for (int64_t h = 0; h < kv_heads; h++) {
+      for (int64_t b = 0; b < batch; b++) {
         int64_t len = lens[b];
         int64_t start = (window > 0 && len > window) ? len - window : 0;
         attend(q + (b * heads + h * group) * d, k_pool, v_pool, slots + b * max_len + start, len - start,
@@ -196,9 +284,21 @@ void rope_f32(float* x, const float* cos, const float* sin, int64_t tokens, int6
 
 /* out = silu(gate) * up, elementwise over n values. */
 void silu_mul_f32(const float* gate, const float* up, float* out, int64_t n, int threads) {
-#pragma omp parallel for schedule(static) num_threads(threads) if (n > 65536)
-  for (int64_t i = 0; i < n; i++) {
-    float g = gate[i];
-    out[i] = g / (1.f + expf(-g)) * up[i];
+  int64_t blocks = (n + 1023) / 1024;
+#pragma omp parallel for schedule(static) num_threads(threads) if (blocks > 8)
+  for (int64_t blk = 0; blk < blocks; blk++) {
+    int64_t i = blk * 1024, end = i + 1024 < n ? i + 1024 : n;
+#ifdef VRIKSHA_AVX2
+    __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+    for (; i + 8 <= end; i += 8) {
+      __m256 g = _mm256_loadu_ps(gate + i);
+      __m256 sig = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, g))));
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(g, sig), _mm256_loadu_ps(up + i)));
+    }
+#endif
+    for (; i < end; i++) {
+      float g = gate[i];
+      out[i] = g / (1.f + expf(-g)) * up[i];
+    }
   }
 }
