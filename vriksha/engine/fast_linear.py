@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 64, 256, 1024)  # representative batch sizes; a call uses the smallest bucket >= its rows
 PATHS = ("linear", "transposed", "mkldnn", "native")
+MIN_GAIN = 0.05  # keep a derived weight copy only if it saves at least 5% per bucket on average
 COLD_BYTES = 96 << 20  # timing cycles through copies of a weight until they exceed the last-level cache
 _active = False
 
@@ -94,8 +95,8 @@ def _choose(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: K
     """The fastest path per bucket for one shape, timed on random data out of cache.
 
     At most one derived layout is kept per shape (a second full copy of the weights costs more memory than
-    it saves time), so each bucket picks between `F.linear`, the native kernel (no copy) and the derived
-    path that helps most overall.
+    it saves time), and only where it saves at least MIN_GAIN; each bucket picks between `F.linear`, the
+    native kernel (no copy) and that derived path.
     """
     derived = ["transposed"] + (["mkldnn"] if _mkldnn_available(dtype) else [])
     free = ["linear"] + (["native"] if native is not None and dtype == torch.float32 else [])
@@ -120,11 +121,14 @@ def _choose(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: K
         return sum(t[best_of(t, [*free, path])] / min(t.values()) for t in times)
 
     kept = min(derived, key=cost)
+    without = sum(t[best_of(t, free)] / min(t.values()) for t in times)
+    if without - cost(kept) < MIN_GAIN * len(times):  # a second copy of the weight must earn its memory
+        return [best_of(t, free) for t in times]
     return [best_of(t, [*free, kept]) for t in times]
 
 
 def _profile_key(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: bool) -> str:
-    return (f"v4:{out_f}x{in_f}:{dtype}:{'b' if has_bias else 'nb'}:t{torch.get_num_threads()}:"
+    return (f"v5:{out_f}x{in_f}:{dtype}:{'b' if has_bias else 'nb'}:t{torch.get_num_threads()}:"
             f"{torch.__version__}:{'native' if native else 'torch'}")
 
 

@@ -1,0 +1,44 @@
+"""The per-shape matmul router gives F.linear's results on every path it picks, and follows weights changed in place."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from vriksha.engine import fast_linear
+from vriksha.engine.native import kernels
+
+
+@pytest.mark.parametrize("use_native", [True, False])
+def test_routed_linears_equal_f_linear_and_follow_weight_updates(monkeypatch, tmp_path, use_native):
+    monkeypatch.setenv("VRIKSHA_CACHE", str(tmp_path))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 48, bias=False))
+    native = kernels() if use_native else None
+    router = fast_linear.FastLinear(model, native)
+    plan = json.loads((tmp_path / "fast_linear.json").read_text())
+    assert len(plan) == 2
+    for choice in plan.values():
+        assert len(choice) == len(fast_linear.BUCKETS) and set(choice) <= set(fast_linear.PATHS)
+        assert use_native or "native" not in choice
+
+    def check() -> None:
+        previous = fast_linear.set_active(True)
+        try:
+            with torch.inference_mode():
+                for rows in (1, 3, 20, 70):
+                    x = torch.randn(rows, 32)
+                    want = F.linear(F.linear(x, model[0].weight, model[0].bias), model[1].weight)
+                    torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-4)
+        finally:
+            fast_linear.set_active(previous)
+
+    check()
+    with torch.no_grad():
+        for layer in model:
+            layer.weight.mul_(-2.0)
+    router.refresh()
+    check()
+    router.remove()
+    assert all(layer.forward.__func__ is torch.nn.Linear.forward for layer in model)
