@@ -20,7 +20,7 @@ def test_engine_options_are_engine_config_fields():
         [
             "--dtype", "bfloat16", "--kv-cache-memory-gb", "0.25", "--max-num-seqs", "8",
             "--max-num-batched-tokens", "256", "--chunked-prefill-size", "128", "--max-model-len", "1024",
-            "--no-prefix-caching", "--no-fast-linear",
+            "--no-prefix-caching", "--no-fast-linear", "--no-fast-forward", "--no-native-kernels",
         ]
     )  # fmt: skip
     kw = engine_kwargs(args)
@@ -33,6 +33,7 @@ def test_engine_options_are_engine_config_fields():
         1024,
     )
     assert cfg.enable_prefix_caching is False and cfg.fast_linear is False
+    assert cfg.fast_forward is False and cfg.native_kernels is False
     assert cfg.max_num_batched_tokens == 256 and cfg.chunked_prefill_size == 128
 
 

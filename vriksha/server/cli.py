@@ -106,6 +106,11 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="run every step through the Transformers forward instead of the engine's lean loop (Llama, Qwen2, Qwen3)",
     )
+    g.add_argument(
+        "--no-native-kernels",
+        action="store_true",
+        help="do not compile and use the engine's C kernels (CPU fp32 decode attention, linear layers); torch's only",
+    )
     from vriksha.profiling import add_profile_args
 
     add_profile_args(p)  # --profile: scheduled capture over engine steps; --profile-dir also for /start_profile
@@ -120,6 +125,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
         kw["fast_linear"] = False
     if getattr(args, "no_fast_forward", False):
         kw["fast_forward"] = False
+    if getattr(args, "no_native_kernels", False):
+        kw["native_kernels"] = False
     return kw
 
 
