@@ -122,6 +122,11 @@ static inline void dot4x2(const float* w, int64_t in, const float* x0, const flo
 }
 #endif
 
+static inline void add_bias4(float* y, const float* bias) {
+  if (bias)
+    for (int k = 0; k < 4; k++) y[k] += bias[k];
+}
+
 void linear_f32(const float* w, const float* bias, const float* x, float* y,
                 int64_t out, int64_t in, int64_t m, int threads) {
   int64_t blocks = (out + 3) / 4;
@@ -131,12 +136,11 @@ void linear_f32(const float* w, const float* bias, const float* x, float* y,
     int64_t r = 0;
 #ifdef VRIKSHA_AVX2
     if (in % 8 == 0 && o + 4 <= out) {
+      const float* b4 = bias ? bias + o : NULL;
       for (; r + 2 <= m; r += 2) {
         float* y0 = y + r * out + o;
-        float* y1 = y0 + out;
-        dot4x2(w + o * in, in, x + r * in, x + (r + 1) * in, y0, y1);
-        if (bias)
-          for (int k = 0; k < 4; k++) { y0[k] += bias[o + k]; y1[k] += bias[o + k]; }
+        dot4x2(w + o * in, in, x + r * in, x + (r + 1) * in, y0, y0 + out);
+        add_bias4(y0, b4); add_bias4(y0 + out, b4);
       }
     }
 #endif
@@ -180,30 +184,42 @@ static void attend(const float* qh, const float* k_pool, const float* v_pool, co
                    int64_t kv_heads, int64_t h, int64_t d, int64_t dv, int64_t group, float scale,
                    float* scores, float* acc, float* out) {
   const int64_t ahead = 4;
-  for (int64_t j = 0; j < n; j++) {
-    if (j + ahead < n) prefetch_row(k_pool + (row[j + ahead] * kv_heads + h) * d, d);
-    const float* kj = k_pool + (row[j] * kv_heads + h) * d;
-    int64_t g = 0;
+  int64_t j = 0;
 #ifdef VRIKSHA_AVX2
-    if (d % 8 == 0) {
-      for (; g < group; g += 4) {  /* up to four query heads per pass over the key row */
-        int64_t cnt = group - g < 4 ? group - g : 4;
-        const float* qg = qh + g * d;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  if (d % 8 == 0) {
+    /* two key rows against up to three query heads per pass: six dot products sharing five loads a step */
+    for (; j + 2 <= n; j += 2) {
+      if (j + ahead + 1 < n) {
+        prefetch_row(k_pool + (row[j + ahead] * kv_heads + h) * d, d);
+        prefetch_row(k_pool + (row[j + ahead + 1] * kv_heads + h) * d, d);
+      }
+      const float* k0 = k_pool + (row[j] * kv_heads + h) * d;
+      const float* k1 = k_pool + (row[j + 1] * kv_heads + h) * d;
+      for (int64_t g = 0; g < group; g += 3) {
+        int64_t cnt = group - g < 3 ? group - g : 3;
+        const float *q0 = qh + g * d, *q1 = q0 + (cnt > 1 ? d : 0), *q2 = q0 + (cnt > 2 ? 2 * d : 0);
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, b0 = a0, b1 = a0, b2 = a0;
         for (int64_t i = 0; i < d; i += 8) {
-          __m256 kv = _mm256_loadu_ps(kj + i);
-          a0 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + i), kv, a0);
-          if (cnt > 1) a1 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + d + i), kv, a1);
-          if (cnt > 2) a2 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 2 * d + i), kv, a2);
-          if (cnt > 3) a3 = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 3 * d + i), kv, a3);
+          __m256 u = _mm256_loadu_ps(k0 + i), v = _mm256_loadu_ps(k1 + i), qv;
+          qv = _mm256_loadu_ps(q0 + i); a0 = _mm256_fmadd_ps(qv, u, a0); b0 = _mm256_fmadd_ps(qv, v, b0);
+          qv = _mm256_loadu_ps(q1 + i); a1 = _mm256_fmadd_ps(qv, u, a1); b1 = _mm256_fmadd_ps(qv, v, b1);
+          qv = _mm256_loadu_ps(q2 + i); a2 = _mm256_fmadd_ps(qv, u, a2); b2 = _mm256_fmadd_ps(qv, v, b2);
         }
-        float four[4];
-        _mm_storeu_ps(four, hsum8x4(a0, a1, a2, a3));
-        for (int64_t c = 0; c < cnt; c++) scores[(g + c) * n + j] = four[c] * scale;
+        float r[8];
+        _mm_storeu_ps(r, hsum8x4(a0, a1, a2, b0));
+        _mm_storeu_ps(r + 4, hsum8x4(b1, b2, b2, b2));
+        float* sg = scores + g * n + j;
+        sg[0] = r[0] * scale;
+        sg[1] = r[3] * scale;
+        if (cnt > 1) { sg[n] = r[1] * scale; sg[n + 1] = r[4] * scale; }
+        if (cnt > 2) { sg[2 * n] = r[2] * scale; sg[2 * n + 1] = r[5] * scale; }
       }
     }
+  }
 #endif
-    for (; g < group; g++) scores[g * n + j] = dot(qh + g * d, kj, d) * scale;
+  for (; j < n; j++) {
+    const float* kj = k_pool + (row[j] * kv_heads + h) * d;
+    for (int64_t g = 0; g < group; g++) scores[g * n + j] = dot(qh + g * d, kj, d) * scale;
   }
   for (int64_t g = 0; g < group; g++) {
     float* sg = scores + g * n;
@@ -212,13 +228,53 @@ static void attend(const float* qh, const float* k_pool, const float* v_pool, co
     float inv = 1.f / exp_shifted_sum(sg, n, mx);
     for (int64_t j = 0; j < n; j++) sg[j] *= inv;
   }
-  for (int64_t e = 0; e < group * dv; e++) acc[e] = 0.f;
-  for (int64_t j = 0; j < n; j++) {
-    if (j + ahead < n) prefetch_row(v_pool + (row[j + ahead] * kv_heads + h) * dv, dv);
-    const float* vj = v_pool + (row[j] * kv_heads + h) * dv;
-    for (int64_t g = 0; g < group; g++) axpy(acc + g * dv, scores[g * n + j], vj, dv);
+  int64_t e0 = 0;
+#ifdef VRIKSHA_AVX2
+  /* 32 output values of up to three heads held in twelve registers while the value rows stream past */
+  for (; e0 + 32 <= dv; e0 += 32) {
+    for (int64_t g = 0; g < group; g += 3) {
+      int64_t cnt = group - g < 3 ? group - g : 3;
+      const float *p0 = scores + g * n, *p1 = p0 + (cnt > 1 ? n : 0), *p2 = p0 + (cnt > 2 ? 2 * n : 0);
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+      __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+      for (int64_t j = 0; j < n; j++) {
+        if (j + ahead < n) __builtin_prefetch(v_pool + (row[j + ahead] * kv_heads + h) * dv + e0);
+        const float* vj = v_pool + (row[j] * kv_heads + h) * dv + e0;
+        __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8);
+        __m256 v2 = _mm256_loadu_ps(vj + 16), v3 = _mm256_loadu_ps(vj + 24);
+        __m256 p = _mm256_broadcast_ss(p0 + j);
+        a0 = _mm256_fmadd_ps(p, v0, a0); a1 = _mm256_fmadd_ps(p, v1, a1);
+        a2 = _mm256_fmadd_ps(p, v2, a2); a3 = _mm256_fmadd_ps(p, v3, a3);
+        p = _mm256_broadcast_ss(p1 + j);
+        b0 = _mm256_fmadd_ps(p, v0, b0); b1 = _mm256_fmadd_ps(p, v1, b1);
+        b2 = _mm256_fmadd_ps(p, v2, b2); b3 = _mm256_fmadd_ps(p, v3, b3);
+        p = _mm256_broadcast_ss(p2 + j);
+        c0 = _mm256_fmadd_ps(p, v0, c0); c1 = _mm256_fmadd_ps(p, v1, c1);
+        c2 = _mm256_fmadd_ps(p, v2, c2); c3 = _mm256_fmadd_ps(p, v3, c3);
+      }
+      float* o = out + g * dv + e0;
+      _mm256_storeu_ps(o, a0); _mm256_storeu_ps(o + 8, a1); _mm256_storeu_ps(o + 16, a2); _mm256_storeu_ps(o + 24, a3);
+      if (cnt > 1) {
+        o += dv;
+        _mm256_storeu_ps(o, b0); _mm256_storeu_ps(o + 8, b1); _mm256_storeu_ps(o + 16, b2); _mm256_storeu_ps(o + 24, b3);
+      }
+      if (cnt > 2) {
+        o += dv;
+        _mm256_storeu_ps(o, c0); _mm256_storeu_ps(o + 8, c1); _mm256_storeu_ps(o + 16, c2); _mm256_storeu_ps(o + 24, c3);
+      }
+    }
   }
-  for (int64_t e = 0; e < group * dv; e++) out[e] = acc[e];
+#endif
+  if (e0 < dv) {  /* the remaining values (all of them without AVX2) */
+    int64_t rest = dv - e0;
+    for (int64_t e = 0; e < group * rest; e++) acc[e] = 0.f;
+    for (int64_t j = 0; j < n; j++) {
+      const float* vj = v_pool + (row[j] * kv_heads + h) * dv + e0;
+      for (int64_t g = 0; g < group; g++) axpy(acc + g * rest, scores[g * n + j], vj, rest);
+    }
+    for (int64_t g = 0; g < group; g++)
+      for (int64_t e = 0; e < rest; e++) out[g * dv + e0 + e] = acc[g * rest + e];
+  }
 }
 
 /* q [B, H, D]; k_pool [S, Hkv, D]; v_pool [S, Hkv, Dv]; slots [B, max_len]; lens [B]; out [B, H, Dv].
