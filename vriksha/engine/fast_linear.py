@@ -10,6 +10,7 @@ Derived weight layouts are rebuilt by `refresh()` after the weights change in pl
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -44,8 +45,16 @@ def _bucket(rows: int) -> int:
     return len(BUCKETS) - 1
 
 
+@functools.cache
 def _mkldnn_available(dtype: torch.dtype) -> bool:
-    return torch.backends.mkldnn.is_available() and dtype in (torch.float32, torch.bfloat16)
+    """Whether oneDNN packs weights of this dtype here (bf16 needs AVX-512 or AVX-NE-CONVERT on the CPU)."""
+    if not torch.backends.mkldnn.is_available() or dtype not in (torch.float32, torch.bfloat16):
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype), None)
+    except RuntimeError:
+        return False
+    return True
 
 
 class _Layouts:
