@@ -120,7 +120,7 @@ def paged_attention(
     out = query.new_empty(total, num_heads, v_dim)
     k_pool, v_pool = pool.k[layer], pool.v[layer]
 
-    if batch.num_decode and batch.native is not None and query.dtype == torch.float32:
+    if batch.num_decode and batch.native is not None:
         b = batch.num_decode
         q = query[0, :, :b].transpose(0, 1).contiguous()  # [B, H, D]
         scale = scaling if scaling is not None else head_dim**-0.5

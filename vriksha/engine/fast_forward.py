@@ -71,9 +71,7 @@ class FastForward:
             raise ValueError(f"the lean forward does not support this model: {reason}")
         self.model = model
         self.layers = list(model.model.layers[: _text_config(model).num_hidden_layers])
-        weight = model.model.embed_tokens.weight
-        fp32_cpu = weight.dtype == torch.float32 and weight.device.type == "cpu"
-        self.kernels = kernels if fp32_cpu else None
+        self.kernels = kernels  # given only for fp32 models on the CPU
 
     def __call__(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, sample_index: torch.Tensor

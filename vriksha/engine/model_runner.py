@@ -64,8 +64,8 @@ class ModelRunner:
         self.device = pool.device
         name = register_attention()
         model.set_attn_implementation(name)
-        self.native = native.kernels() if use_native and self.device.type == "cpu" else None
-        self.native_attention = self.native is not None and pool.dtype == torch.float32
+        fp32_cpu = self.device.type == "cpu" and pool.dtype == torch.float32  # the kernels' only case
+        self.native = native.kernels() if use_native and fp32_cpu else None
         self.fast_linear = fast_linear.FastLinear(model, self.native) if use_fast_linear else None
         self.fast_forward: FastForward | None = None
         if use_fast_forward:
@@ -91,7 +91,7 @@ class ModelRunner:
         slot_parts: list[torch.Tensor] = []
         attn = AttentionBatch(
             pool=self.pool, slot_mapping=torch.empty(0), num_decode=len(batch.decodes),
-            native=self.native if self.native_attention else None,
+            native=self.native,
         )
         if batch.decodes:
             rows = torch.tensor([r.row for r in batch.decodes], dtype=torch.int64)
