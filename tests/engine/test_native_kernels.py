@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import copy
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.engine.conftest import tiny_model
+from tests.engine.conftest import assert_same_samples, engines_over, tiny_model
 from vriksha import LLM, SamplingParams
 from vriksha.engine import native
 from vriksha.engine.native import kernels
@@ -82,17 +80,17 @@ def test_disabled_or_unbuildable_falls_back_to_torch(monkeypatch, tmp_path):
 def test_engine_with_native_kernels_equals_engine_without(name, default_tokenizer):
     vocab = 512
     model = tiny_model(name, vocab)
-    common = dict(chunked_prefill_size=8, max_num_batched_tokens=24, kv_cache_memory_gb=0.01, max_model_len=256)
-    fast = LLM.from_module(copy.deepcopy(model), default_tokenizer, **common)
-    plain = LLM.from_module(copy.deepcopy(model), default_tokenizer, native_kernels=False, **common)
+    fast, plain = engines_over(model, default_tokenizer, native_kernels=False)
     assert fast.engine.runner.native is not None and plain.engine.runner.native is None
-    g = torch.Generator().manual_seed(4)
-    prompts = [{"prompt_token_ids": torch.randint(0, vocab, (n,), generator=g).tolist()} for n in (1, 9, 30)]
-    params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=5, logprobs=2, n=2)
-    for x, y in zip(fast.generate(prompts, params), plain.generate(prompts, params), strict=True):
-        for a, b in zip(x.outputs, y.outputs, strict=True):
-            assert a.token_ids == b.token_ids
-            assert a.token_logprobs == pytest.approx(b.token_logprobs, abs=1e-4)
+    assert_same_samples(fast, plain, vocab, seed=4, n=2, atol=1e-4)
+
+
+def test_engine_without_fp32_on_the_cpu_keeps_torchs_kernels(default_tokenizer):
+    model = tiny_model("llama", 512).to(torch.bfloat16)
+    llm = LLM.from_module(model, default_tokenizer, kv_cache_memory_gb=0.01, max_model_len=128)
+    assert llm.engine.runner.native is None and llm.engine.runner.fast_forward.kernels is None
+    out = llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == 4
 
 
 def test_elementwise_kernels_match_torch(k):
