@@ -12,28 +12,14 @@ def default_tokenizer():
 
 
 def tiny_config(family: str, vocab_size: int):
-    """A tiny random config of one model family: GQA everywhere, tied embeddings where the family ties."""
-    common = dict(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, initializer_range=0.2,
-    )
-    if family == "llama":
-        from transformers import LlamaConfig
+    """A tiny random config of one model family (tests/engine/families.py), at `vocab_size`."""
+    from tests.engine.families import FAMILY_CONFIGS, REFUSED_CONFIGS
 
-        return LlamaConfig(**common, tie_word_embeddings=True)
-    if family == "qwen2":
-        from transformers import Qwen2Config
-
-        return Qwen2Config(**common, tie_word_embeddings=False)
-    if family == "qwen3":
-        from transformers import Qwen3Config
-
-        return Qwen3Config(**common, head_dim=16, tie_word_embeddings=True)
-    if family == "gemma3":
-        from transformers import Gemma3TextConfig
-
-        return Gemma3TextConfig(**common, head_dim=16, sliding_window=8, layer_types=["sliding_attention", "full_attention"], query_pre_attn_scalar=16)
-    raise ValueError(family)
+    config = {**FAMILY_CONFIGS, **REFUSED_CONFIGS}[family]()
+    config.vocab_size = vocab_size
+    if hasattr(config, "get_text_config"):
+        config.get_text_config().vocab_size = vocab_size
+    return config
 
 
 def tiny_model(family: str, vocab_size: int, seed: int = 0):

@@ -1,4 +1,5 @@
-"""The engine's greedy output equals Transformers' generate() on tiny random models of several families."""
+"""Every tested decoder family through the engine: greedy tokens equal Transformers' generate(), sampled log-probs
+equal Transformers' log-softmax, with the prefix cache on and off, prompts chunked and not."""
 
 import copy
 
@@ -6,39 +7,102 @@ import pytest
 import torch
 
 from tests.engine.conftest import tiny_model
+from tests.engine.families import FAMILY_CONFIGS, MOE_FAMILIES, REFUSED_CONFIGS, VOCAB
 from vriksha import LLM, SamplingParams
+from vriksha.errors import ModelLoadError
 
-FAMILIES = ["llama", "qwen2", "qwen3", "gemma3"]
+FAMILIES = sorted(FAMILY_CONFIGS)
+CHUNKED = dict(chunked_prefill_size=8, max_num_batched_tokens=24)
+UNCHUNKED = dict(chunked_prefill_size=512, max_num_batched_tokens=512)
 
 
 def hf_greedy(model, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-            max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0,
+            torch.tensor([prompt_ids]),
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
         )
-    return out[0, len(prompt_ids):].tolist()
+    return out[0, len(prompt_ids) :].tolist()
+
+
+def hf_token_logprobs(model, prompt_ids: list[int], new_ids: list[int]) -> list[float]:
+    ids = torch.tensor([prompt_ids + new_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids, use_cache=False).logits[0].float()
+    logprobs = torch.log_softmax(logits[len(prompt_ids) - 1 : -1], dim=-1)
+    return logprobs.gather(1, torch.tensor(new_ids)[:, None])[:, 0].tolist()
+
+
+def engine_over(reference, tokenizer, **options) -> LLM:
+    return LLM.from_module(
+        copy.deepcopy(reference), tokenizer, kv_cache_memory_gb=0.01, max_model_len=256, **options
+    )
+
+
+def test_the_suite_covers_what_it_claims():
+    assert len(FAMILIES) >= 14
+    assert {"gemma2", "gpt_neox"} <= set(FAMILIES) and len(set(MOE_FAMILIES) & set(FAMILIES)) >= 3
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-@pytest.mark.parametrize("prefix_caching", [True, False])
-def test_greedy_matches_transformers(family, prefix_caching, default_tokenizer):
-    vocab = 512
-    reference = tiny_model(family, vocab)
-    engine_model = copy.deepcopy(reference)
+@pytest.mark.parametrize("layout", ["cached-chunked", "uncached-unchunked"])
+def test_greedy_matches_transformers(family, layout, default_tokenizer):
+    prefix_caching = layout == "cached-chunked"
+    reference = tiny_model(family, VOCAB)
     g = torch.Generator().manual_seed(1)
-    shared = torch.randint(0, vocab, (20,), generator=g).tolist()
-    prompts = [torch.randint(0, vocab, (n,), generator=g).tolist() for n in (1, 5, 17, 40)]
+    shared = torch.randint(0, VOCAB, (20,), generator=g).tolist()
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (1, 5, 17, 40)]
     prompts += [shared + [7, 8, 9], shared + [10], shared + list(range(30))]
-    llm = LLM.from_module(
-        engine_model, default_tokenizer, chunked_prefill_size=8, max_num_batched_tokens=24,
-        enable_prefix_caching=prefix_caching, kv_cache_memory_gb=0.01, max_model_len=256,
+    llm = engine_over(
+        reference,
+        default_tokenizer,
+        enable_prefix_caching=prefix_caching,
+        **(CHUNKED if prefix_caching else UNCHUNKED),
     )
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     for prompt, out in zip(prompts, outs, strict=True):
-        assert out.outputs[0].token_ids == hf_greedy(reference, prompt, 12), f"diverged on prompt of {len(prompt)}"
+        assert out.outputs[0].token_ids == hf_greedy(reference, prompt, 12), (
+            f"diverged on prompt of {len(prompt)}"
+        )
     if prefix_caching:
         again = llm.generate([{"prompt_token_ids": shared + [7, 8, 9]}], params)[0]
         assert again.num_cached_tokens == len(shared) + 2
         assert again.outputs[0].token_ids == outs[4].outputs[0].token_ids
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_sampled_logprobs_match_transformers(family, default_tokenizer):
+    reference = tiny_model(family, VOCAB)
+    llm = engine_over(reference, default_tokenizer, **CHUNKED)
+    g = torch.Generator().manual_seed(2)
+    prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (3, 26)]
+    params = SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True, seed=7, logprobs=0)
+    for prompt, out in zip(
+        prompts, llm.generate([{"prompt_token_ids": p} for p in prompts], params), strict=True
+    ):
+        sample = out.outputs[0]
+        expected = hf_token_logprobs(reference, prompt, sample.token_ids)
+        assert sample.token_logprobs == pytest.approx(expected, abs=1e-4)
+
+
+@pytest.mark.parametrize("family", sorted(REFUSED_CONFIGS))
+def test_family_with_its_own_attention_code_is_refused_by_name(family, default_tokenizer):
+    with pytest.raises(ModelLoadError, match="AttentionInterface"):
+        engine_over(tiny_model(family, VOCAB), default_tokenizer)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_bf16_logprobs_close_to_transformers_bf16(family, default_tokenizer):
+    """bf16 weights and KV: sampled log-probs within bf16's rounding of Transformers' own bf16 forward."""
+    reference = tiny_model(family, VOCAB).to(torch.bfloat16)
+    llm = engine_over(reference, default_tokenizer, **CHUNKED)
+    prompt = torch.randint(0, VOCAB, (19,), generator=torch.Generator().manual_seed(3)).tolist()
+    params = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True, seed=11, logprobs=0)
+    sample = llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0]
+    expected = hf_token_logprobs(reference, prompt, sample.token_ids)
+    assert sample.token_logprobs == pytest.approx(expected, abs=0.08)

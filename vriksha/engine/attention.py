@@ -3,19 +3,21 @@
 The model runs one flattened ragged batch ([1, T] tokens, no padding computed). For each layer this function
 writes the new tokens' K/V into the pool, then attends each request's queries over that request's cached
 tokens: decode tokens (one query each) in one call (on the CPU in fp32 a native kernel reading the pool in
-place, else one padded SDPA over gathered K/V), prefill chunks one SDPA call per request.
-The batch layout is published by the model runner through `forward_context` before the forward pass.
+place, else one padded SDPA over gathered K/V), prefill chunks one SDPA call per request. Layers with terms SDPA cannot express (logit soft-capping, attention
+sinks) take an explicit softmax over the same K/V. The batch layout is published by the model runner through `forward_context` before the forward pass.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
 
+from vriksha.engine.kv_layout import LayoutProbe
 from vriksha.engine.kv_pool import KVPool
 from vriksha.engine.native import Kernels
 
@@ -70,11 +72,11 @@ class AttentionBatch:
         return self._masks[key]
 
 
-_current: AttentionBatch | None = None
+_current: AttentionBatch | LayoutProbe | None = None
 
 
 @contextlib.contextmanager
-def forward_context(batch: AttentionBatch) -> Iterator[None]:
+def forward_context(batch: AttentionBatch | LayoutProbe) -> Iterator[None]:
     global _current
     previous, _current = _current, batch
     try:
@@ -99,14 +101,12 @@ def paged_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     batch = _current
-    if batch is None:  # a forward outside the engine (training, a plain HF call): behave exactly like SDPA
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
-        )
-    if kwargs.get("softcap") or getattr(module, "attn_logit_softcapping", None):
-        raise NotImplementedError("attention logit soft-capping (Gemma 2) is not supported by the engine yet")
+    if batch is None or isinstance(batch, LayoutProbe):
+        # a forward outside the engine (training, a plain HF call) behaves exactly like the family's own attention
+        if isinstance(batch, LayoutProbe):
+            batch.record(module.layer_idx, key, value)
+        return _reference_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
+    extras = _Extras.of(module, kwargs)
     layer = module.layer_idx
     pool = batch.pool
     num_heads, num_kv_heads = query.shape[1], key.shape[1]
@@ -120,7 +120,7 @@ def paged_attention(
     out = query.new_empty(total, num_heads, v_dim)
     k_pool, v_pool = pool.k[layer], pool.v[layer]
 
-    if batch.num_decode and batch.native is not None:
+    if batch.num_decode and batch.native is not None and extras is None:
         b = batch.num_decode
         q = query[0, :, :b].transpose(0, 1).contiguous()  # [B, H, D]
         scale = scaling if scaling is not None else head_dim**-0.5
@@ -134,16 +134,29 @@ def paged_attention(
         flat = slots.view(-1)  # index_select: aten::index is far slower on the CPU for this gather
         k = k_pool.index_select(0, flat).view(b, -1, num_kv_heads, head_dim).transpose(1, 2)  # [B, Hkv, L, D]
         v = v_pool.index_select(0, flat).view(b, -1, num_kv_heads, v_dim).transpose(1, 2)
-        o = F.scaled_dot_product_attention(
-            q.to(k.dtype), k, v, attn_mask=batch.decode_mask(window), scale=scaling
-        )  # [B, Hkv, G, D]
+        if extras is None:
+            o = F.scaled_dot_product_attention(
+                q.to(k.dtype), k, v, attn_mask=batch.decode_mask(window), scale=scaling
+            )  # [B, Hkv, G, D]
+        else:
+            sinks = None if extras.sinks is None else extras.sinks.view(1, num_kv_heads, group, 1)
+            o = extras.attend(q.to(k.dtype), k, v, batch.decode_mask(window), scaling, sinks)
         out[:b] = o.reshape(b, num_heads, v_dim).to(out.dtype)
 
     for i, seg in enumerate(batch.prefills):
         s, n = seg.q_start, seg.q_len
         q = query[:, :, s : s + n]
         mask = batch.prefill_mask(i, window)
-        if mask is None:
+        if extras is not None:
+            k = k_pool.index_select(0, seg.kv_slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
+            v = v_pool.index_select(0, seg.kv_slots).transpose(0, 1).unsqueeze(0)
+            if mask is None:
+                mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
+            sinks = None if extras.sinks is None else extras.sinks.view(1, num_heads, 1, 1)
+            o = extras.attend(
+                q.to(k.dtype), k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), mask, scaling, sinks
+            )
+        elif mask is None:
             k, v = key[:, :, s : s + n], value[:, :, s : s + n]
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=group > 1)
         else:
@@ -154,6 +167,51 @@ def paged_attention(
             )
         out[s : s + n] = o[0].transpose(0, 1).to(out.dtype)
     return out.unsqueeze(0), None
+
+
+@dataclass(slots=True)
+class _Extras:
+    """Terms SDPA cannot express: tanh soft-capping of the logits (Gemma 2) and per-head attention sinks
+    (a learned logit that takes part in the softmax and is then dropped, GPT-OSS)."""
+
+    softcap: float | None
+    sinks: torch.Tensor | None  # [H]
+
+    @classmethod
+    def of(cls, module: torch.nn.Module, kwargs: dict) -> _Extras | None:
+        softcap = kwargs.get("softcap") or getattr(module, "attn_logit_softcapping", None)
+        sinks = kwargs.get("s_aux")
+        if sinks is None:
+            sinks = getattr(module, "sinks", None)
+        if not softcap and sinks is None:
+            return None
+        return cls(float(softcap) if softcap else None, sinks)
+
+    def attend(self, q, k, v, mask, scale, sinks) -> torch.Tensor:
+        """q [.., Tq, D], k/v [.., Tk, D] with matching heads; mask bool, broadcastable to [.., Tq, Tk]."""
+        scale = scale if scale is not None else q.shape[-1] ** -0.5
+        scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+        if self.softcap is not None:
+            scores = torch.tanh(scores / self.softcap) * self.softcap
+        scores = scores.masked_fill(~mask, float("-inf"))
+        if sinks is not None:
+            sink = sinks.float().expand(*scores.shape[:-1], 1)
+            scores = torch.cat([scores, sink], dim=-1)
+            probs = torch.softmax(scores - scores.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
+        else:
+            probs = torch.softmax(scores, dim=-1)
+        return torch.matmul(probs.to(v.dtype), v)
+
+
+def _reference_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs):
+    """The attention the family itself would run: SDPA, or its eager code where it has terms SDPA lacks."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if _Extras.of(module, kwargs) is not None:
+        forward = getattr(inspect.getmodule(type(module)), "eager_attention_forward", None)
+        if forward is not None:
+            return forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
 
 
 def _mask(*args, **kwargs):

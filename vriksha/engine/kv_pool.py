@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from vriksha.engine.kv_layout import KVLayout
 from vriksha.errors import ConfigError
 
 
@@ -52,39 +53,26 @@ class SlotAllocator:
 
 
 class KVPool:
-    """K and V for every layer as [num_slots, num_kv_heads, head_dim] tensors, written in place by slot index."""
+    """K and V for every layer as [num_slots, kv_heads, k_dim] / [num_slots, kv_heads, v_dim] tensors, written in
+    place by slot index; each layer shaped as its `LayerKV` says."""
 
     def __init__(
-        self,
-        num_layers: int,
-        num_slots: int,
-        num_kv_heads: int,
-        head_dim: int,
-        dtype: torch.dtype,
-        device: torch.device | str = "cpu",
+        self, layout: KVLayout, num_slots: int, dtype: torch.dtype, device: torch.device | str = "cpu"
     ) -> None:
-        self.num_layers = num_layers
+        self.layout = layout
+        self.num_layers = layout.num_layers
         self.num_slots = num_slots
-        self.num_kv_heads = num_kv_heads
-        self.head_dim = head_dim
         self.dtype = dtype
         self.device = torch.device(device)
-        shape = (num_slots, num_kv_heads, head_dim)
-        self.k = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=self.device) for _ in range(num_layers)]
+        self.k = [torch.zeros((num_slots, x.kv_heads, x.k_dim), dtype=dtype, device=self.device) for x in layout.layers]
+        self.v = [torch.zeros((num_slots, x.kv_heads, x.v_dim), dtype=dtype, device=self.device) for x in layout.layers]
 
     @staticmethod
-    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return 2 * num_layers * num_kv_heads * head_dim * torch.empty((), dtype=dtype).element_size()
-
-    @classmethod
-    def slots_for_budget(
-        cls, budget_bytes: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
-    ) -> int:
-        return max(2, budget_bytes // cls.bytes_per_token(num_layers, num_kv_heads, head_dim, dtype))
+    def slots_for_budget(budget_bytes: int, layout: KVLayout, dtype: torch.dtype) -> int:
+        return max(2, budget_bytes // layout.bytes_per_token(dtype))
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """k, v: [num_tokens, num_kv_heads, head_dim] for the tokens at `slots`."""
+        """k, v: [num_tokens, kv_heads, k_dim / v_dim] for the tokens at `slots`."""
         self.k[layer].index_copy_(0, slots, k.to(self.dtype))
         self.v[layer].index_copy_(0, slots, v.to(self.dtype))
 

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 import torch
 
 from vriksha.engine.config import EngineConfig
+from vriksha.engine.kv_layout import probe_kv_layout
 from vriksha.engine.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
-from vriksha.engine.model_runner import ModelRunner, kv_layout
+from vriksha.engine.model_runner import ModelRunner
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
 from vriksha.engine.radix_cache import RadixCache
 from vriksha.engine.request import Request
@@ -92,11 +93,10 @@ class LLMEngine:
         self.vocab_size = int(text_config.vocab_size)
         self.eos_token_ids = self._eos_ids()
 
-        layers, kv_heads, head_dim = kv_layout(model.config)
-        budget = self._kv_budget_bytes()
-        num_slots = KVPool.slots_for_budget(budget, layers, kv_heads, head_dim, self.dtype)
+        layout = probe_kv_layout(model)
+        num_slots = KVPool.slots_for_budget(self._kv_budget_bytes(), layout, self.dtype)
         self.allocator = SlotAllocator(num_slots, self.device)
-        self.pool = KVPool(layers, num_slots, kv_heads, head_dim, self.dtype, self.device)
+        self.pool = KVPool(layout, num_slots, self.dtype, self.device)
         self.table = ReqToTokenTable(config.max_num_seqs + 1, self.max_model_len + 1, self.device)
         self.cache = RadixCache(self.allocator, enabled=config.enable_prefix_caching)
         from vriksha.engine.scheduler import Scheduler

@@ -39,15 +39,6 @@ class ForwardBatch:
         return self.decodes + [c.request for c in self.prefills if c.sample]
 
 
-def kv_layout(config) -> tuple[int, int, int]:
-    """(layers, kv heads, head dim) from a Transformers config."""
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    heads = text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
-    return text.num_hidden_layers, kv_heads, head_dim
-
-
 class ModelRunner:
     def __init__(
         self,
