@@ -12,6 +12,8 @@ from vriksha import LLM, SamplingParams
 from vriksha.errors import ModelLoadError
 
 FAMILIES = sorted(FAMILY_CONFIGS)
+LEAN_FORWARD_FAMILIES = ["llama", "qwen2", "qwen3"]  # the engine's lean forward covers these layer classes
+FORWARDS = [(f, "transformers") for f in FAMILIES] + [(f, "lean") for f in LEAN_FORWARD_FAMILIES]
 CHUNKED = dict(chunked_prefill_size=8, max_num_batched_tokens=24)
 UNCHUNKED = dict(chunked_prefill_size=512, max_num_batched_tokens=512)
 
@@ -37,10 +39,14 @@ def hf_token_logprobs(model, prompt_ids: list[int], new_ids: list[int]) -> list[
     return logprobs.gather(1, torch.tensor(new_ids)[:, None])[:, 0].tolist()
 
 
-def engine_over(reference, tokenizer, **options) -> LLM:
-    return LLM.from_module(
-        copy.deepcopy(reference), tokenizer, kv_cache_memory_gb=0.01, max_model_len=256, **options
+def engine_over(reference, tokenizer, forward: str = "lean", **options) -> LLM:
+    """An engine over a copy of `reference`; forward="transformers" keeps the model's own forward everywhere."""
+    llm = LLM.from_module(
+        copy.deepcopy(reference), tokenizer, kv_cache_memory_gb=0.01, max_model_len=256,
+        fast_forward=forward == "lean", **options,
     )
+    assert (llm.engine.runner.fast_forward is not None) == (forward == "lean" and reference.config.model_type in LEAN_FORWARD_FAMILIES)
+    return llm
 
 
 def test_the_suite_covers_what_it_claims():
@@ -75,10 +81,10 @@ def test_greedy_matches_transformers(family, layout, default_tokenizer):
         assert again.outputs[0].token_ids == outs[4].outputs[0].token_ids
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_sampled_logprobs_match_transformers(family, default_tokenizer):
+@pytest.mark.parametrize(("family", "forward"), FORWARDS)
+def test_sampled_logprobs_match_transformers(family, forward, default_tokenizer):
     reference = tiny_model(family, VOCAB)
-    llm = engine_over(reference, default_tokenizer, **CHUNKED)
+    llm = engine_over(reference, default_tokenizer, forward, **CHUNKED)
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, VOCAB, (n,), generator=g).tolist() for n in (3, 26)]
     params = SamplingParams(temperature=1.0, max_tokens=10, ignore_eos=True, seed=7, logprobs=0)
@@ -96,13 +102,25 @@ def test_family_with_its_own_attention_code_is_refused_by_name(family, default_t
         engine_over(tiny_model(family, VOCAB), default_tokenizer)
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_bf16_logprobs_close_to_transformers_bf16(family, default_tokenizer):
+@pytest.mark.parametrize(("family", "forward"), FORWARDS)
+def test_bf16_logprobs_close_to_transformers_bf16(family, forward, default_tokenizer):
     """bf16 weights and KV: sampled log-probs within bf16's rounding of Transformers' own bf16 forward."""
     reference = tiny_model(family, VOCAB).to(torch.bfloat16)
-    llm = engine_over(reference, default_tokenizer, **CHUNKED)
+    llm = engine_over(reference, default_tokenizer, forward, **CHUNKED)
     prompt = torch.randint(0, VOCAB, (19,), generator=torch.Generator().manual_seed(3)).tolist()
     params = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True, seed=11, logprobs=0)
     sample = llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0]
     expected = hf_token_logprobs(reference, prompt, sample.token_ids)
     assert sample.token_logprobs == pytest.approx(expected, abs=0.08)
+
+
+def test_docs_and_readme_name_exactly_the_tested_families():
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    matrix = (root / "docs" / "models.md").read_text()
+    rows = {line.split("|")[1].strip(" `") for line in matrix.splitlines() if line.startswith("| `")}
+    assert rows == set(FAMILIES), f"docs/models.md's parity matrix differs from the tests: {rows ^ set(FAMILIES)}"
+    readme = next(line for line in (root / "README.md").read_text().splitlines() if line.startswith("Tested families"))
+    listed = {name.strip(" `.") for name in readme.split(":", 1)[1].split(",")}
+    assert listed == set(FAMILIES), f"README's tested-families line differs from the tests: {listed ^ set(FAMILIES)}"
