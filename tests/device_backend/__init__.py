@@ -1,0 +1,62 @@
+"""`vdev`: a PrivateUse1 device backend for tests, in the manner of PyTorch's OpenReg.
+
+`load()` compiles `vdev.cpp` once (a C++ compiler is needed; about a minute) and registers the device with
+PyTorch under the name "vdev": `torch.device("vdev")`, `torch.accelerator` reports it, and tensors there live in
+the backend's own allocator while operators without a kernel of their own run on the CPU through the fallback.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import torch
+
+NAME = "vdev"
+_extension = None
+
+
+def compiler_missing() -> str | None:
+    """Why the backend cannot be built here, or None."""
+    if shutil.which(os.environ.get("CXX", "c++")) is None:
+        return "no C++ compiler (set CXX or install g++) to build the vdev PrivateUse1 test backend"
+    return None
+
+
+def _device_module() -> types.ModuleType:
+    module = types.ModuleType(f"torch.{NAME}")
+    module.is_available = lambda: True
+    module.device_count = lambda: 1
+    module.current_device = lambda: 0
+    module.set_device = lambda index: None
+    module.synchronize = lambda device=None: None
+    module._is_in_bad_fork = lambda: False
+    module.manual_seed_all = lambda seed: None
+    module.get_amp_supported_dtype = lambda: [torch.float32, torch.bfloat16]
+    return module
+
+
+def load():
+    """Build (once per torch version) and register the backend; returns the compiled extension module."""
+    global _extension
+    if _extension is not None:
+        return _extension
+    from torch.utils.cpp_extension import load as load_extension
+
+    cache = Path(os.environ.get("VRIKSHA_CACHE", Path.home() / ".cache" / "vriksha")).expanduser()
+    build = cache / "vdev" / f"torch-{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
+    build.mkdir(parents=True, exist_ok=True)
+    _extension = load_extension(
+        name="vriksha_vdev",
+        sources=[str(Path(__file__).with_name("vdev.cpp"))],
+        build_directory=str(build),
+        extra_cflags=["-O1"],
+        verbose=False,
+    )
+    torch.utils.rename_privateuse1_backend(NAME)
+    torch._register_device_module(NAME, _device_module())
+    torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
+    return _extension
