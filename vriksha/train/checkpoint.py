@@ -105,17 +105,26 @@ def load_checkpoint(
     state_file = path / "trainer.json"
     if not state_file.is_file():
         raise CheckpointError(f"{path} is not a complete checkpoint (no trainer.json)")
+    trainer_state = json.loads(state_file.read_text())
     rng_file = path / f"rng_rank{rank}.pt"
-    if not rng_file.is_file():
-        raise CheckpointError(
-            f"{path} has no RNG state for rank {rank}: resume with the same number of processes"
-        )
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    resharded = trainer_state.get("world_size", world) != world
+    if not rng_file.is_file() and not resharded:
+        raise CheckpointError(f"{path} has no RNG state for rank {rank}: the checkpoint is incomplete")
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    trainer_state = json.loads(state_file.read_text())
     scheduler.load_state_dict(trainer_state.pop("scheduler"))
-    _set_rng_state(torch.load(rng_file, weights_only=False))
+    if resharded:
+        # DCP reshards model and optimizer onto this mesh; per-rank RNG streams do not map across
+        # world sizes (episodes and sampling are seeded per step, so only dropout-like draws differ)
+        logger.warning(
+            "checkpoint written by %s processes, resumed on %d: model and optimizer resharded, RNG state not restored",
+            trainer_state.get("world_size"),
+            world,
+        )
+    else:
+        _set_rng_state(torch.load(rng_file, weights_only=False))
     logger.info("resumed from %s (step %d)", path, trainer_state["step"])
     return trainer_state

@@ -108,10 +108,32 @@ class GRPOConfig(_Section):
     )
 
 
+class ParallelConfig(_Section):
+    """How the ranks are arranged: the mesh `(dp_replicate, dp_shard, tp)`, whose product is the
+    number of processes (see docs/training.md, "Parallelism")."""
+
+    dp_replicate: int = Field(1, ge=1, description="replicas of the sharded model (HSDP); 1: plain FSDP")
+    dp_shard: int = Field(-1, ge=-1, description="FSDP2 shard degree; -1: every rank the others leave")
+    tp: int = Field(
+        1, ge=1, description="tensor-parallel degree (must divide attention heads, KV heads, MLP width)"
+    )
+    shard_vocab: bool = Field(
+        True, description="with tp > 1: split the embedding and LM head over the vocabulary (else replicate)"
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> ParallelConfig:
+        if self.dp_shard == 0:
+            raise ValueError("dp_shard: must be >= 1 or -1 (the remaining ranks), got 0")
+        return self
+
+
 class TrainerConfig(_Section):
     steps: int = Field(10, ge=1, description="GRPO steps")
     seed: int = Field(0, ge=0, description="seed for episodes, sampling and initialisation")
-    eval_interval: int = Field(0, ge=0, description="evaluate every N steps (0, or more than steps: before and after only)")
+    eval_interval: int = Field(
+        0, ge=0, description="evaluate every N steps (0, or more than steps: before and after only)"
+    )
     eval_episodes: int = Field(32, ge=0, description="held-out episodes per evaluation (0: no eval)")
     eval_max_new_tokens: int | None = Field(None, ge=1, description="defaults to rollout.max_new_tokens")
     checkpoint_interval: int = Field(0, ge=0, description="checkpoint every K steps (0: only at the end)")
@@ -134,6 +156,7 @@ class TrainConfig(_Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
+    parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""One DeviceMesh for every run: FSDP2 over `dp_shard` ranks, gloo on CPU and NCCL on GPU.
+"""One DeviceMesh for every run: `(dp_replicate, dp_shard, tp)`, gloo on CPU and NCCL on GPU.
 
 `torchrun --nproc_per_node=N` sets RANK/WORLD_SIZE and the rendezvous; a plain single process
 gets a process group of one over an in-memory store, so it runs the very same code path.
@@ -14,19 +14,32 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from vriksha.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["ParallelDims", "init_distributed", "parallelize", "shard_range", "EngineWeights", "all_reduce"]
+__all__ = [
+    "ParallelDims",
+    "init_distributed",
+    "resolve_degrees",
+    "shard_range",
+    "EngineWeights",
+    "all_reduce",
+]
 
 
 @dataclass(slots=True)
 class ParallelDims:
-    """Where this process sits: rank, world size, device, backend and the mesh over them."""
+    """Where this process sits on the mesh `(dp_replicate, dp_shard, tp)`, tp innermost.
+
+    `dp_replicate x dp_shard` ranks hold different data (HSDP when `dp_replicate > 1`, FSDP2
+    over `dp_shard`); the `tp` ranks of one data-parallel group hold the same batch and split
+    every matmul (attention heads, MLP columns) between them. World rank
+    `r = (replicate * dp_shard + shard) * tp + t`, so a tensor-parallel group is `tp` consecutive
+    ranks (one host's devices on a GPU cluster).
+    """
 
     rank: int
     world_size: int
@@ -34,14 +47,77 @@ class ParallelDims:
     device: torch.device
     backend: str
     mesh: DeviceMesh
+    dp_replicate: int = 1
+    dp_shard: int = 1
+    tp: int = 1
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def dp(self) -> int:
+        """Data-parallel degree: how many different batches one step trains on."""
+        return self.dp_replicate * self.dp_shard
 
-def init_distributed(device: str | None = None) -> ParallelDims:
-    """Join (or create) the process group and build a 1-D mesh named `dp_shard`."""
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.tp
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp
+
+    @property
+    def dp_mesh(self) -> DeviceMesh:
+        """The mesh FSDP2 shards (and, with `dp_replicate > 1`, replicates) over."""
+        return self.mesh["dp_replicate", "dp_shard"] if self.dp_replicate > 1 else self.mesh["dp_shard"]
+
+    @property
+    def tp_mesh(self) -> DeviceMesh:
+        return self.mesh["tp"]
+
+    @property
+    def shape(self) -> str:
+        """`dp x tp` as the docs and the benchmark write it (`2x2`), with the replicate degree first if any."""
+        dp = f"{self.dp_replicate}x{self.dp_shard}" if self.dp_replicate > 1 else str(self.dp_shard)
+        return f"{dp}x{self.tp}"
+
+
+def resolve_degrees(
+    world_size: int, dp_replicate: int = 1, dp_shard: int = -1, tp: int = 1
+) -> tuple[int, int, int]:
+    """Check the degrees against the world size; `dp_shard=-1` takes the ranks the others leave."""
+    for name, value in (("dp_replicate", dp_replicate), ("tp", tp)):
+        if value < 1:
+            raise ConfigError(f"parallel.{name}: must be >= 1, got {value}")
+    if dp_shard == 0 or dp_shard < -1:
+        raise ConfigError(f"parallel.dp_shard: must be >= 1 or -1 (the remaining ranks), got {dp_shard}")
+    if dp_shard == -1:
+        rest = dp_replicate * tp
+        if world_size % rest:
+            raise ConfigError(
+                f"parallel: dp_replicate ({dp_replicate}) x tp ({tp}) = {rest} does not divide the "
+                f"world size {world_size}; choose degrees whose product divides the number of processes"
+            )
+        dp_shard = world_size // rest
+    product = dp_replicate * dp_shard * tp
+    if product != world_size:
+        raise ConfigError(
+            f"parallel: dp_replicate ({dp_replicate}) x dp_shard ({dp_shard}) x tp ({tp}) = {product}, "
+            f"but the world size is {world_size}; the product must equal the number of processes "
+            "(--nproc, or torchrun --nproc_per_node); dp_shard: -1 takes whatever is left"
+        )
+    return dp_replicate, dp_shard, tp
+
+
+def init_distributed(
+    device: str | None = None, dp_replicate: int = 1, dp_shard: int = -1, tp: int = 1
+) -> ParallelDims:
+    """Join (or create) the process group and build the mesh `(dp_replicate, dp_shard, tp)`.
+
+    The defaults put every rank on `dp_shard` (plain FSDP2), as a 1-D mesh would.
+    """
     want_cuda = device.startswith("cuda") if device else torch.cuda.is_available()
     backend = "nccl" if want_cuda else "gloo"
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
@@ -56,41 +132,24 @@ def init_distributed(device: str | None = None) -> ParallelDims:
         else:
             dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
     rank, world = dist.get_rank(), dist.get_world_size()
-    mesh = init_device_mesh(dev.type, (world,), mesh_dim_names=("dp_shard",))
-    logger.info("rank %d/%d on %s (%s)", rank, world, dev, backend)
-    return ParallelDims(rank, world, local_rank, dev, backend, mesh)
+    rep, shard, tp = resolve_degrees(world, dp_replicate, dp_shard, tp)
+    mesh = init_device_mesh(dev.type, (rep, shard, tp), mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+    logger.info(
+        "rank %d/%d on %s (%s), mesh dp_replicate=%d dp_shard=%d tp=%d",
+        rank,
+        world,
+        dev,
+        backend,
+        rep,
+        shard,
+        tp,
+    )
+    return ParallelDims(rank, world, local_rank, dev, backend, mesh, rep, shard, tp)
 
 
 def shutdown_distributed() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def _blocks(model: nn.Module) -> list[nn.Module]:
-    """The transformer blocks: modules of a class Transformers says must not be split."""
-    names = set(getattr(model, "_no_split_modules", None) or [])
-    blocks = [m for m in model.modules() if type(m).__name__ in names]
-    if not blocks:
-        layers = getattr(getattr(model, "model", None), "layers", None)
-        blocks = list(layers) if layers is not None else []
-    return blocks
-
-
-def parallelize(model: nn.Module, mesh: DeviceMesh, param_dtype: torch.dtype | None = None) -> nn.Module:
-    """`fully_shard` each transformer block, then the root (embeddings, final norm, head).
-
-    FSDP averages gradients over ranks; the loss is normalised by the global token count, so the
-    caller scales each rank's loss by the world size (see `update.py`) to get the summed, i.e. the
-    single-process, gradient. (A divide factor of 1 would say the same, but gloo has no PREMUL_SUM.)
-    """
-    mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
-    # one rank: keep the gathered parameters from forward to backward (nothing to save by freeing
-    # them, and the prompt and completion forwards of a micro-batch then gather only once)
-    kwargs = {"mesh": mesh, "reshard_after_forward": mesh.size() > 1, **({"mp_policy": mp} if mp else {})}
-    for block in _blocks(model):
-        fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
-    return model
 
 
 def shard_range(total: int, rank: int, world_size: int, what: str = "rollout.prompts_per_step") -> range:

@@ -4,7 +4,8 @@ Two forwards through the (possibly FSDP-sharded) model: the group's prompts with
 keeping only the last prompt position's logits; the cache is repeated for the group's
 completions, whose forward attends to it. Gradients flow through the shared prompt KV, so the
 result (and its gradient) equals running every prompt+completion sequence on its own, at a
-fraction of the tokens. Logits are only ever formed on completion positions.
+fraction of the tokens. Logits are only ever formed on completion positions. With a
+tensor-parallel head the logits stay split over the vocabulary (see `vocab_parallel.py`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from vriksha.train.batch import GroupBatch
+from vriksha.train.vocab_parallel import VocabShard, local_logits, sharded_token_logprobs
 
 __all__ = ["CompletionLogprobs", "completion_logprobs"]
 
@@ -37,7 +39,11 @@ class CompletionLogprobs:
     entropy: Tensor | None  # [B, C] entropy of the predictive distribution (no grad)
 
 
-def _token_logprobs(logits: Tensor, targets: Tensor, with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+def _token_logprobs(
+    logits: Tensor, targets: Tensor, with_entropy: bool, shard: VocabShard | None = None
+) -> tuple[Tensor, Tensor | None]:
+    if shard is not None:  # a tensor-parallel head: this rank's slice of the vocabulary
+        return sharded_token_logprobs(logits, targets, shard, with_entropy)
     logits = logits.float()
     lse = torch.logsumexp(logits, dim=-1)
     lp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
@@ -64,9 +70,10 @@ def completion_logprobs(
     )
     cache = getattr(out, "cache", None) or out.past_key_values
     cache.batch_repeat_interleave(g)
-    first_logits = out.logits[:, -1].repeat_interleave(g, dim=0)  # predicts completion token 0
+    logits, shard = local_logits(out.logits)
+    first_logits = logits[:, -1].repeat_interleave(g, dim=0)  # predicts completion token 0
     c_len = batch.completion_ids.shape[1]
-    lp0, ent0 = _token_logprobs(first_logits, batch.completion_ids[:, 0], with_entropy)
+    lp0, ent0 = _token_logprobs(first_logits, batch.completion_ids[:, 0], with_entropy, shard)
     if c_len == 1:
         return CompletionLogprobs(lp0[:, None], ent0[:, None] if ent0 is not None else None)
     attn = torch.cat([batch.prompt_mask.repeat_interleave(g, dim=0), batch.completion_mask], dim=1)
@@ -79,7 +86,8 @@ def completion_logprobs(
         use_cache=True,
         **{cache_kw: cache},
     )
-    lps, ents = _token_logprobs(out2.logits, batch.completion_ids[:, 1:], with_entropy)
+    logits, shard = local_logits(out2.logits)
+    lps, ents = _token_logprobs(logits, batch.completion_ids[:, 1:], with_entropy, shard)
     logprobs = torch.cat([lp0[:, None], lps], dim=1)
     entropy = torch.cat([ent0[:, None], ents], dim=1) if with_entropy else None
     return CompletionLogprobs(logprobs, entropy)

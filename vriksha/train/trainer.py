@@ -29,16 +29,11 @@ from vriksha.errors import ConfigError
 from vriksha.profiling import phase
 from vriksha.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
 from vriksha.train.config import OptimConfig, TrainConfig
-from vriksha.train.distributed import (
-    EngineWeights,
-    ParallelDims,
-    init_distributed,
-    parallelize,
-    shard_range,
-)
+from vriksha.train.distributed import EngineWeights, ParallelDims, init_distributed, shard_range
 from vriksha.train.export import export_model
 from vriksha.train.grpo import group_advantages
 from vriksha.train.metrics import MetricsWriter, summary_table, write_plots
+from vriksha.train.parallelize import check_tp_degree, parallelize
 from vriksha.train.policy import load_policy
 from vriksha.train.rollout import Episode, RolloutWorker
 from vriksha.train.update import policy_update
@@ -98,7 +93,10 @@ class GRPOTrainer:
         self.resume = resume
         self.profile_cfg = profile
         self.out_dir = Path(cfg.trainer.output_dir)
-        self.pd: ParallelDims = init_distributed()
+        par = cfg.parallel
+        self.pd: ParallelDims = init_distributed(
+            dp_replicate=par.dp_replicate, dp_shard=par.dp_shard, tp=par.tp
+        )
         shard_range(cfg.rollout.prompts_per_step, 0, self.pd.world_size)  # fail early on an uneven split
         self._setup()
 
@@ -115,13 +113,16 @@ class GRPOTrainer:
             resolve_model_path(cfg.model.path)  # convert a GGUF once, before the other ranks look
         dist.barrier()
         model, self.tokenizer = load_policy(cfg.model, cfg.trainer.seed)
+        check_tp_degree(model.config, pd.tp)
         model.to(pd.device)
+        # the engine's own full copy: kept in step by full_tensor() of the sharded parameters
         self.engine_module = copy.deepcopy(model).eval().requires_grad_(False)
         mp = torch.bfloat16 if cfg.model.mixed_precision == "bfloat16" else None
+        vocab = cfg.parallel.shard_vocab
         self.ref_model = None
         if cfg.grpo.kl_coef > 0:
-            self.ref_model = parallelize(copy.deepcopy(model).requires_grad_(False), pd.mesh, mp)
-        self.policy = parallelize(model, pd.mesh, mp)
+            self.ref_model = parallelize(copy.deepcopy(model).requires_grad_(False), pd, mp, vocab)
+        self.policy = parallelize(model, pd, mp, vocab)
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(
             self.policy.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
@@ -200,12 +201,23 @@ class GRPOTrainer:
         logger.info("eval at step %d: success %.1f%%", step, 100 * out["success_rate"])
         return out
 
+    def _tp_gather(self, mine: list[list[Episode]]) -> list[list[Episode]]:
+        """Every rank plays its own prompts; the `tp` ranks of a data-parallel group train on the
+        union of theirs (consecutive ranks, so in prompt order)."""
+        if self.pd.tp == 1:
+            return mine
+        parts: list[Any] = [None] * self.pd.tp
+        dist.all_gather_object(parts, mine, group=self.pd.tp_mesh.get_group())
+        return [g for part in parts for g in part]
+
     def _step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
         sync_s = self._sync_engine()
         t1 = time.perf_counter()
-        groups = self._rollout(step)
+        mine = self._rollout(step)
+        groups = self._tp_gather(mine)
+        own = range(self.pd.tp_rank * len(mine), (self.pd.tp_rank + 1) * len(mine))  # mine within groups
         t2 = time.perf_counter()
         with phase("train.reward"):
             rewards = torch.tensor([[e.reward for e in g] for g in groups], dtype=torch.float64)
@@ -222,13 +234,14 @@ class GRPOTrainer:
             self.tokenizer.pad_token_id,
             self.pd.device,
             self.ref_model,
+            dims=self.pd,
         )
         with warnings.catch_warnings():  # a step whose groups all lacked signal ran no optimizer step
             warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*")
             self.scheduler.step()
         self._engine_stale = result.optimizer_steps > 0
         t3 = time.perf_counter()
-        episodes = [e for g in groups for e in g]
+        episodes = [e for g in mine for e in g]
         local = {
             "rewards": [e.reward for e in episodes],
             "success": [e.success for e in episodes],
@@ -237,9 +250,9 @@ class GRPOTrainer:
             "tool_calls": [e.tool_calls for e in episodes],
             "truncated": [e.finish_reason == "length" for e in episodes],
             "components": [e.components for e in episodes],
-            "adv": [a for i in kept for a in adv.advantages[i].tolist()],
-            "groups": len(groups),
-            "zero_var": adv.num_zero_variance,
+            "adv": [a for i in kept if i in own for a in adv.advantages[i].tolist()],
+            "groups": len(mine),
+            "zero_var": sum(not bool(adv.keep[i]) for i in own),
             "loss": result.loss,
             "stats": [getattr(result.stats, k) for k in result.stats.__slots__],
             "entropy": result.entropy_sum,
@@ -307,7 +320,7 @@ class GRPOTrainer:
     # -- the loop ------------------------------------------------------------
 
     def _checkpoint(self, step: int) -> None:
-        state = {"elapsed_s": self._elapsed, "world_size": self.pd.world_size}
+        state = {"elapsed_s": self._elapsed, "world_size": self.pd.world_size, "mesh": self.pd.shape}
         save_checkpoint(self.out_dir, step, self.policy, self.optimizer, self.scheduler, state, self.pd.rank)
 
     def fit(self) -> dict[str, Any]:

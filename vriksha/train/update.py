@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from vriksha.profiling import phase
 from vriksha.train.batch import GroupBatch, collate_groups
 from vriksha.train.config import GRPOConfig
-from vriksha.train.distributed import all_reduce
+from vriksha.train.distributed import ParallelDims, all_reduce
 from vriksha.train.grpo import LossStats, grpo_token_loss
 from vriksha.train.logprobs import completion_logprobs
 from vriksha.train.rollout import Episode
@@ -46,13 +47,27 @@ def _micro_batches(
 
 
 def _clip_grad_norm(model: nn.Module, max_norm: float | None) -> float:
+    """The global gradient norm (and clipping to it) over parameters that may live on different
+    meshes: with tensor parallel the split weights are DTensors on `(dp_shard, tp)`, the
+    replicated ones (norms) on `dp_shard` alone. Norms are taken per mesh and combined."""
     params = [p for p in model.parameters() if p.grad is not None]
     if not params:
         return 0.0
-    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm is not None else math.inf)
-    if hasattr(norm, "full_tensor"):
-        norm = norm.full_tensor()
-    return float(norm)
+    by_mesh: dict[object, list[torch.Tensor]] = {}
+    for p in params:
+        by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p.grad)
+    squares = []
+    for grads in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(grads, 2.0)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        squares.append(norm.double() ** 2)
+    total = float(torch.stack(squares).sum().sqrt())
+    coef = 1.0 if max_norm is None else min(1.0, max_norm / (total + 1e-6))  # as clip_grad_norm_
+    if coef < 1.0:
+        for p in params:
+            p.grad.mul_(coef)
+    return total
 
 
 def policy_update(
@@ -66,12 +81,18 @@ def policy_update(
     pad_id: int,
     device: torch.device,
     ref_model: nn.Module | None = None,
+    dims: ParallelDims | None = None,
 ) -> UpdateResult:
-    """`groups`: this rank's groups that carry signal, `filler`: any one group of this rank (for
-    zero-weight micro-batches). Returns the local sums; the caller reduces them."""
+    """`groups`: this data-parallel rank's groups that carry signal, `filler`: any one group of
+    this rank (for zero-weight micro-batches). Returns the local sums; the caller reduces them.
+
+    With tensor parallel (`dims.tp > 1`) the `tp` ranks of a data-parallel group get the same
+    groups; only the first of them counts tokens and reports sums, so that sums over all ranks
+    stay the global ones."""
     result = UpdateResult()
-    world_size = dist.get_world_size() if dist.is_initialized() else 1
-    local_tokens = float(sum(sum(e.loss_mask) for g in groups for e in g))
+    dp = dims.dp if dims is not None else (dist.get_world_size() if dist.is_initialized() else 1)
+    reports = dims is None or dims.tp_rank == 0
+    local_tokens = float(sum(sum(e.loss_mask) for g in groups for e in g)) if reports else 0.0
     global_tokens = all_reduce([local_tokens], op="sum", device=device)[0]
     local_micro = float(math.ceil(len(groups) / cfg.micro_batch_groups))
     n_micro = int(all_reduce([local_micro], op="max", device=device)[0])
@@ -112,9 +133,9 @@ def policy_update(
                 if not real:
                     loss = loss * 0.0
             with phase("train.backward"):
-                # FSDP averages gradients over ranks; scaling by the world size makes it the sum
-                (loss * world_size).backward()
-            if real and epoch == 0:
+                # FSDP averages gradients over data-parallel ranks; scaling by their number makes it the sum
+                (loss * dp).backward()
+            if real and epoch == 0 and reports:
                 result.loss += float(loss.detach())
                 result.stats.add(stats)
                 if out.entropy is not None:
