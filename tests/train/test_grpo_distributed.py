@@ -146,3 +146,21 @@ def test_two_processes_match_one(reference_run, tiny_model_dir, tmp_path):
     # every rank reports its own peak resident memory: a whole model process is well above 50 MiB
     assert 0.05 < measured["memory/rank0_peak_rss_gb"] < 64
     assert 0.05 < measured["memory/rank1_peak_rss_gb"] < 64
+
+
+def test_tensor_parallel_matches_one(reference_run, tiny_model_dir, tmp_path):
+    """`--set parallel.tp=2` on 2 processes: both ranks train one batch split by heads and columns;
+    rollouts, the engine's gathered weights and the metrics are those of one process."""
+    cfg = _config(tmp_path, tiny_model_dir, "tp", steps=3, eval_episodes=0, export=False)
+    _run([str(cfg), "--set", "parallel.tp=2"], nproc=2)
+    one, tp = _metrics(reference_run)[:3], _metrics(tmp_path / "tp")
+    assert len(tp) == 3
+    for a, b in zip(one, tp, strict=True):
+        assert b["reward/mean"] == pytest.approx(a["reward/mean"], abs=1e-6)
+        assert b["groups/total"] == a["groups/total"]
+        assert b["groups/zero_variance"] == a["groups/zero_variance"]
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-4)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-3, abs=1e-5)
+        assert b["entropy"] == pytest.approx(a["entropy"], rel=1e-3)
+    state = json.loads((tmp_path / "tp" / "checkpoints" / "step_000003" / "trainer.json").read_text())
+    assert state["mesh"] == "1x2"

@@ -1,0 +1,299 @@
+"""What each mesh shape costs: GRPO update step time, memory per rank, communication and DTensor dispatch.
+
+    python benchmarks/parallel_cost.py --model tiny --steps 2 --warmup 1          # a smoke run (minutes on 2 cores)
+    python benchmarks/parallel_cost.py --model tiny --meshes 1x1,2x1,1x2,2x2 --profile
+    python benchmarks/parallel_cost.py --model embedded --meshes 1x1,2x1,1x3,2x3 --profile
+
+A mesh `DxT` is `dp_shard x tp` on D*T processes (torchrun underneath; gloo on CPU, NCCL on
+GPUs, one device per rank). Every mesh runs the same GRPO updates (`policy_update`, the
+trainer's own) of the same synthetic episodes: `--groups` prompts x `--group-size` completions
+of `--prompt-len` / `--completion-len` tokens, split over the data-parallel ranks. No rollouts:
+this measures the update, which is what the mesh changes (the engine always runs on full weights).
+
+Per mesh it reports the median step time (rank 0; ranks wait for one another), the peak resident
+memory of every rank (and the peak CUDA allocation), and the exact bytes of this rank's share of
+parameters + gradients + AdamW state. With `--profile`, each rank records its measured steps
+with vriksha's profiler, `vriksha profile report` runs over the ranks' traces (saved as
+`<out>/<mesh>/report.txt`), and from the same traces: the share of step time inside
+collectives (c10d/gloo/NCCL operators) and inside DTensor dispatch (the self time of an operator
+called on a DTensor, around the same operator on its local shard: sharding propagation and
+redistribution decisions, in Python). Written: `<out>/parallel_cost.json` and `.md`.
+
+The embedded SmolLM2-135M has 9 attention heads over 3 KV heads: its tensor-parallel degree is
+3 or 9, so a 1x2 mesh is refused for it (the row says why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+COMM_MARKS = ("c10d::", "gloo", "nccl", "allreduce", "all_reduce", "allgather", "all_gather",
+              "reduce_scatter", "_reduce_scatter", "broadcast", "wait_tensor", "record_param_comms")  # fmt: skip
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", choices=["tiny", "embedded"], default="tiny")
+    p.add_argument(
+        "--meshes", default=None, help="comma-separated DxT (default: 1x1,2x1,1x2,2x2; embedded: 1x3/2x3)"
+    )
+    p.add_argument("--steps", type=int, default=3, help="measured update steps per mesh")
+    p.add_argument("--warmup", type=int, default=1, help="unmeasured steps first")
+    p.add_argument("--groups", type=int, default=4, help="prompts per step (a multiple of every dp degree)")
+    p.add_argument("--group-size", type=int, default=4)
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--completion-len", type=int, default=32)
+    p.add_argument("--micro-batch-groups", type=int, default=1)
+    p.add_argument("--replicate-vocab", action="store_true", help="TP: replicate embedding and LM head")
+    p.add_argument("--profile", action="store_true", help="record traces and report comm / DTensor shares")
+    p.add_argument("--out", default="runs/bench_parallel", help="output directory")
+    p.add_argument("--timeout", type=float, default=1800, help="seconds per mesh")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+# ---------------------------------------------------------------- one rank (under torchrun)
+
+
+def _model(kind: str):
+    import torch
+
+    from vriksha.train.config import ModelConfig
+    from vriksha.train.policy import load_policy
+
+    if kind == "embedded":
+        return load_policy(ModelConfig(), seed=0)[0]
+    init = dict(model_type="llama", hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, intermediate_size=128, tie_word_embeddings=False)  # fmt: skip
+    torch.manual_seed(0)
+    return load_policy(ModelConfig(random_init=init), seed=0)[0]
+
+
+def _episodes(args: argparse.Namespace, vocab: int) -> list[list]:
+    import torch
+
+    from vriksha.train.rollout import Episode
+
+    g = torch.Generator().manual_seed(0)
+    groups = []
+    for gi in range(args.groups):
+        prompt = torch.randint(0, vocab, (args.prompt_len,), generator=g).tolist()
+        group = []
+        for m in range(args.group_size):
+            comp = torch.randint(0, vocab, (args.completion_len,), generator=g).tolist()
+            lps = (-torch.rand(args.completion_len, generator=g)).tolist()
+            group.append(Episode(gi, m, gi, prompt, comp, lps, [1] * len(comp), reward=float(m % 2)))
+        groups.append(group)
+    return groups
+
+
+def _state_bytes(policy, optimizer) -> int:
+    from torch.distributed.tensor import DTensor
+
+    def local(t):
+        return t.to_local() if isinstance(t, DTensor) else t
+
+    params = sum(local(p).numel() * local(p).element_size() for p in policy.parameters())
+    optim = sum(
+        local(v).numel() * local(v).element_size()
+        for s in optimizer.state.values()
+        for v in s.values()
+        if hasattr(v, "numel") and v.dim() > 0
+    )
+    return 2 * params + optim  # parameters, their gradients, AdamW's two moments
+
+
+def worker(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from vriksha.errors import ConfigError
+    from vriksha.profiling import ProfileConfig, StepProfiler
+    from vriksha.train.config import GRPOConfig
+    from vriksha.train.distributed import init_distributed, shard_range, shutdown_distributed
+    from vriksha.train.grpo import group_advantages
+    from vriksha.train.parallelize import check_tp_degree, parallelize
+    from vriksha.train.update import policy_update
+
+    d, t = (int(x) for x in args.worker.split("x"))
+    out = Path(args.out) / args.worker
+    dims = init_distributed(dp_shard=d, tp=t)
+    row: dict = {"mesh": args.worker, "rank": dims.rank}
+    try:
+        model = _model(args.model)
+        check_tp_degree(model.config, t)
+    except ConfigError as exc:
+        row["skipped"] = str(exc)
+        (out / f"rank{dims.rank}.json").write_text(json.dumps(row))
+        shutdown_distributed()
+        return
+    policy = parallelize(model.to(dims.device), dims, shard_vocab=not args.replicate_vocab)
+    opt = torch.optim.AdamW(policy.parameters(), lr=1e-6)
+    groups = _episodes(args, model.config.vocab_size)
+    mine = [groups[i] for i in shard_range(len(groups), dims.dp_rank, dims.dp, "--groups")]
+    adv = group_advantages(torch.tensor([[e.reward for e in g] for g in mine])).advantages.tolist()
+    cfg = GRPOConfig(micro_batch_groups=args.micro_batch_groups)
+    prof = StepProfiler(
+        ProfileConfig(
+            enabled=args.profile, dir=out / "traces", wait=0, warmup=args.warmup, active=args.steps
+        ),
+        rank=dims.rank,
+        name=f"parallel_{args.worker}",
+    )
+    times = []
+    prof.start()
+    for step in range(args.warmup + args.steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        policy_update(policy, opt, mine, adv, mine[0], cfg, 1.0, 0, dims.device, dims=dims)
+        if dims.device.type == "cuda":
+            torch.cuda.synchronize()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t0)
+        prof.step()
+    prof.stop()
+    row.update(
+        step_s=statistics.median(times),
+        step_s_all=times,
+        peak_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        state_mb=_state_bytes(policy, opt) / 2**20,
+        world=dims.world_size,
+    )
+    if dims.device.type == "cuda":
+        row["cuda_peak_gb"] = torch.cuda.max_memory_allocated(dims.device) / 2**30
+    (out / f"rank{dims.rank}.json").write_text(json.dumps(row))
+    shutdown_distributed()
+
+
+# ---------------------------------------------------------------- trace shares
+
+
+def _shares(paths: list[Path]) -> dict[str, float]:
+    """Share of the measured steps' wall time in collectives and in DTensor dispatch, mean over ranks."""
+    from vriksha.profiling.intervals import length, merge
+    from vriksha.profiling.trace import HOST_OP, STEP_PREFIX, USER_ANNOTATION, load_traces
+
+    comm, dispatch = [], []
+    for trace in load_traces(list(paths)):
+        steps = [e for e in trace.events if e.cat == USER_ANNOTATION and e.name.startswith(STEP_PREFIX)]
+        wall = sum(e.dur for e in steps) or 1.0
+        ops = sorted((e for e in trace.events if e.cat == HOST_OP), key=lambda e: (e.tid, e.ts, -e.dur))
+        comm.append(
+            length(merge((e.ts, e.end) for e in ops if any(m in e.name.lower() for m in COMM_MARKS))) / wall
+        )
+        # nesting per thread: an operator whose direct child is the same operator ran on a DTensor
+        total, stack = 0.0, []  # stack of [event, children time, has same-name child]
+        for e in ops:
+            while stack and (stack[-1][0].tid != e.tid or stack[-1][0].end <= e.ts):
+                total += _close(stack)
+            if stack:
+                stack[-1][1] += e.dur
+                stack[-1][2] |= stack[-1][0].name == e.name
+            stack.append([e, 0.0, False])
+        while stack:
+            total += _close(stack)
+        dispatch.append(total / wall)
+    return {"comm_share": statistics.mean(comm), "dtensor_dispatch_share": statistics.mean(dispatch)}
+
+
+def _close(stack: list) -> float:
+    event, children, on_dtensor = stack.pop()
+    return max(0.0, event.dur - children) if on_dtensor else 0.0
+
+
+# ---------------------------------------------------------------- driver
+
+
+def run_mesh(args: argparse.Namespace, mesh: str, argv: list[str]) -> dict:
+    d, t = (int(x) for x in mesh.split("x"))
+    world = d * t
+    out = Path(args.out) / mesh
+    out.mkdir(parents=True, exist_ok=True)
+    for old in [*out.glob("rank*.json"), *out.glob("traces/*")]:
+        old.unlink()
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
+           __file__, *argv, "--worker", mesh]  # fmt: skip
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+    if proc.returncode != 0:
+        return {"mesh": mesh, "error": proc.stderr[-2000:]}
+    ranks = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")), key=lambda r: r["rank"])
+    if ranks and "skipped" in ranks[0]:
+        return {"mesh": mesh, "skipped": ranks[0]["skipped"]}
+    row = {
+        "mesh": mesh,
+        "world": world,
+        "step_s": ranks[0]["step_s"],
+        "peak_rss_gb": [r["peak_rss_gb"] for r in ranks],
+        "state_mb": [r["state_mb"] for r in ranks],
+        "wall_s": time.perf_counter() - t0,
+    }
+    if "cuda_peak_gb" in ranks[0]:
+        row["cuda_peak_gb"] = [r["cuda_peak_gb"] for r in ranks]
+    traces = sorted((out / "traces").glob("*.json*"))
+    if traces:
+        from vriksha.profiling.report import build, format_report
+
+        (out / "report.txt").write_text(format_report(build(traces)) + "\n")
+        row.update(_shares(traces))
+        row["report"] = str(out / "report.txt")
+    return row
+
+
+def _table(rows: list[dict], args: argparse.Namespace) -> str:
+    head = (f"model {args.model}, {args.groups} x {args.group_size} completions of {args.completion_len} "
+            f"tokens after {args.prompt_len}-token prompts, median of {args.steps} update steps")  # fmt: skip
+    lines = [head, "", "| mesh (dp x tp) | step s | vs 1x1 | state MiB / rank | peak RSS GiB / rank | comm | DTensor dispatch |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
+    base = next((r["step_s"] for r in rows if r["mesh"] == "1x1" and "step_s" in r), None)
+    for r in rows:
+        if "step_s" not in r:
+            lines.append(f"| {r['mesh']} | {r.get('skipped') or 'failed (see json)'} | | | | | |")
+            continue
+        ratio = f"{r['step_s'] / base:.2f}x" if base else ""
+        comm = f"{100 * r['comm_share']:.0f}%" if "comm_share" in r else ""
+        disp = f"{100 * r['dtensor_dispatch_share']:.0f}%" if "dtensor_dispatch_share" in r else ""
+        lines.append(
+            f"| {r['mesh']} | {r['step_s']:.3f} | {ratio} | {max(r['state_mb']):.1f} | "
+            f"{max(r['peak_rss_gb']):.2f} | {comm} | {disp} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if args.worker:
+        worker(args)
+        return 0
+    meshes = (args.meshes or ("1x1,2x1,1x3,2x3" if args.model == "embedded" else "1x1,2x1,1x2,2x2")).split(
+        ","
+    )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for mesh in meshes:
+        print(f"mesh {mesh} ...", flush=True)
+        rows.append(run_mesh(args, mesh.strip(), argv))
+        print(json.dumps({k: v for k, v in rows[-1].items() if k != "error"}), flush=True)
+        if "error" in rows[-1]:
+            print(rows[-1]["error"], file=sys.stderr)
+    table = _table(rows, args)
+    (out / "parallel_cost.json").write_text(json.dumps(rows, indent=2))
+    (out / "parallel_cost.md").write_text(table + "\n")
+    print(table)
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
