@@ -15,9 +15,10 @@ memory of every rank (and the peak CUDA allocation), and the exact bytes of this
 parameters + gradients + AdamW state. With `--profile`, each rank records its measured steps
 with vriksha's profiler, `vriksha profile report` runs over the ranks' traces (saved as
 `<out>/<mesh>/report.txt`), and from the same traces: the share of step time inside
-collectives (c10d/gloo/NCCL operators) and inside DTensor dispatch (the self time of an operator
-called on a DTensor, around the same operator on its local shard: sharding propagation and
-redistribution decisions, in Python). Written: `<out>/parallel_cost.json` and `.md`.
+collectives (self time of c10d / functional-collective operators, waits included) and in DTensor
+dispatch (self time of the subclass dispatch, redistribution and local-tensor wrapping around
+the real operators). Written: `<out>/parallel_cost.json` and `.md`; `--reanalyze` recomputes the
+shares and tables from the traces of an earlier run in `--out`.
 
 The embedded SmolLM2-135M has 9 attention heads over 3 KV heads: its tensor-parallel degree is
 3 or 9, so a 1x2 mesh is refused for it (the row says why).
@@ -37,6 +38,10 @@ from pathlib import Path
 
 COMM_MARKS = ("c10d::", "gloo", "nccl", "allreduce", "all_reduce", "allgather", "all_gather",
               "reduce_scatter", "_reduce_scatter", "broadcast", "wait_tensor", "record_param_comms")  # fmt: skip
+# what DTensor adds around the local operators: the subclass dispatch (sharding propagation),
+# redistribution planning, and wrapping / unwrapping local tensors (forward and backward)
+DTENSOR_OPS = frozenset({"PythonSubclass", "Redistribute", "NestedRedistribute", "_FromTorchTensor",
+                         "_FromTorchTensorBackward", "_ToTorchTensor", "_ToTorchTensorBackward"})  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -56,6 +61,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", action="store_true", help="record traces and report comm / DTensor shares")
     p.add_argument("--out", default="runs/bench_parallel", help="output directory")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per mesh")
+    p.add_argument(
+        "--reanalyze", action="store_true", help="rebuild tables from an earlier run's files in --out"
+    )
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -176,37 +184,18 @@ def worker(args: argparse.Namespace) -> None:
 # ---------------------------------------------------------------- trace shares
 
 
-def _shares(paths: list[Path]) -> dict[str, float]:
-    """Share of the measured steps' wall time in collectives and in DTensor dispatch, mean over ranks."""
-    from vriksha.profiling.intervals import length, merge
-    from vriksha.profiling.trace import HOST_OP, STEP_PREFIX, USER_ANNOTATION, load_traces
+def _shares(analysis) -> dict[str, float]:
+    """Share of the steps' wall time (all ranks) in collectives and in DTensor dispatch: the self
+    time of those operators in `vriksha profile report`'s operator table."""
+    wall = analysis.wall_us or 1.0
 
-    comm, dispatch = [], []
-    for trace in load_traces(list(paths)):
-        steps = [e for e in trace.events if e.cat == USER_ANNOTATION and e.name.startswith(STEP_PREFIX)]
-        wall = sum(e.dur for e in steps) or 1.0
-        ops = sorted((e for e in trace.events if e.cat == HOST_OP), key=lambda e: (e.tid, e.ts, -e.dur))
-        comm.append(
-            length(merge((e.ts, e.end) for e in ops if any(m in e.name.lower() for m in COMM_MARKS))) / wall
-        )
-        # nesting per thread: an operator whose direct child is the same operator ran on a DTensor
-        total, stack = 0.0, []  # stack of [event, children time, has same-name child]
-        for e in ops:
-            while stack and (stack[-1][0].tid != e.tid or stack[-1][0].end <= e.ts):
-                total += _close(stack)
-            if stack:
-                stack[-1][1] += e.dur
-                stack[-1][2] |= stack[-1][0].name == e.name
-            stack.append([e, 0.0, False])
-        while stack:
-            total += _close(stack)
-        dispatch.append(total / wall)
-    return {"comm_share": statistics.mean(comm), "dtensor_dispatch_share": statistics.mean(dispatch)}
+    def share(match) -> float:
+        return sum(o.self_us for o in analysis.ops if match(o.name)) / wall
 
-
-def _close(stack: list) -> float:
-    event, children, on_dtensor = stack.pop()
-    return max(0.0, event.dur - children) if on_dtensor else 0.0
+    return {
+        "comm_share": share(lambda n: any(m in n.lower() for m in COMM_MARKS)),
+        "dtensor_dispatch_share": share(lambda n: n in DTENSOR_OPS),
+    }
 
 
 # ---------------------------------------------------------------- driver
@@ -217,17 +206,20 @@ def run_mesh(args: argparse.Namespace, mesh: str, argv: list[str]) -> dict:
     world = d * t
     out = Path(args.out) / mesh
     out.mkdir(parents=True, exist_ok=True)
-    for old in [*out.glob("rank*.json"), *out.glob("traces/*")]:
-        old.unlink()
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
-           __file__, *argv, "--worker", mesh]  # fmt: skip
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
-    if proc.returncode != 0:
-        return {"mesh": mesh, "error": proc.stderr[-2000:]}
+    if not args.reanalyze:
+        for old in [*out.glob("rank*.json"), *out.glob("traces/*")]:
+            old.unlink()
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // world)))
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}",
+               __file__, *argv, "--worker", mesh]  # fmt: skip
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+        if proc.returncode != 0:
+            return {"mesh": mesh, "error": proc.stderr[-2000:]}
     ranks = sorted((json.loads(p.read_text()) for p in out.glob("rank*.json")), key=lambda r: r["rank"])
+    if not ranks:
+        return {"mesh": mesh, "error": f"no results under {out}"}
     if ranks and "skipped" in ranks[0]:
         return {"mesh": mesh, "skipped": ranks[0]["skipped"]}
     row = {
@@ -244,8 +236,9 @@ def run_mesh(args: argparse.Namespace, mesh: str, argv: list[str]) -> dict:
     if traces:
         from vriksha.profiling.report import build, format_report
 
-        (out / "report.txt").write_text(format_report(build(traces)) + "\n")
-        row.update(_shares(traces))
+        analysis = build(traces)
+        (out / "report.txt").write_text(format_report(analysis) + "\n")
+        row.update(_shares(analysis))
         row["report"] = str(out / "report.txt")
     return row
 

@@ -116,17 +116,17 @@ def _assert_same(ref: dict, got: dict, steps: list[int]) -> None:
             torch.testing.assert_close(got["params"][i][name], value, rtol=1e-4, atol=1e-5, msg=name)
 
 
-pytestmark_slow = pytest.mark.slow
+slow = pytest.mark.slow
 
 
-@pytestmark_slow
+@slow
 def test_reference_moves(runs):
     ref = runs["ref"]
     assert ref["loss"][0] != 0 and ref["grad_norm"][0] > 0
     assert not torch.equal(ref["params"][0]["lm_head.weight"], ref["params"][1]["lm_head.weight"])
 
 
-@pytestmark_slow
+@slow
 @pytest.mark.parametrize(
     "name, ref", [("tp2", "ref"), ("tp2_replicated_vocab", "ref"), ("tp2_qwen3", "ref_qwen3"), ("dp2", "ref")]
 )
@@ -134,12 +134,12 @@ def test_two_ranks_equal_one(runs, name, ref):
     _assert_same(runs[ref], runs[name], [1, 2])
 
 
-@pytestmark_slow
+@slow
 def test_2x2_mesh_equals_one_process(runs):
     _assert_same(runs["ref"], runs["mesh2x2"], [1, 2])
 
 
-@pytestmark_slow
+@slow
 @pytest.mark.parametrize("name", ["tp2_from_dp2", "dp4_from_dp2", "dp4_from_2x2"])
 def test_checkpoint_resumes_on_another_mesh(runs, name):
     _assert_same(runs["ref"], runs[name], [2])
