@@ -2,8 +2,13 @@
 
 Layout of `<output_dir>/checkpoints/step_<N>/`: the DCP files of {model, optim} (each rank writes
 its shards), `trainer.json` (step, scheduler, metric history: rank 0), `rng_rank<R>.pt` (every RNG
-of that rank). `latest` names the newest complete checkpoint; it is written last, so a run killed
-while saving resumes from the previous one.
+of that rank), and `manifest.json` (size and sha256 of each of those files), written after them
+all. `latest` names the newest complete checkpoint and is written after the manifest, so a run
+killed while saving resumes from the previous one.
+
+On resume, `find_checkpoint` takes the newest directory whose files match its manifest; a corrupt
+or partial one is named in a warning and skipped, and a `latest` that names a missing or bad
+directory is rewritten from the listing.
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -20,14 +26,18 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from vriksha.errors import VrikshaError
 from vriksha.profiling import phase
+from vriksha.train.checkpoint_manifest import atomic_write_text, read_manifest, verify, write_manifest
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "CheckpointError"]
+__all__ = ["save_checkpoint", "load_checkpoint", "latest_checkpoint", "find_checkpoint", "CheckpointError"]
+
+_STEP_DIR = re.compile(r"step_(\d+)")
 
 
 class CheckpointError(VrikshaError):
@@ -58,12 +68,100 @@ def checkpoint_root(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
-def latest_checkpoint(output_dir: str | Path) -> Path | None:
+def _broadcast(obj: Any) -> Any:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def step_dirs(output_dir: str | Path) -> list[Path]:
+    """Every `step_<N>` directory under the checkpoint root, newest (highest N) first."""
+    root = checkpoint_root(output_dir)
+    if not root.is_dir():
+        return []
+    found = [
+        (int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.fullmatch(p.name)) and p.is_dir()
+    ]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def _pointer(output_dir: str | Path) -> str | None:
     marker = checkpoint_root(output_dir) / "latest"
-    if not marker.is_file():
+    try:
+        return marker.read_text().strip() or None
+    except OSError:
         return None
-    path = checkpoint_root(output_dir) / marker.read_text().strip()
+
+
+def latest_checkpoint(output_dir: str | Path) -> Path | None:
+    """The directory `latest` names, if it exists (unverified; `find_checkpoint` is what resume uses)."""
+    name = _pointer(output_dir)
+    if name is None:
+        return None
+    path = checkpoint_root(output_dir) / name
     return path if path.is_dir() else None
+
+
+def _legacy_ok(path: Path) -> bool:
+    """A checkpoint written before manifests existed: complete if `latest` named it and its files are there."""
+    return (path / "trainer.json").is_file() and (path / ".metadata").is_file()
+
+
+def find_checkpoint(output_dir: str | Path) -> Path:
+    """Collective: the newest checkpoint whose files match their manifest.
+
+    Corrupt and partial ones are skipped with a warning that names what is wrong; a `latest`
+    pointer that names anything else is rewritten. `CheckpointError` when none is good, listing why.
+    """
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    root = checkpoint_root(output_dir)
+    pointer = _pointer(output_dir)
+    names = _broadcast([p.name for p in step_dirs(output_dir)] if rank == 0 else None)
+    rejected: list[str] = []
+    chosen: Path | None = None
+    for name in names:
+        path = root / name
+        manifest = read_manifest(path)
+        if isinstance(manifest, str):
+            if name == pointer and _legacy_ok(path):
+                if rank == 0:
+                    logger.warning(
+                        "checkpoint %s has no manifest (saved by an older version): not verified", path
+                    )
+                chosen = path
+                break
+            rejected.append(f"{path}: {manifest}")
+            continue
+        problems = verify(path, manifest)
+        if problems:
+            rejected.append(f"{path}: " + "; ".join(problems))
+            continue
+        chosen = path
+        break
+    if rank == 0:
+        for why in rejected:
+            logger.warning("skipping checkpoint %s", why)
+    if chosen is None:
+        if not names:
+            raise CheckpointError(f"--resume: no checkpoint under {root} (no step_<N> directory)")
+        raise CheckpointError(
+            f"--resume: no usable checkpoint under {root}: "
+            + " | ".join(rejected)
+            + "; start without --resume (or move output_dir aside)"
+        )
+    if rejected and rank == 0:
+        logger.warning("resuming from %s, the newest good checkpoint", chosen)
+    if pointer != chosen.name and rank == 0:
+        if pointer is None or not (root / pointer).is_dir():
+            logger.warning(
+                "checkpoints/latest names %r, which does not exist; repaired from the directory listing: %s",
+                pointer,
+                chosen.name,
+            )
+        atomic_write_text(root / "latest", chosen.name)
+    return chosen
 
 
 def save_checkpoint(
@@ -80,6 +178,9 @@ def save_checkpoint(
     root = checkpoint_root(output_dir)
     path = root / f"step_{step:06d}"
     with phase("train.checkpoint"):
+        if rank == 0 and path.exists():  # left by a save that was cut short: never mix two saves' files
+            shutil.rmtree(path)
+        _barrier()
         model_sd, optim_sd = get_state_dict(model, optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
         torch.save(_rng_state(), path / f"rng_rank{rank}.pt")
@@ -87,11 +188,15 @@ def save_checkpoint(
             state = {"step": step, "scheduler": scheduler.state_dict(), **trainer_state}
             (path / "trainer.json").write_text(json.dumps(state))
         _barrier()
+        write_manifest(path, step)
         if rank == 0:
-            (root / "latest.tmp").write_text(path.name)
-            (root / "latest.tmp").replace(root / "latest")
-            old = sorted(p for p in root.glob("step_*") if p.is_dir() and p != path)
-            for stale in old[: max(0, len(old) - (keep - 1))]:
+            atomic_write_text(root / "latest", path.name)
+            old = [p for p in step_dirs(output_dir) if p != path]
+            # saves without a manifest (cut short, or from an older version) go first; of the
+            # complete ones the newest keep - 1 stay
+            partial = [p for p in old if isinstance(read_manifest(p), str)]
+            complete = [p for p in old if p not in partial]
+            for stale in [*partial, *complete[max(0, keep - 1) :]]:
                 shutil.rmtree(stale, ignore_errors=True)
         _barrier()
     logger.info("saved checkpoint %s", path)
@@ -113,9 +218,19 @@ def load_checkpoint(
         raise CheckpointError(f"{path} has no RNG state for rank {rank}: the checkpoint is incomplete")
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(path))
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    scheduler.load_state_dict(trainer_state.pop("scheduler"))
+    try:
+        dcp.load(state, checkpoint_id=str(path))
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        scheduler.load_state_dict(trainer_state.pop("scheduler"))
+        rng = None if resharded else torch.load(rng_file, weights_only=False)
+    except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
+        lines = str(exc).strip().splitlines() or [""]
+        # DCP wraps each rank's error: its last line is the cause
+        detail = lines[-1] if isinstance(exc, CheckpointException) else f"{type(exc).__name__}: {lines[0]}"
+        raise CheckpointError(
+            f"cannot load {path} ({detail[:300]}): it does not match this run's model and optimizer "
+            "(was the config changed?) or it is damaged; move it aside to resume from an older one"
+        ) from exc
     if resharded:
         # DCP reshards model and optimizer onto this mesh; per-rank RNG streams do not map across
         # world sizes (episodes and sampling are seeded per step, so only dropout-like draws differ)
@@ -125,6 +240,6 @@ def load_checkpoint(
             world,
         )
     else:
-        _set_rng_state(torch.load(rng_file, weights_only=False))
+        _set_rng_state(rng)
     logger.info("resumed from %s (step %d)", path, trainer_state["step"])
     return trainer_state

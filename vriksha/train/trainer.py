@@ -27,7 +27,7 @@ from torch import nn
 
 from vriksha.errors import ConfigError
 from vriksha.profiling import phase
-from vriksha.train.checkpoint import CheckpointError, latest_checkpoint, load_checkpoint, save_checkpoint
+from vriksha.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from vriksha.train.config import OptimConfig, TrainConfig
 from vriksha.train.distributed import EngineWeights, ParallelDims, init_distributed, shard_range
 from vriksha.train.export import export_model
@@ -131,9 +131,7 @@ class GRPOTrainer:
         self.start_step = 0
         self.state: dict[str, Any] = {}
         if self.resume:
-            ckpt = latest_checkpoint(self.out_dir)
-            if ckpt is None:
-                raise CheckpointError(f"--resume: no checkpoint under {self.out_dir / 'checkpoints'}")
+            ckpt = find_checkpoint(self.out_dir)
             self.state = load_checkpoint(ckpt, self.policy, self.optimizer, self.scheduler, pd.rank)
             self.start_step = int(self.state["step"])
             if self.start_step > cfg.trainer.steps:
