@@ -52,8 +52,9 @@ class CounterEnv(Environment):
 class WS:
     """A bare WebSocket session: sends requests, collects answers by id, records events."""
 
-    def __init__(self, url: str, query: str = "") -> None:
-        self.ws = connect(url.replace("http://", "ws://") + "/v1/ws" + query)
+    def __init__(self, url: str, query: str = "", token: str | None = None) -> None:
+        headers = {"X-Vriksha-Resume-Token": token} if token else None
+        self.ws = connect(url.replace("http://", "ws://") + "/v1/ws" + query, additional_headers=headers)
         self.hello = json.loads(self.ws.recv(timeout=10))
         self.events: list[dict[str, Any]] = []
 
@@ -208,7 +209,7 @@ def test_fuzzed_messages_get_an_answer_or_error_and_never_break_the_session(fuzz
         msg = json.loads(payload, parse_constant=_reject)
     except ValueError:
         msg = None
-    if not (isinstance(msg, dict) and msg.get("op") == "ping" and type(msg.get("id")) not in (str, int)):
+    if not (isinstance(msg, dict) and msg.get("op") == "ping" and msg.get("id") is None):
         answer = s.recv_answer()  # everything but an id-less ping is answered
         assert answer["ok"] or answer["error"]["code"] in {
             "invalid_json",
@@ -268,6 +269,7 @@ def test_http_session_api(url):
         made = http.post("/v1/sessions")
         assert made.status_code == 201 and made.json()["max_sessions"] == 16
         sid = made.json()["session_id"]
+        http.headers["X-Vriksha-Resume-Token"] = made.json()["resume_token"]
         early = http.post(f"/v1/sessions/{sid}/step", json={"action": {"text": "x"}})
         assert early.status_code == 409 and early.json()["error"]["code"] == "episode_state"
         r = http.post(f"/v1/sessions/{sid}/reset", json={"seed": 3})
@@ -317,7 +319,7 @@ def test_resume_after_drop_and_resend_is_not_run_twice(url):
     s.ask("once", "step", action={"text": "a"})
     s.ws.close()  # the connection drops without "close"
     time.sleep(0.1)
-    again = WS(url, f"?session={sid}")
+    again = WS(url, f"?session={sid}", token=s.hello["resume_token"])
     try:
         assert again.hello["resumed"] is True and again.hello["session_id"] == sid
         replay = again.ask("once", "step", action={"text": "a"})  # a re-send after reconnecting
@@ -339,7 +341,7 @@ def test_resume_takes_over_a_stale_connection(url):
     old.ask(0, "reset", seed=1)
     old.send_raw(json.dumps({"id": "slow", "op": "step", "action": {"text": "slow"}}))
     time.sleep(0.1)  # the step is running when the client gives up on this connection
-    new = WS(url, f"?session={sid}")
+    new = WS(url, f"?session={sid}", token=old.hello["resume_token"])
     try:
         assert new.hello["resumed"] is True
         # re-sending the in-flight request waits for it instead of running it again

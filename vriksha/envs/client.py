@@ -3,8 +3,9 @@
 One client is one session over a WebSocket (`/v1/ws`). Every request carries a fresh id and waits
 for the answer with that id, so a late answer to a timed-out request can never be mistaken for
 the next one. A background task sends heartbeats and watches the server's; when the connection
-drops, the next request reconnects, resumes the same session (`?session=ID`) and re-sends, and
-the server answers a re-sent id from its memory instead of running the request twice.
+drops, the next request reconnects, resumes the same session (`?session=ID`, proving ownership
+with the resume token the server gave in its hello) and re-sends, and the server answers a
+re-sent id from its memory instead of running the request twice.
 
     with EnvClient("http://127.0.0.1:8000") as env:
         result = env.reset(seed=0)
@@ -27,7 +28,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from vriksha.envs.core import Observation, State, StepResult, ToolSpec
-from vriksha.envs.protocol import WS_PATH, EnvConnectionError, RemoteEnvError
+from vriksha.envs.protocol import RESUME_TOKEN_HEADER, WS_PATH, EnvConnectionError, RemoteEnvError
 
 try:
     import orjson
@@ -85,6 +86,7 @@ class AsyncEnvClient:
         self.state_type = state_type
         self.hello: dict[str, Any] = {}
         self.session_id: str | None = None
+        self.resume_token: str | None = None  # the secret that resumes this session; never logged
         self.last_seen = 0.0
         self.reconnects = 0
         self.server_closed: str | None = None
@@ -114,8 +116,15 @@ class AsyncEnvClient:
     async def _open(self, resume: str | None) -> None:
         await self._drop()
         url = self.url + (f"?session={resume}" if resume else "")
+        headers = {RESUME_TOKEN_HEADER: self.resume_token} if resume and self.resume_token else None
         try:
-            ws = await connect(url, open_timeout=self.connect_timeout_s, max_size=None, compression=None)
+            ws = await connect(
+                url,
+                open_timeout=self.connect_timeout_s,
+                max_size=None,
+                compression=None,
+                additional_headers=headers,
+            )
         except Exception as exc:
             raise EnvConnectionError(
                 f"cannot connect to {url}: {exc}; is `vriksha env serve` running?"
@@ -134,6 +143,7 @@ class AsyncEnvClient:
             self.reconnects += 1
         self.hello = first
         self.session_id = first["session_id"]
+        self.resume_token = first.get("resume_token") or self.resume_token
         self.last_seen = time.monotonic()
         self.server_closed = None
         self._reader = asyncio.create_task(self._read_loop(ws))
@@ -216,6 +226,10 @@ class AsyncEnvClient:
                 logger.info("request %s (%s) lost its connection: %s; reconnecting", rid, op, exc)
                 await self._drop()
             except RemoteEnvError as exc:
+                if exc.code == "session_forbidden":
+                    raise EnvConnectionError(
+                        f"the server refused to resume session {self.session_id}: {exc.remote_message}"
+                    ) from exc
                 if exc.code != "unknown_session":
                     raise
                 raise EnvConnectionError(
@@ -314,6 +328,10 @@ class EnvClient:
     @property
     def session_id(self) -> str | None:
         return self.aclient.session_id
+
+    @property
+    def resume_token(self) -> str | None:
+        return self.aclient.resume_token
 
     @property
     def hello(self) -> dict[str, Any]:

@@ -2,10 +2,13 @@
 
 WebSocket (`/v1/ws`; one connection is one session):
 
-- server -> client, first: `{"event": "hello", "session_id", "env", "protocol", "max_sessions",
-  "active_sessions", "heartbeat_s", "idle_timeout_s", "resumed"}`
+- server -> client, first: `{"event": "hello", "session_id", "resume_token", "env", "protocol",
+  "max_sessions", "active_sessions", "heartbeat_s", "idle_timeout_s", "resumed"}`
 - client -> server: `{"id": <str|int>, "op": "reset"|"step"|"state"|"tools"|"call_tool"|"ping"|"close", ...}`
   with `seed`/`options` (reset), `action` (step), `name`/`arguments` (call_tool)
+- resuming (`/v1/ws?session=ID`), and every HTTP call on `/v1/sessions/{id}`, needs the session's
+  resume token in the `X-Vriksha-Resume-Token` header (or `&token=` on the WebSocket URL): the id
+  names a session, the token proves that the caller is the client that created it
 - server -> client, one per request, echoing its id: `{"id", "ok": true, "result": ...}` or
   `{"id", "ok": false, "error": {"code", "message"}}`
 - server -> client, unprompted: `{"event": "heartbeat", "t"}` every `heartbeat_s` (independent of
@@ -47,6 +50,9 @@ logger = logging.getLogger(__name__)
 PROTOCOL_VERSION = 1
 WS_PATH = "/v1/ws"
 SESSIONS_PATH = "/v1/sessions"
+RESUME_TOKEN_HEADER = "X-Vriksha-Resume-Token"
+
+_U64 = 2**64  # seeds and integer ids fit in 64 bits
 
 OPS = ("reset", "step", "state", "tools", "call_tool", "ping", "close")
 
@@ -61,6 +67,7 @@ class ErrorCode(StrEnum):
     UNKNOWN_SESSION = "unknown_session"
     CAPACITY_REACHED = "capacity_reached"
     SESSION_BUSY = "session_busy"
+    SESSION_FORBIDDEN = "session_forbidden"
     ENV_ERROR = "env_error"
     SERVER_ERROR = "server_error"
 
@@ -76,6 +83,7 @@ HTTP_STATUS: dict[ErrorCode, int] = {
     ErrorCode.UNKNOWN_SESSION: 404,
     ErrorCode.CAPACITY_REACHED: 503,
     ErrorCode.SESSION_BUSY: 409,
+    ErrorCode.SESSION_FORBIDDEN: 403,
     ErrorCode.ENV_ERROR: 500,
     ErrorCode.SERVER_ERROR: 500,
 }
@@ -109,6 +117,12 @@ class UnknownSessionError(EnvServerError):
     """No live session has that id (never created, closed, or reaped after idling)."""
 
     code = ErrorCode.UNKNOWN_SESSION
+
+
+class SessionForbiddenError(EnvServerError):
+    """The caller did not prove it owns the session: its resume token was missing or wrong."""
+
+    code = ErrorCode.SESSION_FORBIDDEN
 
 
 class SessionCapacityError(EnvServerError):
@@ -162,7 +176,7 @@ RequestId = str | int
 class ResetRequest(_Msg):
     id: RequestId | None = None
     op: Literal["reset"] = "reset"
-    seed: int | None = Field(default=None, ge=0, description="same seed, same episode")
+    seed: int | None = Field(default=None, ge=0, lt=_U64, description="same seed, same episode")
     options: dict[str, Any] | None = Field(default=None, description='e.g. {"split": "test"}')
 
 
@@ -199,6 +213,7 @@ class Response(_Msg):
 class Hello(_Msg):
     event: Literal["hello"] = "hello"
     session_id: str
+    resume_token: str = Field(description="the secret that resumes this session; keep it private")
     env: str
     protocol: int = PROTOCOL_VERSION
     max_sessions: int
@@ -215,6 +230,7 @@ class Heartbeat(_Msg):
 
 class SessionInfo(_Msg):
     session_id: str
+    resume_token: str = Field(description="send it as X-Vriksha-Resume-Token on every call on this session")
     env: str
     max_sessions: int
     active_sessions: int
@@ -222,7 +238,7 @@ class SessionInfo(_Msg):
 
 
 class HttpResetBody(_Msg):
-    seed: int | None = Field(default=None, ge=0)
+    seed: int | None = Field(default=None, ge=0, lt=_U64)
     options: dict[str, Any] | None = None
 
 
@@ -232,6 +248,56 @@ class HttpStepBody(_Msg):
 
 class HttpToolBody(_Msg):
     arguments: dict[str, Any] = Field(default_factory=dict)
+
+
+# ---------------------------------------------------------------- checking a WebSocket request
+
+_MAX_ID_CHARS = 256
+
+
+def _typename(value: Any) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def request_id(msg: dict[str, Any]) -> str | int | None:
+    """The request's id, checked: a string (at most 256 characters) or a 64-bit integer; None if absent."""
+    rid = msg.get("id")
+    if rid is None:
+        return None
+    kind = type(rid)
+    if kind is str and len(rid) <= _MAX_ID_CHARS:
+        return rid
+    if kind is int and -(2**63) <= rid < _U64:
+        return rid
+    if kind is str:
+        raise ProtocolError(f"'id' is {len(rid)} characters long; at most {_MAX_ID_CHARS} are allowed")
+    if kind is int:
+        raise ProtocolError("'id' must fit in 64 bits")
+    raise ProtocolError(f"'id' must be a string or an integer, got {_typename(rid)}")
+
+
+def check_request(op: Any, msg: dict[str, Any]) -> str:
+    """Check the fields of one request (a plain dict, on the hot path); returns the op."""
+    if op is None:
+        raise ProtocolError(f"every request needs an 'op', one of {', '.join(OPS)}")
+    if type(op) is not str:
+        raise ProtocolError(f"'op' must be a string, one of {', '.join(OPS)}; got {_typename(op)}")
+    if op == "reset":
+        seed, options = msg.get("seed"), msg.get("options")
+        if seed is not None and (type(seed) is not int or not 0 <= seed < _U64):
+            raise ProtocolError(f"'seed' must be an integer from 0 to 2**64 - 1 or null, got {seed!r:.60}")
+        if options is not None and type(options) is not dict:
+            raise ProtocolError(f"'options' must be a JSON object or null, got {_typename(options)}")
+    elif op == "step":
+        if "action" not in msg:
+            raise ProtocolError("a step needs an 'action' object")
+    elif op == "call_tool":
+        name, arguments = msg.get("name"), msg.get("arguments")
+        if type(name) is not str:
+            raise ProtocolError(f"call_tool needs a string 'name', got {_typename(name)}")
+        if arguments is not None and type(arguments) is not dict:
+            raise ProtocolError(f"call_tool 'arguments' must be a JSON object, got {_typename(arguments)}")
+    return op
 
 
 def protocol_schema() -> dict[str, Any]:

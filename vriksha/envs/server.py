@@ -1,9 +1,11 @@
 """The environment server: one FastAPI app per environment, served by uvicorn.
 
 Routes (see `protocol.py` for the messages):
-- `WS /v1/ws[?session=ID]`: one connection is one session (`?session=` resumes a dropped one);
+- `WS /v1/ws[?session=ID]`: one connection is one session (`?session=` with the session's resume
+  token resumes a dropped one);
 - `POST /v1/sessions`, `POST /v1/sessions/{id}/reset|step`, `GET /v1/sessions/{id}/state|tools`,
-  `POST /v1/sessions/{id}/tools/{name}`, `DELETE /v1/sessions/{id}`: the same over plain HTTP;
+  `POST /v1/sessions/{id}/tools/{name}`, `DELETE /v1/sessions/{id}`: the same over plain HTTP, each
+  call on a session with its resume token;
 - `GET /health`, `/metadata`, `/schema`;
 - `/mcp`: the episode's tools over MCP streamable HTTP (`mcp_server.py`);
 - OpenEnv's wire format on OpenEnv's paths (`/ws`, `/reset`, `/step`, `/state`; `openenv_compat.py`).
@@ -28,6 +30,7 @@ from vriksha.envs.core import Environment, StepResult
 from vriksha.envs.protocol import (
     HTTP_STATUS,
     PROTOCOL_VERSION,
+    RESUME_TOKEN_HEADER,
     SESSIONS_PATH,
     WS_PATH,
     EnvServerError,
@@ -40,6 +43,7 @@ from vriksha.envs.protocol import (
     error_from_exception,
     loads,
     protocol_schema,
+    request_id,
 )
 from vriksha.envs.sessions import Dispatcher, SessionManager
 
@@ -172,7 +176,8 @@ def create_app(env: str | type[Environment], config: ServerConfig | None = None)
         resume = websocket.query_params.get("session")
         try:
             if resume:
-                session = manager.get(resume)
+                token = websocket.headers.get(RESUME_TOKEN_HEADER) or websocket.query_params.get("token")
+                session = manager.authorize(resume, token, "resume")
                 if session.kind != "ws":
                     raise EnvServerError(
                         f"session {resume!r} is a {session.kind} session; only WebSocket sessions resume",
@@ -180,7 +185,8 @@ def create_app(env: str | type[Environment], config: ServerConfig | None = None)
                     )
                 previous = session.on_close
                 session.on_close = None
-                if session.attached and previous is not None:  # its old connection is stale: take over
+                # the token holder is the owner, so the connection it leaves is its own stale one
+                if session.attached and previous is not None:
                     await previous("resumed on another connection")
             else:
                 session = await manager.create("ws")
@@ -204,6 +210,7 @@ def create_app(env: str | type[Environment], config: ServerConfig | None = None)
                 {
                     "event": "hello",
                     "session_id": session.id,
+                    "resume_token": session.token,
                     "env": env_cls.name,
                     "protocol": PROTOCOL_VERSION,
                     **manager.capacity(),
@@ -232,12 +239,12 @@ def create_app(env: str | type[Environment], config: ServerConfig | None = None)
                         raise EnvServerError(f"not valid JSON: {exc}", ErrorCode.INVALID_JSON) from None
                     if type(msg) is not dict:
                         raise ProtocolError("a request must be a JSON object with 'id' and 'op'")
-                    rid = msg.get("id")
-                    if rid is None or type(rid) not in (str, int):
+                    rid = request_id(msg)
+                    if rid is None:
                         if msg.get("op") == "ping":  # an id-less ping is a bare heartbeat
                             session.touch()
                             continue
-                        raise ProtocolError("every request needs an 'id' (string or integer)")
+                        raise ProtocolError("every request needs an 'id' (a string or an integer)")
                     rid_json = dumps(rid)
                     earlier = session.recent.get(rid)
                     if earlier is not None:  # a re-send after a reconnect: answer it, never run it twice
@@ -287,8 +294,11 @@ def create_app(env: str | type[Environment], config: ServerConfig | None = None)
             raise ProtocolError("the body must be a JSON object")
         return data
 
-    async def _http_op(session_id: str, op: str, msg: dict[str, Any]) -> Response:
-        session = manager.get(session_id)
+    def _owned(session_id: str, request: Request, action: str) -> Any:
+        return manager.authorize(session_id, request.headers.get(RESUME_TOKEN_HEADER), action)
+
+    async def _http_op(session_id: str, request: Request, op: str, msg: dict[str, Any]) -> Response:
+        session = _owned(session_id, request, "use")
         try:
             out = await dispatch(session, op, msg)
         except Exception as exc:
@@ -300,6 +310,7 @@ def create_app(env: str | type[Environment], config: ServerConfig | None = None)
         session = await manager.create("http")
         return {
             "session_id": session.id,
+            "resume_token": session.token,
             "env": env_cls.name,
             **manager.capacity(),
             "idle_timeout_s": config.idle_timeout_s,
@@ -311,7 +322,7 @@ def create_app(env: str | type[Environment], config: ServerConfig | None = None)
             body = HttpResetBody.model_validate(await _body(request))
         except ValidationError as exc:
             raise error_from_exception(exc) from None
-        return await _http_op(session_id, "reset", {"seed": body.seed, "options": body.options})
+        return await _http_op(session_id, request, "reset", {"seed": body.seed, "options": body.options})
 
     @app.post(SESSIONS_PATH + "/{session_id}/step")
     async def http_step(session_id: str, request: Request) -> Response:
@@ -319,15 +330,15 @@ def create_app(env: str | type[Environment], config: ServerConfig | None = None)
             body = HttpStepBody.model_validate(await _body(request))
         except ValidationError as exc:
             raise error_from_exception(exc) from None
-        return await _http_op(session_id, "step", {"action": body.action})
+        return await _http_op(session_id, request, "step", {"action": body.action})
 
     @app.get(SESSIONS_PATH + "/{session_id}/state")
-    async def http_state(session_id: str) -> Response:
-        return await _http_op(session_id, "state", {})
+    async def http_state(session_id: str, request: Request) -> Response:
+        return await _http_op(session_id, request, "state", {})
 
     @app.get(SESSIONS_PATH + "/{session_id}/tools")
-    async def http_tools(session_id: str) -> Response:
-        return await _http_op(session_id, "tools", {})
+    async def http_tools(session_id: str, request: Request) -> Response:
+        return await _http_op(session_id, request, "tools", {})
 
     @app.post(SESSIONS_PATH + "/{session_id}/tools/{name}")
     async def http_call_tool(session_id: str, name: str, request: Request) -> Response:
@@ -335,11 +346,11 @@ def create_app(env: str | type[Environment], config: ServerConfig | None = None)
             body = HttpToolBody.model_validate(await _body(request))
         except ValidationError as exc:
             raise error_from_exception(exc) from None
-        return await _http_op(session_id, "call_tool", {"name": name, "arguments": body.arguments})
+        return await _http_op(session_id, request, "call_tool", {"name": name, "arguments": body.arguments})
 
     @app.delete(SESSIONS_PATH + "/{session_id}")
-    async def http_close(session_id: str) -> dict[str, Any]:
-        manager.get(session_id)
+    async def http_close(session_id: str, request: Request) -> dict[str, Any]:
+        _owned(session_id, request, "delete")
         await manager.close(session_id, reason="client closed")
         return {"closed": True, "session_id": session_id}
 

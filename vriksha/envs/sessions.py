@@ -4,14 +4,20 @@ Every session owns its own `Environment` (isolation: one session's failure never
 runs env code in a thread pool so a slow step never blocks the event loop, and serialises its own
 calls with a lock. A session whose client went away (a dropped WebSocket) stays resumable for
 `detach_grace_s`; any session without a request for `idle_timeout_s` is closed by the reaper.
+
+Ownership: every session gets a resume token, a secret that only its creator is told. The id
+names a session (it appears in logs and MCP headers); `authorize` wants the token as well before
+anyone resumes, drives over HTTP or deletes it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import hmac
 import logging
 import queue
+import secrets
 import threading
 import time
 import uuid
@@ -21,11 +27,13 @@ from typing import Any, TypeVar
 
 from vriksha.envs.core import Environment
 from vriksha.envs.protocol import (
+    RESUME_TOKEN_HEADER,
     EnvServerError,
     ErrorCode,
-    ProtocolError,
     SessionCapacityError,
+    SessionForbiddenError,
     UnknownSessionError,
+    check_request,
     dumps,
 )
 
@@ -121,6 +129,7 @@ class Session:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     recent: dict[Any, asyncio.Future[str]] = field(default_factory=dict)  # request id -> its reply
     owner: object | None = None  # the connection a WebSocket session is attached to
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(32), repr=False)  # its resume token
     on_close: Callable[[str], Awaitable[None]] | None = None
 
     def touch(self) -> None:
@@ -207,6 +216,21 @@ class SessionManager:
             raise UnknownSessionError(
                 f"no live session {session_id!r}: it was never created, was closed, or was reaped "
                 f"after {self.idle_timeout_s:g} s idle; create a new one"
+            )
+        return session
+
+    def authorize(self, session_id: str, token: str | None, action: str = "use") -> Session:
+        """The session, if `token` is its resume token; `SessionForbiddenError` otherwise."""
+        session = self.get(session_id)
+        if not token:
+            raise SessionForbiddenError(
+                f"cannot {action} session {session_id!r} without its resume token: send the "
+                f"'resume_token' it was created with in the {RESUME_TOKEN_HEADER} header"
+            )
+        if not hmac.compare_digest(token.encode(), session.token.encode()):
+            raise SessionForbiddenError(
+                f"the resume token does not match session {session_id!r}: a session belongs to the "
+                "client that created it; create a session of your own"
             )
         return session
 
@@ -310,9 +334,7 @@ class SessionManager:
 # ---------------------------------------------------------------- operations (JSON strings out)
 
 
-def _reset(env: Environment, seed: Any, options: Any) -> str:
-    if options is not None and not isinstance(options, dict):
-        raise ProtocolError(f"'options' must be a JSON object, got {type(options).__name__}")
+def _reset(env: Environment, seed: Any, options: Any) -> str:  # fields checked by `check_request`
     return env.reset(seed, options).model_dump_json(serialize_as_any=True)  # keep subclass fields
 
 
@@ -329,8 +351,6 @@ def _tools(env: Environment) -> str:
 
 
 def _call_tool(env: Environment, name: Any, arguments: Any) -> str:
-    if not isinstance(name, str):
-        raise ProtocolError("call_tool needs a string 'name'")
     return dumps({"output": env.call_tool(name, arguments if arguments is not None else {})})
 
 
@@ -341,11 +361,10 @@ class Dispatcher:
         self.manager = manager
 
     async def __call__(self, session: Session, op: Any, msg: dict[str, Any]) -> str:
+        op = check_request(op, msg)
         run = self.manager.run
         env = session.env
         if op == "step":
-            if "action" not in msg:
-                raise ProtocolError("a step needs an 'action' object")
             session.steps += 1
             return await run(session, _step, env, msg["action"])
         if op == "reset":
