@@ -180,3 +180,44 @@ def test_a_verified_checkpoint_that_does_not_fit_the_model_is_a_clear_error(tmp_
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: 1.0)
     with pytest.raises(CheckpointError, match="does not match this run"):
         load_checkpoint(find_checkpoint(tmp_path), model, opt, sched, rank=0)
+
+
+def _two_rank_worker(rank: int, port: int, out: str, results: str) -> None:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        model, opt, sched = _parts()
+        for step in (1, 2):
+            _train(model, opt, sched)
+            save_checkpoint(out, step, model, opt, sched, {"tag": step}, rank=rank)
+        dist.barrier()
+        if rank == 1:  # one rank's own file goes bad; both ranks must agree to skip the checkpoint
+            victim = Path(out) / "checkpoints" / "step_000002" / "rng_rank1.pt"
+            data = bytearray(victim.read_bytes())
+            data[len(data) // 2] ^= 0xFF
+            victim.write_bytes(bytes(data))
+        dist.barrier()
+        chosen = find_checkpoint(out)
+        state = load_checkpoint(chosen, *_parts(seed=5), rank=rank)
+        Path(results, f"rank{rank}.json").write_text(
+            json.dumps({"chosen": chosen.name, "step": state["step"]})
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore")
+def test_two_ranks_hash_in_parallel_and_agree_on_the_fallback(tmp_path):
+    import torch.multiprocessing as mp
+
+    from vriksha.envs.server import free_port
+
+    results = tmp_path / "results"
+    results.mkdir()
+    mp.spawn(_two_rank_worker, args=(free_port(), str(tmp_path), str(results)), nprocs=2, join=True)
+    manifest = json.loads((_step_dir(tmp_path, 1) / MANIFEST).read_text())
+    assert manifest["world_size"] == 2 and {"rng_rank0.pt", "rng_rank1.pt"} <= set(manifest["files"])
+    for rank in (0, 1):
+        assert json.loads((results / f"rank{rank}.json").read_text()) == {"chosen": "step_000001", "step": 1}
