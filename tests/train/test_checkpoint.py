@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -166,6 +167,11 @@ def test_saving_prunes_partial_saves_first_and_keeps_the_newest(tmp_path):
     model, opt, sched = _parts()
     save_checkpoint(tmp_path, 3, model, opt, sched, {}, rank=0, keep=2)
     assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_000001", "step_000003"]
+    # checkpoints past the step being saved are from a timeline the run left: they go
+    _run_with_checkpoints(tmp_path / "other", [9])
+    shutil.copytree(_step_dir(tmp_path / "other", 9), _step_dir(tmp_path, 9))
+    save_checkpoint(tmp_path, 3, model, opt, sched, {}, rank=0, keep=2)
+    assert not _step_dir(tmp_path, 9).exists() and _step_dir(tmp_path, 1).exists()
     # a save over a directory a cut-short save left behind starts clean
     (_step_dir(tmp_path, 3) / "stray.bin").write_bytes(b"x")
     save_checkpoint(tmp_path, 3, model, opt, sched, {}, rank=0, keep=2)

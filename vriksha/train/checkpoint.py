@@ -76,6 +76,11 @@ def _broadcast(obj: Any) -> Any:
     return box[0]
 
 
+def _step_of(path: Path) -> int:
+    m = _STEP_DIR.fullmatch(path.name)
+    return int(m.group(1)) if m else -1
+
+
 def step_dirs(output_dir: str | Path) -> list[Path]:
     """Every `step_<N>` directory under the checkpoint root, newest (highest N) first."""
     root = checkpoint_root(output_dir)
@@ -192,12 +197,13 @@ def save_checkpoint(
         if rank == 0:
             atomic_write_text(root / "latest", path.name)
             old = [p for p in step_dirs(output_dir) if p != path]
-            # saves without a manifest (cut short, or from an older version) go first; of the
-            # complete ones the newest keep - 1 stay
-            partial = [p for p in old if isinstance(read_manifest(p), str)]
-            complete = [p for p in old if p not in partial]
-            for stale in [*partial, *complete[max(0, keep - 1) :]]:
-                shutil.rmtree(stale, ignore_errors=True)
+            # steps past this one belong to a timeline this run left (a resume skipped them as
+            # bad, or a fresh run reuses the directory) and saves without a manifest (cut short,
+            # or from an older version) go; of the complete earlier ones the newest keep - 1 stay
+            stale = [p for p in old if _step_of(p) > step or isinstance(read_manifest(p), str)]
+            kept = [p for p in old if p not in stale]
+            for victim in [*stale, *kept[max(0, keep - 1) :]]:
+                shutil.rmtree(victim, ignore_errors=True)
         _barrier()
     logger.info("saved checkpoint %s", path)
     return path
