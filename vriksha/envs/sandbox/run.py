@@ -1,0 +1,297 @@
+"""`run_sandboxed`: start the launcher (`_launcher.py`) on a command and collect what it did.
+
+The parent writes the files into a private work directory, picks a fresh unprivileged uid (as
+root), starts the launcher in a new session with a scrubbed environment, drains stdout and stderr
+(truncated with a marker), kills everything on timeout and reads the launcher's status: which
+namespaces it got and how the command ended.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from vriksha.envs.core import phase
+from vriksha.envs.sandbox.errors import SandboxError
+from vriksha.envs.sandbox.interpreter import root_spec
+from vriksha.envs.sandbox.result import Drain, SandboxResult, classify, missing_protections
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["run_sandboxed", "SIMULATE_NO_NAMESPACES_ENV"]
+
+_SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+_LAUNCHER = Path(__file__).resolve().parent / "_launcher.py"
+# For tests of the fallback: the launcher behaves as on a machine that allows no namespaces.
+SIMULATE_NO_NAMESPACES_ENV = "VRIKSHA_SANDBOX_SIMULATE_NO_NAMESPACES"
+
+_uid_counter = 0
+_uid_lock = threading.Lock()
+
+
+def _fresh_uid() -> int:
+    global _uid_counter
+    with _uid_lock:
+        _uid_counter += 1
+        n = _uid_counter
+    return 200_000 + (os.getpid() * 7919 + n * 104_729 + time.monotonic_ns()) % 1_000_000
+
+
+def _kill_uid(uid: int) -> None:
+    """Kill every process of `uid` (also those that left the process group), from a forked helper."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setuid(uid)
+            os.kill(-1, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.waitpid(pid, 0)
+
+
+def _write_files(workdir: Path, files: dict[str, str | bytes]) -> None:
+    for rel, content in files.items():
+        path = (workdir / rel).resolve()
+        if Path(rel).is_absolute() or not path.is_relative_to(workdir.resolve()):
+            raise SandboxError(f"sandbox file {rel!r} must be a relative path inside the working directory")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content.encode() if isinstance(content, str) else content)
+
+
+def _chown_tree(root: Path, uid: int) -> None:
+    os.chown(root, uid, uid)
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            os.lchown(os.path.join(dirpath, name), uid, uid)
+
+
+def _interpreter_of(cmd: list[str], python: str) -> list[str]:
+    """Name the real base interpreter where the command names this process's own (a venv's bin/python)."""
+    own = {sys.executable, os.path.realpath(sys.executable)}
+    return [python, *cmd[1:]] if cmd[0] in own or os.path.realpath(cmd[0]) in own else cmd
+
+
+def run_sandboxed(
+    cmd: list[str],
+    *,
+    files: dict[str, str | bytes] | None = None,
+    cwd: Path | str | None = None,
+    timeout_s: float = 10.0,
+    cpu_s: float | None = None,
+    memory_mb: int = 1024,
+    max_procs: int = 64,
+    max_file_mb: int = 16,
+    allow_network: bool = False,
+    env: dict[str, str] | None = None,
+    stdin: str | bytes | None = None,
+    max_output_bytes: int = 64 * 1024,
+    collect: list[str] | None = None,
+) -> SandboxResult:
+    """Run `cmd` contained; see `vriksha.envs.sandbox` for what is isolated and how.
+
+    `files` are written into the working directory first (a private temp dir, removed afterwards,
+    unless `cwd` is given). `collect` names files to read back from it after the run. Raises
+    `SandboxUnavailableError` when the sandbox cannot run here, or cannot isolate and the user has
+    not opted in (VRIKSHA_ALLOW_UNSANDBOXED=1).
+    """
+    from vriksha.envs.sandbox.check import require_sandbox
+
+    require_sandbox(allow_network=allow_network)
+    with phase("env.sandbox"):
+        return run_unchecked(**locals())
+
+
+def run_unchecked(
+    cmd: list[str],
+    files: dict[str, str | bytes] | None = None,
+    cwd: Path | str | None = None,
+    timeout_s: float = 10.0,
+    cpu_s: float | None = None,
+    memory_mb: int = 1024,
+    max_procs: int = 64,
+    max_file_mb: int = 16,
+    allow_network: bool = False,
+    env: dict[str, str] | None = None,
+    stdin: str | bytes | None = None,
+    max_output_bytes: int = 64 * 1024,
+    collect: list[str] | None = None,
+    **_: object,
+) -> SandboxResult:
+    """`run_sandboxed` without the check that the sandbox can isolate (the self-test uses it)."""
+    if not cmd:
+        raise SandboxError("run_sandboxed needs a non-empty command list")
+    spec = root_spec()
+    cmd = _interpreter_of(list(cmd), spec.python)
+    own_dir = cwd is None
+    workdir = Path(tempfile.mkdtemp(prefix="vriksha-sbx-")) if own_dir else Path(cwd).resolve()
+    root = os.geteuid() == 0
+    uid = _fresh_uid() if root else None
+    cpu_limit = int(cpu_s if cpu_s is not None else max(1, timeout_s)) or 1
+    rlimits = {
+        "RLIMIT_CPU": cpu_limit,
+        "RLIMIT_AS": memory_mb * 1024 * 1024,
+        "RLIMIT_FSIZE": max_file_mb * 1024 * 1024,
+        "RLIMIT_CORE": 0,
+        "RLIMIT_NPROC": max_procs,
+    }
+    if not root:  # NPROC counts all of this user's processes: allow the existing ones on top
+        rlimits["RLIMIT_NPROC"] = max_procs + _count_user_procs(os.getuid())
+    child_env = {
+        "PATH": f"{os.path.dirname(spec.python)}:{_SAFE_PATH}",
+        "HOME": str(workdir),
+        "TMPDIR": str(workdir),
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONHASHSEED": "0",
+    }
+    child_env.update(env or {})
+    status_r, status_w = os.pipe()
+    started = time.monotonic()
+    proc = None
+    try:
+        _write_files(workdir, files or {})
+        if uid is not None:
+            _chown_tree(workdir, uid)
+            workdir.chmod(0o700)
+        cfg = {
+            "allow_network": allow_network,
+            "workdir": str(workdir),
+            "tmpfs_mb": max(16, max_file_mb * 4),
+            "rlimits": rlimits,
+            "uid": uid,
+            "status_fd": status_w,
+            "system_dirs": list(spec.system_dirs),
+            "ro_paths": list(spec.ro_paths),
+            "links": [list(x) for x in spec.links],
+            "masks": list(spec.masks),
+            "simulate_no_namespaces": os.environ.get(SIMULATE_NO_NAMESPACES_ENV) == "1",
+        }
+        launcher = [sys.executable, "-I", "-S", str(_LAUNCHER), json.dumps(cfg), *cmd]
+        proc = subprocess.Popen(
+            launcher,
+            cwd=str(workdir),
+            env=child_env,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            pass_fds=(status_w,),
+        )
+        os.close(status_w)
+        status_w = -1
+        out, err = Drain(proc.stdout, max_output_bytes), Drain(proc.stderr, max_output_bytes)
+        if stdin is not None:
+            threading.Thread(target=_feed, args=(proc.stdin, stdin), daemon=True).start()
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        _kill_all(proc, uid)
+        proc.wait()
+        out.join(timeout=5)
+        err.join(timeout=5)
+        duration = time.monotonic() - started
+        status = _read_status(status_r)
+        stderr = err.text()
+        code = proc.returncode
+        if "signal" in status and not timed_out:
+            code = -int(status["signal"])
+        elif "exit" in status and not timed_out:
+            code = int(status["exit"])
+        isolation = {
+            "network": bool(status.get("network_isolated")),
+            "pid": bool(status.get("pid_isolated")),
+            "filesystem": bool(status.get("filesystem_isolated")),
+            "user": uid is not None or bool(status.get("user_namespace") and status.get("pid_isolated")),
+            "process_limit": True,
+        }
+        result = SandboxResult(
+            exit_code=code,
+            stdout=out.text(),
+            stderr=stderr,
+            duration_s=duration,
+            timed_out=timed_out,
+            limit_hit=classify(code, stderr, timed_out, cpu_limit, duration),
+            network_isolated=isolation["network"] and not allow_network,
+            truncated=bool(out.dropped or err.dropped),
+            isolation=isolation,
+            missing=missing_protections(isolation, allow_network),
+        )
+        if status.get("setup_error"):
+            result.isolation["setup_error"] = False
+            result.stderr = f"sandbox set-up failed: {status['setup_error']}\n" + result.stderr
+        for rel in collect or []:
+            path = (workdir / rel).resolve()
+            if path.is_relative_to(workdir.resolve()) and path.is_file():
+                result.files[rel] = path.read_bytes()[: max_output_bytes * 16]
+        return result
+    finally:
+        if proc is not None and proc.returncode is None:
+            _kill_all(proc, uid)
+        for fd in (status_r, status_w):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        if own_dir:
+            shutil.rmtree(workdir, ignore_errors=True)
+        elif uid is not None:
+            _chown_tree(workdir, os.getuid())
+
+
+def _feed(pipe, data: str | bytes) -> None:
+    try:
+        pipe.write(data.encode() if isinstance(data, str) else data)
+        pipe.close()
+    except (BrokenPipeError, OSError):
+        pass
+
+
+def _kill_all(proc: subprocess.Popen, uid: int | None) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if uid is not None:
+        _kill_uid(uid)
+
+
+def _read_status(fd: int) -> dict:
+    """The launcher's JSON lines, merged (set-up first, then how the command ended)."""
+    chunks = []
+    while data := os.read(fd, 65536):
+        chunks.append(data)
+    merged: dict = {}
+    for line in b"".join(chunks).decode("utf-8", "replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(rec, dict):
+            merged.update(rec)
+    return merged
+
+
+def _count_user_procs(uid: int) -> int:
+    n = 0
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    n += 1
+            except OSError:
+                pass
+    return n
