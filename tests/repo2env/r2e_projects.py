@@ -98,19 +98,15 @@ def test_plain_arithmetic():
 """
 
 TEST_FLAKY = """\
-import hashlib
-from pathlib import Path
+import os
 
 from tinyproj.flaky import coin
 
-STATE = Path("/tmp") / ("r2e-flaky-" + hashlib.sha256(__file__.encode()).hexdigest()[:16])
-
 
 def test_coin_alternates():
-    old = STATE.read_text() == "1" if STATE.exists() else False
-    new = coin(old)
-    STATE.write_text("1" if new else "0")
-    assert new
+    # its outcome differs between runs: the first baseline run is traced, the later ones are not
+    # (nothing written in one sandboxed run survives into the next)
+    assert coin("VRIKSHA_R2E_TRACE" in os.environ)
 """
 
 

@@ -100,11 +100,8 @@ def test_venv_holds_no_copy_of_the_project(littered_dataset):
 
 
 def test_agent_code_cannot_read_the_solution_or_hidden_tests_from_the_sandbox(littered_dataset):
-    """The agent writes a test that looks for the task directory and the solution; run_tests runs it."""
-    import os
-
-    if os.geteuid() != 0:
-        pytest.skip("the sandbox hides the file system (private mounts, another uid) only when run as root")
+    """The agent writes a test that looks for the task directory and the solution; run_tests runs it.
+    Every test run is sandboxed (sandbox=False included): the private root holds only the run's copy."""
     from vriksha.repo2env.environment import RepoEnv
 
     _, out = littered_dataset
@@ -132,5 +129,9 @@ def test_agent_code_cannot_read_the_solution_or_hidden_tests_from_the_sandbox(li
         outputs[sandbox] = env.call_tool("run_tests", {"tests": "tests/test_probe.py"})
         env.close()
     assert "1 passed" in outputs[True], outputs[True]
-    # the same probe outside the sandbox does reach the files: it is a real probe
-    assert "1 failed" in outputs[False] and "files.tar.gz" in outputs[False], outputs[False]
+    assert "1 passed" in outputs[False], outputs[False]
+    # the same probe run here, outside the sandbox, does reach the files: it is a real probe
+    ns: dict = {}
+    exec(probe, ns)
+    with pytest.raises(AssertionError):
+        ns["test_probe"]()

@@ -205,6 +205,7 @@ class Environment(ABC):  # noqa: B024 (subclasses implement _reset/_step)
     state_type: ClassVar[type[State]] = State
     splits: ClassVar[tuple[str, ...]] = ("train", "test")
     max_turns: ClassVar[int] = 1
+    runs_untrusted_code: ClassVar[bool] = False  # True: it executes agent code in the sandbox
 
     def __init__(self, **kwargs: Any) -> None:
         if kwargs:

@@ -1,6 +1,7 @@
 """`vriksha env validate NAME`: check an environment against the contract's invariants.
 
-Checks: schema round trip, determinism by seed, variety across seeds, disjoint splits, reward
+Checks: for an environment that runs untrusted code, the sandbox's self-test and the protections it
+lacks on this machine (first; an environment that cannot start stops there); schema round trip, determinism by seed, variety across seeds, disjoint splits, reward
 bounds and scored-step `info`, the adversarial floor (empty, garbage, overlong and exploiting
 actions score 0), no ground truth reachable from observations, state or tools, invalid actions
 answered with `InvalidActionError` without breaking the episode, no steps after the end, and the
@@ -28,6 +29,7 @@ from typing import Any
 
 from vriksha.envs.core import Environment, EpisodeStateError, InvalidActionError, StepResult
 from vriksha.envs.registry import get_env_class
+from vriksha.envs.sandbox import sandbox_report, unsandboxed_allowed
 
 logger = logging.getLogger(__name__)
 
@@ -135,6 +137,15 @@ def _leaks(secrets: list[str], text: str, structured: str = "") -> list[str]:
     return [s for s in secrets if s and (found(s, text) or (len(s) >= 3 and found(s, structured)))]
 
 
+def sandbox_problem() -> str | None:
+    """What the sandbox cannot do here, in words (None: it runs and isolates)."""
+    rep = sandbox_report()
+    if not rep.runs or not rep.missing:
+        return None if rep.runs else rep.describe()
+    opted = " (running anyway: VRIKSHA_ALLOW_UNSANDBOXED is set)" if unsandboxed_allowed() else ""
+    return rep.describe() + opted
+
+
 def validate_env(
     name_or_cls: str | type[Environment],
     *,
@@ -157,6 +168,12 @@ def validate_env(
             logger.debug("check %s raised", name, exc_info=True)
             report.checks.append(Check(name, False, f"raised {type(exc).__name__}: {exc}"))
 
+    if getattr(cls, "runs_untrusted_code", False):
+        say("sandbox_isolation")
+        problem = sandbox_problem()
+        report.checks.append(Check("sandbox_isolation", problem is None, problem or sandbox_report().describe()))
+        if problem is not None and (not sandbox_report().runs or not unsandboxed_allowed()):
+            return report  # the environment refuses to start: nothing else can be checked
     env, twin = cls(**kwargs), cls(**kwargs)
     lo, hi = getattr(cls, "reward_range", (0.0, 1.0))
 

@@ -23,6 +23,7 @@ class Baseline:
     coverage: dict[str, list[str]]  # node id -> "relpath::qualname" of the project functions it called
     seconds: float
     extra_args: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # results the runs refused (forged or malformed)
 
     def tests_reaching(self, key: str) -> set[str]:
         return {nid for nid, funcs in self.coverage.items() if key in funcs}
@@ -82,4 +83,5 @@ def run_baseline(python: Path, root: Path, *, runs: int = 2, timeout_s: float = 
         coverage=first.coverage,
         seconds=sum(r.duration_s for r in all_runs),
         extra_args=extra,
+        warnings=sorted({w for r in all_runs for w in r.warnings}),
     )

@@ -1,4 +1,8 @@
-"""The whole flow: source -> venv -> baseline -> candidates -> validated tasks -> dataset + yield report."""
+"""The whole flow: source -> venv -> baseline -> candidates -> validated tasks -> dataset + yield report.
+
+The bootstrap (installing the declared dependencies) is its own step, with network; every run of the
+repository's tests after it (baseline, candidate validation, the empty check and the oracle) runs
+inside the sandbox: network cut, only its own copy of the tree and the venv (read-only) visible."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
+from vriksha.envs.sandbox import require_sandbox
 from vriksha.repo2env.baseline import run_baseline
 from vriksha.repo2env.bootstrap import Venv, bootstrap, cache_root
 from vriksha.repo2env.errors import Repo2EnvError
@@ -82,11 +87,15 @@ def build_dataset(
     venv: Venv = bootstrap(project.root, project.content_hash, project.name)
     report.bootstrap_s = time.monotonic() - t0
     (out / "venvs" / f"{venv.key}.json").write_text(json.dumps(venv.to_json(), indent=1))
+    # every run of the repository's code below is sandboxed: fail now, loudly, if the sandbox cannot run
+    check = require_sandbox(what=f"{project.name}'s tests")
+    report.sandbox = {"isolation": check.isolation, "missing": check.missing}
     base = run_baseline(venv.python, project.root, runs=cfg.baseline_runs, timeout_s=cfg.timeout_s)
     report.baseline_s = base.seconds
     report.tests = len(base.durations)
     report.stable_passing = len(base.stable_pass)
     report.flaky_tests = len(base.flaky)
+    report.result_warnings = list(base.warnings)
     ctx = BuildContext(
         project=project, python=venv.python, baseline=base, seed=cfg.seed, per_function=cfg.per_function
     )

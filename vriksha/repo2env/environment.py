@@ -100,6 +100,7 @@ class RepoEnv(Environment):
     name = "repo"
     action_type = RepoAction
     max_turns = 40
+    runs_untrusted_code = True
 
     def __init__(
         self,
@@ -109,6 +110,9 @@ class RepoEnv(Environment):
         test_timeout_s: float = 120.0,
     ) -> None:
         super().__init__()
+        from vriksha.envs.sandbox import require_sandbox
+
+        require_sandbox(what="submitted code and the hidden tests")  # self-test: fail at start-up, not per episode
         root = dataset or os.environ.get("VRIKSHA_REPO2ENV_DATASET")
         if not root:
             raise Repo2EnvError(
@@ -348,22 +352,15 @@ class RepoEnv(Environment):
             if not paths:
                 return "no visible tests in this project; submit runs the hidden ones"
         extra = self._task.meta.pytest_extra_args
-        if self.sandbox:
-            from vriksha.repo2env.sandboxed import run_tests_sandboxed
+        from vriksha.repo2env.testrun import run_tests
 
-            run = run_tests_sandboxed(
-                self._venv, self._ws, paths=paths, timeout_s=self.test_timeout_s, extra_args=extra
-            )
-        else:
-            from vriksha.repo2env.testrun import run_tests
-
-            run = run_tests(
-                self._venv / "bin" / "python",
-                self._ws,
-                paths=paths,
-                timeout_s=self.test_timeout_s,
-                extra_args=extra,
-            )
+        run = run_tests(  # always inside the sandbox
+            self._venv / "bin" / "python",
+            self._ws,
+            paths=paths,
+            timeout_s=self.test_timeout_s,
+            extra_args=extra,
+        )
         note = "\n[timed out]" if run.timed_out else ""
         return run.output[-8000:] + note
 

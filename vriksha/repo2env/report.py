@@ -23,6 +23,8 @@ class YieldReport:
     drops_by_pipeline: dict[str, Counter] = field(default_factory=dict)
     kept_seconds: float = 0.0  # validation time summed over kept tasks
     wall_s: float = 0.0
+    sandbox: dict = field(default_factory=dict)  # isolation of the test runs, and what was missing
+    result_warnings: list[str] = field(default_factory=list)  # test results refused as forged or malformed
 
     def add_drop(self, pipeline: str, reason: str, covered: bool) -> None:
         self.candidates[pipeline] += 1
@@ -75,6 +77,10 @@ class YieldReport:
             lines.append(
                 "  drops: " + ", ".join(f"{r.replace('_', ' ')} {n}" for r, n in self.drops.most_common())
             )
+        if self.sandbox.get("missing"):
+            lines.append("  sandbox lacked: " + "; ".join(self.sandbox["missing"]))
+        if self.result_warnings:
+            lines.append(f"  test results refused ({len(self.result_warnings)}): {self.result_warnings[0]}")
         if kept:
             lines.append(
                 f"  {self.wall_s / kept:.1f} s wall per kept task ({60 * kept / self.wall_s:.2f} tasks/min), "

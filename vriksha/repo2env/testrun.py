@@ -1,4 +1,5 @@
-"""Run a project's pytest suite in its venv and record each test's outcome, duration and failure text.
+"""Run a project's pytest suite in its venv, inside the sandbox, and record each test's outcome, duration
+and failure text.
 
 A tiny plugin (`_plugin/vriksha_r2e_plugin.py`, loaded with `-p`) writes the results as JSON,
 selects tests by node id, and optionally records which project functions each test calls.
@@ -10,11 +11,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import shutil
-import signal
-import subprocess
 import tempfile
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +25,7 @@ __all__ = ["TestResult", "TestRun", "run_tests", "pytest_args", "test_env", "PLU
 PLUGIN_DIR = Path(__file__).resolve().parent / "_plugin"
 PASS = {"passed"}
 FAIL = {"failed", "error"}
+OUTCOMES = {"passed", "failed", "error", "skipped", "xfailed", "xpassed", "collection_error"}
 
 
 @dataclass(slots=True)
@@ -43,6 +43,9 @@ class TestRun:
     timed_out: bool = False
     output: str = ""
     coverage: dict[str, list[str]] = field(default_factory=dict)
+    isolation: dict[str, bool] = field(default_factory=dict)  # what the sandbox isolated in this run
+    missing: list[str] = field(default_factory=list)  # the protections it lacked
+    warnings: list[str] = field(default_factory=list)  # results refused as forged or malformed
 
     def with_outcome(self, outcomes: set[str]) -> set[str]:
         return {nid for nid, r in self.results.items() if r.outcome in outcomes}
@@ -121,6 +124,33 @@ def _files_of(select: Iterable[str]) -> list[str]:
     return sorted({nid.split("::", 1)[0] for nid in select})
 
 
+def _checked(
+    payload: object, select: list[str] | None, exit_code: int | None
+) -> tuple[dict[str, TestResult], dict[str, list[str]], list[str]]:
+    """Parse the plugin's results, refusing what a forged file would show: bad records, tests that were
+    not selected, or passes only where pytest itself reported failures."""
+    if not isinstance(payload, dict) or not isinstance(payload.get("tests", {}), dict):
+        return {}, {}, ["the results file is not what the plugin writes: ignored"]
+    warnings: list[str] = []
+    results: dict[str, TestResult] = {}
+    for nid, r in payload.get("tests", {}).items():
+        if not isinstance(r, dict) or r.get("outcome") not in OUTCOMES:
+            warnings.append(f"{str(nid)[:200]}: a malformed result record: ignored")
+            continue
+        if select is not None and nid not in select and r["outcome"] != "collection_error":
+            warnings.append(f"{str(nid)[:200]}: reported but not selected: ignored")
+            continue
+        try:
+            results[nid] = TestResult(r["outcome"], float(r.get("duration", 0.0)), str(r.get("message", "")))
+        except (TypeError, ValueError):
+            warnings.append(f"{str(nid)[:200]}: a malformed result record: ignored")
+    if exit_code == 1 and results and not any(r.outcome in FAIL for r in results.values()):
+        warnings.append("pytest reported failures but the results file claims none: results discarded")
+        results = {}
+    cov = payload.get("coverage", {})
+    return results, cov if isinstance(cov, dict) else {}, warnings
+
+
 def run_tests(
     python: Path,
     workspace: Path,
@@ -130,57 +160,62 @@ def run_tests(
     trace: bool = False,
     timeout_s: float = 600.0,
     extra_args: Iterable[str] = (),
+    memory_mb: int = 4096,
 ) -> TestRun:
-    """Run pytest in `workspace` with the venv's `python` (a plain subprocess: the builder's own runs).
+    """Run pytest on a copy of `workspace` with the venv's `python`, inside the sandbox.
 
-    `select`: only these node ids (their files are passed to pytest, the rest deselected).
-    `trace`: record which functions under `workspace` each test calls.
+    The repository's code runs only there: network cut, a private root holding the copy (writable),
+    the venv and the interpreter (read-only) and nothing else; no other dataset, no hidden tests of
+    other tasks, no host process is visible. `select`: only these node ids (their files are passed to
+    pytest, the rest deselected). `trace`: record which functions of the tree each test calls.
     """
+    from vriksha.envs.sandbox import run_sandboxed
+
     workspace = workspace.resolve()
-    scratch = Path(tempfile.mkdtemp(prefix="vriksha-r2e-run-"))
+    venv = Path(python).parent.parent
+    work = Path(tempfile.mkdtemp(prefix="vriksha-r2e-run-"))
     try:
-        out = scratch / "results.json"
+        ws = work / "ws"
+        shutil.copytree(
+            workspace, ws, symlinks=True, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache")
+        )
+        shutil.copytree(PLUGIN_DIR, work / ".plugin", ignore=shutil.ignore_patterns("__pycache__"))
+        out = work / ".out.json"
         select_file = None
         args = list(paths or [])
         if select is not None:
             select = list(select)
-            select_file = scratch / "select.txt"
+            select_file = work / ".select.txt"
             select_file.write_text("\n".join(select) + "\n")
             args = _files_of(select) or ["--co"]
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": str(scratch),
-            "TMPDIR": str(scratch),
-            **test_env(workspace, out, select_file, workspace if trace else None, PLUGIN_DIR),
-        }
-        cmd = [str(python), *pytest_args(args, extra_args)]
-        start = time.monotonic()
-        proc = subprocess.Popen(
-            cmd,
-            cwd=workspace,
+        env = test_env(ws, out, select_file, ws if trace else None, work / ".plugin")
+        cmd = shlex.join([str(venv / "bin" / "python"), *pytest_args(args, extra_args)])
+        res = run_sandboxed(
+            ["/bin/sh", "-c", f"cd ws && exec {cmd}"],
+            cwd=work,
+            timeout_s=timeout_s,
+            memory_mb=memory_mb,
+            max_procs=64,
+            max_file_mb=64,
             env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+            ro_paths=[venv],
         )
-        timed_out = False
-        try:
-            output, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            output, _ = proc.communicate()
         run = TestRun(
-            exit_code=proc.returncode,
-            duration_s=time.monotonic() - start,
-            timed_out=timed_out,
-            output=output.decode("utf-8", "replace")[-20000:],
+            exit_code=res.exit_code,
+            duration_s=res.duration_s,
+            timed_out=res.timed_out,
+            output=(res.stdout + res.stderr)[-20000:],
+            isolation=res.isolation,
+            missing=res.missing,
         )
         if out.is_file():
-            run.results, run.coverage = parse_results(json.loads(out.read_text()))
+            try:
+                payload = json.loads(out.read_text(errors="replace"))
+            except (json.JSONDecodeError, OSError):
+                payload = None
+            run.results, run.coverage, run.warnings = _checked(payload, select, res.exit_code)
+        for w in run.warnings[:5]:
+            logger.warning("test run in %s: %s", workspace.name, w)
         return run
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)

@@ -117,20 +117,13 @@ def verify(
             for rel in task.deleted:
                 (tree / rel).unlink(missing_ok=True)
         select = [*meta.fail_to_pass, *meta.pass_to_pass]
-        if sandbox:
-            from vriksha.repo2env.sandboxed import run_tests_sandboxed
-
-            run = run_tests_sandboxed(
-                venv, tree, select=select, timeout_s=meta.timeout_s, extra_args=meta.pytest_extra_args
-            )
-        else:
-            run = run_tests(
-                venv / "bin" / "python",
-                tree,
-                select=select,
-                timeout_s=meta.timeout_s,
-                extra_args=meta.pytest_extra_args,
-            )
+        run = run_tests(  # always inside the sandbox (`sandbox` is kept for callers; it changes nothing)
+            venv / "bin" / "python",
+            tree,
+            select=select,
+            timeout_s=meta.timeout_s,
+            extra_args=meta.pytest_extra_args,
+        )
         return verdict_of(run, meta.fail_to_pass, meta.pass_to_pass)
     finally:
         shutil.rmtree(tree, ignore_errors=True)

@@ -13,7 +13,6 @@ import json
 import math
 import random
 import re
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,7 +21,8 @@ from vriksha.envs.builtin.function_tasks import FunctionTask, draw_task
 from vriksha.envs.core import Environment, Observation, State, StepResult, TextAction
 from vriksha.envs.registry import register_env
 from vriksha.envs.rubrics import Criterion, Sequence
-from vriksha.envs.sandbox import run_sandboxed
+from vriksha.envs.sandbox import require_sandbox, run_sandboxed, sandbox_python
+from vriksha.envs.secret import salted_rng
 
 SYSTEM = "You write correct, self-contained Python 3 functions. Reply with one ```python code block."
 MAX_CODE_CHARS = 20_000
@@ -92,6 +92,19 @@ def same_value(got: Any, want: Any) -> bool:
     return got == want
 
 
+def _distinct_inputs(task: FunctionTask, rng: random.Random, n: int, seen: set[str]) -> list[tuple]:
+    out: list[tuple] = []
+    for _ in range(200):
+        if len(out) == n:
+            break
+        args = task.inputs(rng)
+        k = json.dumps(args)
+        if k not in seen:
+            seen.add(k)
+            out.append(args)
+    return out
+
+
 _CODE_BLOCK = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 
 
@@ -125,11 +138,14 @@ class PythonFunctionsEnv(Environment):
     action_type = TextAction
     state_type = PythonFunctionsState
     max_turns = 1
+    runs_untrusted_code = True
 
     def __init__(
         self, num_tests: int = 8, per_test_s: float = 1.0, timeout_s: float = 10.0, memory_mb: int = 512
     ):
         super().__init__()
+        # self-test at start-up: a sandbox that cannot run (or cannot isolate) fails here, loudly
+        self.sandbox_report = require_sandbox(what="python_functions' hidden tests")
         self.num_tests, self.per_test_s, self.timeout_s, self.memory_mb = (
             num_tests,
             per_test_s,
@@ -147,17 +163,11 @@ class PythonFunctionsEnv(Environment):
     def _reset(self, seed: int, options: dict[str, Any]) -> Observation:
         rng = random.Random(seed)
         task = sample_in_split(rng, self.state.split, draw_task, key=lambda t: t.key)
-        seen: set[str] = set()
-        inputs: list[tuple] = []
-        for _ in range(200):
-            args = task.inputs(rng)
-            k = json.dumps(args)
-            if k not in seen:
-                seen.add(k)
-                inputs.append(args)
-            if len(inputs) == self.num_tests + 2:
-                break
-        examples, hidden = inputs[:2], inputs[2:]
+        examples = _distinct_inputs(task, rng, 2, set())
+        # hidden inputs: salted with the server's secret, so the seed and this source do not reveal them
+        hidden = _distinct_inputs(
+            task, salted_rng(seed, self.name, task.key), self.num_tests, {json.dumps(a) for a in examples}
+        )
         self._episode = Episode(task, hidden, [_plain(task.reference(*a)) for a in hidden])
         self.state.function_name = task.name
         self.state.num_hidden_tests = len(hidden)
@@ -173,7 +183,7 @@ class PythonFunctionsEnv(Environment):
     def _run_tests(self, ep: Episode, code: str) -> float:
         files = {"solution.py": code, "inputs.json": json.dumps(ep.hidden_inputs), "harness.py": HARNESS}
         res = run_sandboxed(
-            [sys.executable, "-I", "harness.py", ep.task.name, str(self.per_test_s)],
+            [sandbox_python(), "-I", "-S", "harness.py", ep.task.name, str(self.per_test_s)],
             files=files,
             timeout_s=self.timeout_s,
             memory_mb=self.memory_mb,
@@ -195,6 +205,7 @@ class PythonFunctionsEnv(Environment):
             "timed_out": res.timed_out,
             "limit_hit": res.limit_hit,
             "network_isolated": res.network_isolated,
+            "missing_protections": res.missing,
             "duration_s": round(res.duration_s, 3),
             "stderr_tail": res.stderr[-500:],
         }

@@ -78,7 +78,7 @@ def _exec(cfg: dict, cmd: list[str]) -> None:
     try:
         os.chdir(cfg["workdir"])
         _set_limits(cfg, status)
-        if cfg["uid"] is not None and os.geteuid() == 0:
+        if cfg["drop_uid"]:
             os.setgroups([])
             os.setgid(cfg["uid"])
             os.setuid(cfg["uid"])
@@ -145,6 +145,10 @@ def main() -> None:
         "filesystem_isolated": False,
         "error": None,
     }
+    # without a private root a fresh uid may not reach an interpreter under a private home (/root/.pyenv)
+    cfg["drop_uid"] = cfg["uid"] is not None and os.geteuid() == 0
+    cfg["drop_uid"] &= bool(flags & CLONE_NEWNS) or cfg["python_world_executable"]
+    status["uid_dropped"] = cfg["drop_uid"]
     if not flags & CLONE_NEWPID:  # no PID namespace: run the command from here, as before
         fd = cfg["status_fd"]
         os.set_inheritable(fd, False)

@@ -62,6 +62,7 @@ def unsandboxed_allowed() -> bool:
 
 
 _lock = threading.Lock()
+_warned: set[str] = set()
 
 
 @functools.cache
@@ -116,5 +117,7 @@ def require_sandbox(*, allow_network: bool = False, what: str = "untrusted code"
                 + f". Run as root or where user namespaces are allowed, or set {ALLOW_UNSANDBOXED_ENV}=1 "
                 "to run it anyway with the protections that remain"
             )
-        logger.warning("sandbox: running %s with protections missing: %s", what, "; ".join(report.missing))
+        if what not in _warned:
+            _warned.add(what)
+            logger.warning("sandbox: running %s with protections missing: %s", what, "; ".join(report.missing))
     return report

@@ -74,6 +74,13 @@ def _chown_tree(root: Path, uid: int) -> None:
             os.lchown(os.path.join(dirpath, name), uid, uid)
 
 
+def _world_executable(path: str) -> bool:
+    """Whether any user may run `path` (every directory above it searchable by others)."""
+    parts = Path(path).parts
+    dirs_ok = all(os.stat(os.path.join(*parts[:i])).st_mode & 0o001 for i in range(1, len(parts)))
+    return dirs_ok and bool(os.stat(path).st_mode & 0o001)
+
+
 def _interpreter_of(cmd: list[str], python: str) -> list[str]:
     """Name the real base interpreter where the command names this process's own (a venv's bin/python)."""
     own = {sys.executable, os.path.realpath(sys.executable)}
@@ -95,11 +102,13 @@ def run_sandboxed(
     stdin: str | bytes | None = None,
     max_output_bytes: int = 64 * 1024,
     collect: list[str] | None = None,
+    ro_paths: list[str | Path] | None = None,
 ) -> SandboxResult:
     """Run `cmd` contained; see `vriksha.envs.sandbox` for what is isolated and how.
 
     `files` are written into the working directory first (a private temp dir, removed afterwards,
-    unless `cwd` is given). `collect` names files to read back from it after the run. Raises
+    unless `cwd` is given). `ro_paths` are further host paths bound in read-only at their own path
+    (a virtualenv the command runs from). `collect` names files to read back from it after the run. Raises
     `SandboxUnavailableError` when the sandbox cannot run here, or cannot isolate and the user has
     not opted in (VRIKSHA_ALLOW_UNSANDBOXED=1).
     """
@@ -124,6 +133,7 @@ def run_unchecked(
     stdin: str | bytes | None = None,
     max_output_bytes: int = 64 * 1024,
     collect: list[str] | None = None,
+    ro_paths: list[str | Path] | None = None,
     **_: object,
 ) -> SandboxResult:
     """`run_sandboxed` without the check that the sandbox can isolate (the self-test uses it)."""
@@ -172,9 +182,10 @@ def run_unchecked(
             "uid": uid,
             "status_fd": status_w,
             "system_dirs": list(spec.system_dirs),
-            "ro_paths": list(spec.ro_paths),
+            "ro_paths": [*spec.ro_paths, *(os.path.realpath(p) for p in ro_paths or [])],
             "links": [list(x) for x in spec.links],
             "masks": list(spec.masks),
+            "python_world_executable": _world_executable(spec.python),
             "simulate_no_namespaces": os.environ.get(SIMULATE_NO_NAMESPACES_ENV) == "1",
         }
         launcher = [sys.executable, "-I", "-S", str(_LAUNCHER), json.dumps(cfg), *cmd]
@@ -214,7 +225,7 @@ def run_unchecked(
             "network": bool(status.get("network_isolated")),
             "pid": bool(status.get("pid_isolated")),
             "filesystem": bool(status.get("filesystem_isolated")),
-            "user": uid is not None or bool(status.get("user_namespace") and status.get("pid_isolated")),
+            "user": bool(status.get("uid_dropped")) or bool(status.get("user_namespace") and status.get("pid_isolated")),
             "process_limit": True,
         }
         result = SandboxResult(
