@@ -70,7 +70,8 @@ def test_splits_are_disjoint_and_deterministic():
     assert split_of("Compute 1 + 2") == split_of("Compute 1 + 2")
 
 
-def test_python_functions_hidden_tests_in_sandbox():
+def test_python_functions_hidden_tests_in_sandbox(monkeypatch):
+    monkeypatch.setenv("VRIKSHA_ENV_SECRET", "fixed-for-this-test")  # the hidden inputs depend on it
     env = make_env("python_functions", per_test_s=0.5)
     r = env.reset(seed=5)
     assert "running_sum" in r.observation.text and "```python" in r.observation.text

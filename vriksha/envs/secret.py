@@ -23,10 +23,12 @@ _secret: bytes | None = None
 def server_secret() -> bytes:
     """$VRIKSHA_ENV_SECRET if set (replicas that must agree share it), else random, once per process."""
     global _secret
+    given = os.environ.get(SECRET_ENV, "")
+    if given:
+        return given.encode()
     with _lock:
         if _secret is None:
-            given = os.environ.get(SECRET_ENV, "")
-            _secret = given.encode() if given else os.urandom(32)
+            _secret = os.urandom(32)
         return _secret
 
 
