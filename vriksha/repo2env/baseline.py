@@ -59,6 +59,11 @@ def run_baseline(python: Path, root: Path, *, runs: int = 2, timeout_s: float = 
         raise BootstrapError(
             f"the test suite took more than {timeout_s:.0f} s; raise --timeout or pick a smaller project"
         )
+    if not first.passed and first.warnings:
+        raise BootstrapError(
+            f"the baseline run's results were refused ({'; '.join(first.warnings[:3])}): the repository's "
+            "code may be forging them; nothing can be built from it"
+        )
     if not first.passed:
         raise BootstrapError(
             f"no test passes in the baseline run (pytest exit code {first.exit_code}); the suite may need "
