@@ -181,8 +181,21 @@ def test_env_validate_reports_missing_protections(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(WORKTREE), sandbox_run.SIMULATE_NO_NAMESPACES_ENV: "1"}
     env.pop("VRIKSHA_ALLOW_UNSANDBOXED", None)
     proc = subprocess.run(
-        [PY, "-c", "import sys; from vriksha.cli import main; sys.exit(main())", "env", "validate", "python_functions", "--json", "--seeds", "2"],
-        capture_output=True, text=True, timeout=120, env=env,
+        [
+            PY,
+            "-c",
+            "import sys; from vriksha.cli import main; sys.exit(main())",
+            "env",
+            "validate",
+            "python_functions",
+            "--json",
+            "--seeds",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
     )
     report = json.loads(proc.stdout)
     assert proc.returncode == 1 and not report["ok"]
@@ -218,7 +231,9 @@ def test_python_functions_scores_through_a_venv_under_tmp():
     try:
         subprocess.run(
             [PY, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-            check=True, timeout=120, capture_output=True,
+            check=True,
+            timeout=120,
+            capture_output=True,
         )
         code = (
             "import json, sys\n"

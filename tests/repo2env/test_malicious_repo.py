@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from r2e_projects import write
 
-CONFTEST = '''\
+CONFTEST = """\
 import atexit, json, os, socket
 from pathlib import Path
 
@@ -56,7 +56,7 @@ def _forge():  # after pytest wrote its results: claim every test passed, plus o
 
 if ATTACK.get("forge"):
     atexit.register(_forge)
-'''
+"""
 
 CALC = '''\
 def add(a, b):
@@ -71,7 +71,7 @@ def scale(x, k):
     return out
 '''
 
-TESTS = '''\
+TESTS = """\
 import os
 
 from evil.calc import add, scale
@@ -91,7 +91,7 @@ def test_scale():
 
 def test_always_fails():
     assert scale(1, 1) == 2, "ATTACK " + os.environ.get("ATTACK_SEEN", "{}")
-'''
+"""
 
 
 @pytest.fixture

@@ -171,7 +171,9 @@ def validate_env(
     if getattr(cls, "runs_untrusted_code", False):
         say("sandbox_isolation")
         problem = sandbox_problem()
-        report.checks.append(Check("sandbox_isolation", problem is None, problem or sandbox_report().describe()))
+        report.checks.append(
+            Check("sandbox_isolation", problem is None, problem or sandbox_report().describe())
+        )
         if problem is not None and (not sandbox_report().runs or not unsandboxed_allowed()):
             return report  # the environment refuses to start: nothing else can be checked
     env, twin = cls(**kwargs), cls(**kwargs)

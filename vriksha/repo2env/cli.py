@@ -56,7 +56,9 @@ def register(subparsers) -> None:
         "--mutations-per-function", type=int, default=1, help="fix_bug mutations tried per function"
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds the whole baseline suite may take")
-    p.add_argument("--sandbox", action="store_true", help="validate: kept for compatibility; every test run is sandboxed")
+    p.add_argument(
+        "--sandbox", action="store_true", help="validate: kept for compatibility; every test run is sandboxed"
+    )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=handle)

@@ -112,7 +112,8 @@ class RepoEnv(Environment):
         super().__init__()
         from vriksha.envs.sandbox import require_sandbox
 
-        require_sandbox(what="submitted code and the hidden tests")  # self-test: fail at start-up, not per episode
+        # the self-test: a sandbox that cannot run fails here, at start-up, not in every episode
+        require_sandbox(what="submitted code and the hidden tests")
         root = dataset or os.environ.get("VRIKSHA_REPO2ENV_DATASET")
         if not root:
             raise Repo2EnvError(

@@ -119,5 +119,7 @@ def require_sandbox(*, allow_network: bool = False, what: str = "untrusted code"
             )
         if what not in _warned:
             _warned.add(what)
-            logger.warning("sandbox: running %s with protections missing: %s", what, "; ".join(report.missing))
+            logger.warning(
+                "sandbox: running %s with protections missing: %s", what, "; ".join(report.missing)
+            )
     return report

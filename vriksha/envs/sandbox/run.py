@@ -225,7 +225,8 @@ def run_unchecked(
             "network": bool(status.get("network_isolated")),
             "pid": bool(status.get("pid_isolated")),
             "filesystem": bool(status.get("filesystem_isolated")),
-            "user": bool(status.get("uid_dropped")) or bool(status.get("user_namespace") and status.get("pid_isolated")),
+            "user": bool(status.get("uid_dropped"))
+            or bool(status.get("user_namespace") and status.get("pid_isolated")),
             "process_limit": True,
         }
         result = SandboxResult(
