@@ -198,3 +198,38 @@ def _cfg():
     from vriksha.repo2env.builder import BuildConfig
 
     return BuildConfig(pipelines=("implement_function",), max_tasks=1, workers=1, progress=False)
+
+
+@pytest.mark.slow
+def test_bootstrap_runs_no_repository_code_for_static_metadata(tmp_path, monkeypatch):
+    """An in-tree build backend that would run at build time is never imported: the declared
+    dependencies are installed and a metadata-only record stands in for the project."""
+    import subprocess
+
+    from vriksha.repo2env.bootstrap import bootstrap
+
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # offline: pytest (the one dependency) is in the seed venv
+    marker = tmp_path / "backend-ran"
+    tmp_path.chmod(0o755)
+    src = write(
+        tmp_path / "statproj",
+        {
+            "pyproject.toml": (
+                '[build-system]\nrequires = []\nbuild-backend = "evil_backend"\nbackend-path = ["."]\n\n'
+                '[project]\nname = "statproj"\nversion = "1.2"\ndependencies = ["pytest"]\n\n'
+                '[project.optional-dependencies]\ntest = ["statproj[extra]"]\nextra = []\n'
+            ),
+            "evil_backend.py": f"open({str(marker)!r}, 'w').write('ran')\n",
+            "statproj.py": "X = 1\n",
+        },
+    )
+    venv = bootstrap(src, uuid.uuid4().hex, "statproj")
+    assert not marker.exists(), "the repository's build backend ran during the bootstrap"
+    out = subprocess.run(
+        [str(venv.python), "-c", "import importlib.metadata as m; print(m.version('statproj'))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.stdout.strip() == "1.2", out.stderr
+    assert not any(r.lower().startswith("statproj") for r in venv.freeze)

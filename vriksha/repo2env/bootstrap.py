@@ -1,4 +1,6 @@
-"""One isolated virtual environment per project, cached by content hash.
+"""One isolated virtual environment per project, cached by content hash: the dependency bootstrap, its
+own step (with network; no test runs here, and for a project with static metadata no repository code
+at all: `static_install.py`).
 
 The venv is made with `python -m venv --without-pip` (no system site-packages) from a cached seed
 venv that already holds pytest; the host's pip installs into it (`pip --python`), so its wheel
@@ -14,6 +16,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,6 +29,7 @@ from pathlib import Path
 from vriksha.repo2env.deps import TestDeps, declared_test_deps
 from vriksha.repo2env.errors import BootstrapError
 from vriksha.repo2env.source import copy_tree
+from vriksha.repo2env.static_install import canonical, static_project, write_dist_info
 
 logger = logging.getLogger(__name__)
 
@@ -200,6 +204,62 @@ def _needs_install(root: Path, deps: TestDeps) -> bool:
     return "dependencies" in project.get("dynamic", []) or bool(project.get("dependencies"))
 
 
+def _install(python: Path, reqs: list[str], name: str, tmp: Path, warnings: list[str]) -> None:
+    if not reqs:
+        return
+    proc = _run(_pip(python, "install", "-q", *reqs), f"installing the dependencies of {name}")
+    if proc.returncode:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise BootstrapError(
+            f"cannot install {name} (its declared dependencies) into its venv: {proc.stderr.strip()[-2000:]}; "
+            "the project must be pip-installable (pure Python) with its dependencies on the index"
+        )
+
+
+def _install_by_build(
+    root: Path,
+    python: Path,
+    deps: TestDeps,
+    name: str,
+    tmp: Path,
+    install_project: bool,
+    scratch: Path,
+    warnings: list[str],
+) -> str:
+    """pip builds and installs the project (its build backend or setup.py runs), then its code is removed."""
+    build_copy = Path(tempfile.mkdtemp(prefix="build-", dir=scratch))
+    copy_tree(root, build_copy)  # pip may write build/ and egg-info into the tree: keep `root` clean
+    spec = str(build_copy) + (f"[{','.join(deps.extras)}]" if deps.extras else "")
+    install_project = install_project and _needs_install(root, deps)
+    args = ["install", "-q"] + ([spec] if install_project else []) + deps.requirements
+    try:
+        if len(args) > 2:
+            if install_project:
+                warnings.append(
+                    f"{name} has no static metadata: pip built it, which runs its build backend or "
+                    "setup.py outside the sandbox"
+                )
+                logger.warning("%s: %s", name, warnings[-1])
+            proc = _run(_pip(python, *args), f"installing {name} and its test dependencies")
+            if proc.returncode and deps.requirements:
+                warnings.append(
+                    f"installing the declared test requirements failed ({proc.stderr.strip()[-300:]}); "
+                    "retried with the project alone"
+                )
+                proc = _run(_pip(python, "install", "-q", spec), f"installing {name}")
+            if proc.returncode:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise BootstrapError(
+                    f"cannot install {name} into its venv: {proc.stderr.strip()[-2000:]}; "
+                    "the project must be pip-installable (pure Python) with its dependencies on the index"
+                )
+    finally:
+        shutil.rmtree(build_copy, ignore_errors=True)
+    if install_project:
+        warnings += _strip_project(python, name)
+    return spec
+
+
 def bootstrap(root: Path, content_hash: str, name: str, *, install_project: bool = True) -> Venv:
     """The cached venv for the project at `root` (made on first use). Raises BootstrapError with the reason."""
     key = hashlib.sha256(f"{content_hash}|{sys.version}|{BOOTSTRAP_VERSION}".encode()).hexdigest()[:20]
@@ -216,30 +276,17 @@ def bootstrap(root: Path, content_hash: str, name: str, *, install_project: bool
         python = tmp / "bin" / "python"
         deps: TestDeps = declared_test_deps(root)
         warnings: list[str] = []
-        build_copy = Path(tempfile.mkdtemp(prefix="build-", dir=target.parent))
-        copy_tree(root, build_copy)  # pip may write build/ and egg-info into the tree: keep `root` clean
-        spec = str(build_copy) + (f"[{','.join(deps.extras)}]" if deps.extras else "")
-        install_project = install_project and _needs_install(root, deps)
-        args = ["install", "-q"] + ([spec] if install_project else []) + deps.requirements
-        if len(args) > 2:
-            proc = _run(_pip(python, *args), f"installing {name} and its test dependencies")
-            if proc.returncode and deps.requirements:
-                warnings.append(
-                    f"installing the declared test requirements failed ({proc.stderr.strip()[-300:]}); "
-                    "retried with the project alone"
-                )
-                proc = _run(_pip(python, "install", "-q", spec), f"installing {name}")
-            if proc.returncode:
-                shutil.rmtree(tmp, ignore_errors=True)
-                shutil.rmtree(build_copy, ignore_errors=True)
-                raise BootstrapError(
-                    f"cannot install {name} into its venv: {proc.stderr.strip()[-2000:]}; "
-                    "the project must be pip-installable (pure Python) with its dependencies on the index"
-                )
-        shutil.rmtree(build_copy, ignore_errors=True)
-        if install_project:
-            warnings += _strip_project(python, name)
+        static = static_project(root, deps.extras) if install_project else None
+        if static is not None:  # everything is declared: install the requirements, build nothing
+            spec = f"{static.name}=={static.version} (metadata only)"
+            _install(python, [*static.requirements, *deps.requirements], name, tmp, warnings)
+            site = next((tmp / "lib").glob("python3*/site-packages"))
+            write_dist_info(site, static)
+        else:
+            spec = _install_by_build(root, python, deps, name, tmp, install_project, target.parent, warnings)
         freeze = _run(_pip(python, "freeze", "--exclude-editable"), "pip freeze").stdout.splitlines()
+        own = {canonical(name)} | ({canonical(static.name)} if static else set())
+        freeze = [r for r in freeze if canonical(re.split(r"[=@ <>!~;\[]", r, maxsplit=1)[0]) not in own]
         venv = Venv(
             path=target,
             key=key,
