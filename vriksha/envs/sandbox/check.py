@@ -68,13 +68,16 @@ _warned: set[str] = set()
 @functools.cache
 def _probe(allow_network: bool, simulate: str | None) -> SandboxReport:
     spec = root_spec()
-    res = run_unchecked(
-        [spec.python, "-I", "-S", "-c", _PROBE, _PROJECT_FILE],
-        timeout_s=30,
-        memory_mb=512,
-        max_procs=8,
-        allow_network=allow_network,
-    )
+    try:
+        res = run_unchecked(
+            [spec.python, "-I", "-S", "-c", _PROBE, _PROJECT_FILE],
+            timeout_s=30,
+            memory_mb=512,
+            max_procs=8,
+            allow_network=allow_network,
+        )
+    except SandboxUnavailableError as exc:
+        return SandboxReport(False, python=spec.python, detail=str(exc))
     out = res.stdout.strip().splitlines()
     try:
         seen = json.loads(out[-1]) if out else {}

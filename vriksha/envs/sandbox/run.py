@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from vriksha.envs.core import phase
-from vriksha.envs.sandbox.errors import SandboxError
+from vriksha.envs.sandbox.errors import SandboxError, SandboxUnavailableError
 from vriksha.envs.sandbox.interpreter import root_spec
 from vriksha.envs.sandbox.result import Drain, SandboxResult, classify, missing_protections
 
@@ -112,11 +112,12 @@ def run_sandboxed(
     `SandboxUnavailableError` when the sandbox cannot run here, or cannot isolate and the user has
     not opted in (VRIKSHA_ALLOW_UNSANDBOXED=1).
     """
+    opts = dict(locals())
     from vriksha.envs.sandbox.check import require_sandbox
 
     require_sandbox(allow_network=allow_network)
     with phase("env.sandbox"):
-        return run_unchecked(**locals())
+        return run_unchecked(**opts)
 
 
 def run_unchecked(
@@ -134,7 +135,6 @@ def run_unchecked(
     max_output_bytes: int = 64 * 1024,
     collect: list[str] | None = None,
     ro_paths: list[str | Path] | None = None,
-    **_: object,
 ) -> SandboxResult:
     """`run_sandboxed` without the check that the sandbox can isolate (the self-test uses it)."""
     if not cmd:
@@ -241,9 +241,11 @@ def run_unchecked(
             isolation=isolation,
             missing=missing_protections(isolation, allow_network),
         )
-        if status.get("setup_error"):
-            result.isolation["setup_error"] = False
-            result.stderr = f"sandbox set-up failed: {status['setup_error']}\n" + result.stderr
+        if status.get("setup_error"):  # the command never ran: never let that pass for a result
+            raise SandboxUnavailableError(
+                f"the sandbox could not be set up: {status['setup_error']}; see docs/environments.md, "
+                "'Threat model', for what it needs"
+            )
         for rel in collect or []:
             path = (workdir / rel).resolve()
             if path.is_relative_to(workdir.resolve()) and path.is_file():
