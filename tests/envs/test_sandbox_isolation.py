@@ -257,3 +257,27 @@ def test_python_functions_scores_through_a_venv_under_tmp():
         assert seen["sandbox"]["exit_code"] == 0 and seen["sandbox"]["missing_protections"] == []
     finally:
         subprocess.run(["rm", "-rf", str(venv)], timeout=60)
+
+
+def test_cannot_signal_the_parent_or_host_processes():
+    host = subprocess.Popen([PY, "-c", "import time; time.sleep(30)"])
+    try:
+        code = (
+            "import os, signal, sys\n"
+            "out = []\n"
+            "for pid in (os.getppid(), int(sys.argv[1]), int(sys.argv[2])):\n"
+            "    try:\n"
+            "        os.kill(pid, signal.SIGKILL); out.append('sent')\n"
+            "    except OSError as exc:\n"
+            "        out.append(type(exc).__name__)\n"
+            "print(' '.join(out))\n"
+        )
+        r = run_py(code, str(os.getpid()), str(host.pid))
+        assert r.exit_code == 0, r.stderr
+        assert host.poll() is None  # the host process lives on (and so does this one)
+        # the sandbox's PID 1 ignores the signal, so the command ran to its end
+        to_init, to_me, to_host = r.stdout.split()
+        assert to_me in ("ProcessLookupError", "PermissionError") and to_host == to_me, r.stdout
+    finally:
+        host.kill()
+        host.wait()

@@ -18,7 +18,7 @@ from vriksha.envs.core import (
 )
 from vriksha.envs.registry import get_env_class, list_envs, make_env, register_env
 from vriksha.envs.rubrics import Criterion, Gate, Rubric, RubricScore, Sequence, TrajectoryRubric, WeightedSum
-from vriksha.envs.sandbox import SandboxResult, run_sandboxed
+from vriksha.envs.sandbox import SandboxResult, SandboxUnavailableError, run_sandboxed
 
 __all__ = [
     "Action",
@@ -27,6 +27,7 @@ __all__ = [
     "Rubric",
     "RubricScore",
     "SandboxResult",
+    "SandboxUnavailableError",
     "Sequence",
     "TrajectoryRubric",
     "WeightedSum",
