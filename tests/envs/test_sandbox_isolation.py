@@ -3,6 +3,7 @@ sandbox fails loudly or says what it lacks. Real processes throughout."""
 
 import json
 import os
+import site
 import subprocess
 import sys
 import time
@@ -235,6 +236,9 @@ def test_python_functions_scores_through_a_venv_under_tmp():
             timeout=120,
             capture_output=True,
         )
+        # when this interpreter is itself a venv, "system" site-packages means its base's: add ours too
+        inner_site = next((venv / "lib").glob("python3*/site-packages"))
+        (inner_site / "outer.pth").write_text("\n".join(site.getsitepackages()) + "\n")
         code = (
             "import json, sys\n"
             "from vriksha.envs.registry import make_env\n"
@@ -281,3 +285,47 @@ def test_cannot_signal_the_parent_or_host_processes():
     finally:
         host.kill()
         host.wait()
+
+
+def _others_can_use(path: Path) -> bool:
+    parts = path.resolve().parts
+    dirs = all(os.stat(os.path.join(*parts[:i])).st_mode & 0o001 for i in range(1, len(parts)))
+    return dirs and bool(path.resolve().stat().st_mode & 0o005)
+
+
+def test_unprivileged_user_gets_the_same_isolation_through_a_user_namespace():
+    """Run as an ordinary user (uid 65534): the sandbox unshares inside a user namespace and still
+    gets the network cut, its own PID namespace and the private root."""
+    import shutil
+
+    import pydantic
+
+    setpriv = shutil.which("setpriv")
+    if os.geteuid() != 0 or setpriv is None:
+        pytest.skip("needs root (to become an ordinary user) and util-linux setpriv")
+    needed = [Path(PY), WORKTREE / "vriksha" / "__init__.py", Path(pydantic.__file__)]
+    if not all(_others_can_use(p) for p in needed):
+        pytest.skip("this interpreter or its packages are not readable by other users (a private home)")
+    code = (
+        "import json\n"
+        "from vriksha.envs.sandbox import run_sandboxed\n"
+        "r = run_sandboxed(['python3', '-c', 'import os; print(os.getpid())'])\n"
+        "print(json.dumps({'code': r.exit_code, 'out': r.stdout, 'iso': r.isolation, 'missing': r.missing}))\n"
+    )
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": str(WORKTREE), "HOME": "/tmp"}
+    out = subprocess.run(
+        [setpriv, "--reuid", "65534", "--regid", "65534", "--clear-groups", PY, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        cwd="/",
+    )
+    if "user namespace" in out.stderr or "refusing" in out.stderr:
+        pytest.fail(f"user namespaces are not allowed here: {out.stderr[-800:]}")
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["code"] == 0 and int(seen["out"]) <= 3, seen
+    assert (
+        seen["iso"]["network"] and seen["iso"]["pid"] and seen["iso"]["filesystem"] and seen["missing"] == []
+    )
