@@ -11,16 +11,16 @@ from vriksha.engine.radix_cache import RadixCache, RadixCacheError, TreeNode
 from vriksha.errors import VrikshaError
 
 
-def make(num_slots: int = 64, enabled: bool = True) -> tuple[SlotAllocator, RadixCache]:
+def make(num_slots: int = 64) -> tuple[SlotAllocator, RadixCache]:
     alloc = SlotAllocator(num_slots)
-    return alloc, RadixCache(alloc, enabled=enabled)
+    return alloc, RadixCache(alloc)
 
 
 def put(alloc: SlotAllocator, cache: RadixCache, tokens: list[int]) -> torch.Tensor:
     """Insert `tokens` with fresh slots, freeing the duplicates as a scheduler would; returns the fresh slots."""
     slots = alloc.alloc(len(tokens))
     assert slots is not None
-    n = cache.insert(tokens, slots)
+    n = cache.insert(tokens, slots).cached_len
     alloc.free(slots[:n])
     return slots
 
@@ -53,7 +53,7 @@ def test_empty_tree_and_empty_input():
     m = cache.match_prefix([])
     assert m.slots.numel() == 0 and m.slots.dtype == torch.int64 and m.last_node is cache.root
     assert cache.match_prefix([1, 2, 3]).last_node is cache.root
-    assert cache.insert([], torch.empty(0, dtype=torch.int64)) == 0
+    assert cache.insert([], torch.empty(0, dtype=torch.int64)).cached_len == 0
     assert cache.total_size() == 0 and cache.slot_set() == set()
 
 
@@ -83,12 +83,18 @@ def test_insert_reports_cached_prefix_and_owns_only_the_rest():
     alloc, cache = make()
     first = put(alloc, cache, [1, 2, 3, 4])
     second = alloc.alloc(5)
-    n = cache.insert([1, 2, 7, 8, 9], second)
+    result = cache.insert([1, 2, 7, 8, 9], second)
+    n = result.cached_len
     assert n == 2
+    assert result.cached_slots.tolist() == first[:2].tolist()
+    assert result.node.token_path() == [1, 2, 7, 8, 9] and result.node.key == [7, 8, 9]
     alloc.free(second[:n])
     assert cache.slot_set() == set(first.tolist()) | set(second[2:].tolist())
     assert cache.match_prefix([1, 2, 7, 8, 9]).slots.tolist() == first[:2].tolist() + second[2:].tolist()
-    assert cache.insert([1, 2, 3, 4], alloc.alloc(4)) == 4  # fully cached already: nothing new owned
+    again = cache.insert([1, 2, 3, 4], alloc.alloc(4))
+    assert again.cached_len == 4  # fully cached already: nothing new owned
+    assert again.node.token_path() == [1, 2, 3, 4] and again.cached_slots.tolist() == first.tolist()
+    assert cache.insert([1, 2, 3], alloc.alloc(3)).node.token_path() == [1, 2, 3]  # ends inside a node: split
     assert cache.total_size() == 7
 
 
@@ -193,18 +199,6 @@ def test_reset_frees_everything_and_refuses_while_locked():
     assert cache.match_prefix([4, 5]).length == 0
 
 
-def test_disabled_cache_stores_nothing():
-    alloc, cache = make(enabled=False)
-    slots = alloc.alloc(3)
-    assert cache.insert([1, 2, 3], slots) == 0
-    assert alloc.num_free == alloc.capacity - 3  # nothing freed on the caller's behalf
-    m = cache.match_prefix([1, 2, 3])
-    assert m.length == 0 and m.last_node is cache.root
-    cache.inc_lock_ref(m.last_node)
-    cache.dec_lock_ref(m.last_node)
-    assert cache.total_size() == 0 and cache.slot_set() == set() and cache.evict(10) == 0
-
-
 def test_long_prompt_match():
     alloc, cache = make(num_slots=20_001)
     tokens = list(range(10_000))
@@ -240,6 +234,31 @@ NUM_SLOTS = 32
 token_seqs = st.lists(st.integers(0, 2), min_size=0, max_size=9)
 
 
+class Mirror:
+    """A cache's contents rebuilt from its events alone, as a router would: cached path -> slot of its last token."""
+
+    def __init__(self) -> None:
+        self.paths: dict[tuple[int, ...], int] = {}
+
+    def stored(self, parent, token_ids, slots) -> None:
+        assert tuple(parent) in self.paths or not parent, "stored under a path the mirror never saw"
+        for i, slot in enumerate(slots.tolist()):
+            path = (*parent, *token_ids[: i + 1])
+            assert path not in self.paths, "stored a path twice"
+            self.paths[path] = slot
+
+    def removed(self, parent, token_ids) -> None:
+        top = (*parent, token_ids[0])  # the run's first token on: every path through it
+        gone = [p for p in self.paths if p[: len(top)] == top]
+        assert (*parent, *token_ids) in gone
+        assert gone, "removed a path the mirror does not hold"
+        for p in gone:
+            del self.paths[p]
+
+    def cleared(self) -> None:
+        self.paths.clear()
+
+
 class RadixCacheMachine(RuleBasedStateMachine):
     """A scheduler's use of the cache against a reference model.
 
@@ -250,7 +269,8 @@ class RadixCacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.alloc = SlotAllocator(NUM_SLOTS)
-        self.cache = RadixCache(self.alloc)
+        self.mirror = Mirror()
+        self.cache = RadixCache(self.alloc, events=self.mirror)
         self.ref: dict[tuple[int, ...], int] = {}
         self.touched: dict[tuple[int, ...], int] = {}
         self.tick = 0
@@ -280,8 +300,11 @@ class RadixCacheMachine(RuleBasedStateMachine):
     def _insert(self, tokens: list[int], slots: torch.Tensor, owned: int) -> int:
         """Insert a request's tokens, free its duplicates, return how many were cached before."""
         expect = self._longest_cached(tokens)
-        n = self.cache.insert(tokens, slots)
+        result = self.cache.insert(tokens, slots)
+        n = result.cached_len
         assert n == expect and n >= owned
+        assert result.node.token_path() == tokens
+        assert result.cached_slots.tolist() == [self.ref[tuple(tokens[: i + 1])] for i in range(n)]
         assert all(self.ref[tuple(tokens[: i + 1])] == slots[i].item() for i in range(owned))
         self.alloc.free(slots[owned:n])
         for i in range(n, len(tokens)):
@@ -410,6 +433,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
     @invariant()
     def tree_matches_reference(self):
         assert tree_map(self.cache) == self.ref
+        assert self.mirror.paths == self.ref, "the event mirror drifted from the tree"
         assert self.cache.total_size() == len(self.ref)
         assert self.cache.protected_size() == locked_tokens(self.cache)
 

@@ -97,5 +97,9 @@ class ReqToTokenTable:
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         self.table[row, start : start + slots.numel()] = slots
 
+    def write_each(self, rows: list[int], positions: list[int], slots: torch.Tensor) -> None:
+        """One slot per (row, position) pair."""
+        self.table[rows, positions] = slots
+
     def read(self, row: int, length: int) -> torch.Tensor:
         return self.table[row, :length]

@@ -9,15 +9,17 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vriksha.engine.cache_events import CacheEventSink
+from vriksha.engine.cache_manager import make_cache_manager
 from vriksha.engine.config import EngineConfig
 from vriksha.engine.kv_layout import probe_kv_layout
 from vriksha.engine.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
 from vriksha.engine.model_runner import ModelRunner
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
-from vriksha.engine.radix_cache import RadixCache
 from vriksha.engine.request import Request
 from vriksha.engine.sampler import Sampler
 from vriksha.engine.sampling_params import SamplingParams
+from vriksha.engine.scheduler import Scheduler
 from vriksha.errors import InvalidRequestError, PromptTooLongError
 from vriksha.profiling import phase
 
@@ -72,7 +74,13 @@ def pick_device(device: str | None) -> torch.device:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig | None = None, model=None, tokenizer=None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        model=None,
+        tokenizer=None,
+        cache_events: CacheEventSink | None = None,
+    ) -> None:
         self.config = config = config or EngineConfig()
         if model is None:
             from vriksha.models import load_model
@@ -98,10 +106,8 @@ class LLMEngine:
         self.allocator = SlotAllocator(num_slots, self.device)
         self.pool = KVPool(layout, num_slots, self.dtype, self.device)
         self.table = ReqToTokenTable(config.max_num_seqs + 1, self.max_model_len + 1, self.device)
-        self.cache = RadixCache(self.allocator, enabled=config.enable_prefix_caching)
-        from vriksha.engine.scheduler import Scheduler
-
-        self.scheduler = Scheduler(config, self.allocator, self.table, self.cache)
+        self.cache = make_cache_manager(config.enable_prefix_caching, self.allocator, self.table, cache_events)
+        self.scheduler = Scheduler(config, self.cache)
         self.runner = ModelRunner(
             model, self.pool, self.table, config.fast_linear and self.device.type == "cpu", config.fast_forward,
             config.native_kernels,
@@ -228,24 +234,21 @@ class LLMEngine:
         if batch.num_tokens == 0:
             return []
         logits = self.runner.forward(batch)
-        for req in batch.decodes:
-            req.num_computed += 1
-        for chunk in batch.prefills:
-            chunk.request.num_computed = chunk.end
-            self.scheduler.cache_computed(chunk.request)
         sampled = batch.sampled_requests
+        finished: list[Request] = []
+        touched: set[str] = set()
         if sampled:
             self._suppress_early_stop(logits, sampled)
             with phase("engine.sample"):
                 result = self.sampler(logits, sampled)
-            touched: set[str] = set()
             now = time.monotonic()
             with phase("engine.detokenize"):
                 for i, req in enumerate(sampled):
-                    self._append(req, result.token_ids[i], result.logprobs[i], result.top_logprobs[i], now)
+                    if self._append(req, result.token_ids[i], result.logprobs[i], result.top_logprobs[i], now):
+                        finished.append(req)
                     touched.add(req.request_id)
-            return self._collect(touched)
-        return []
+        self.scheduler.postprocess(batch, finished)
+        return self._collect(touched)
 
     def _suppress_early_stop(self, logits: torch.Tensor, requests: list[Request]) -> None:
         for i, req in enumerate(requests):
@@ -253,7 +256,8 @@ class LLMEngine:
                 stop_ids = list(req.eos_token_ids | set(req.params.stop_token_ids))
                 logits[i, stop_ids] = float("-inf")
 
-    def _append(self, req: Request, token: int, logprob: float, top: dict | None, now: float) -> None:
+    def _append(self, req: Request, token: int, logprob: float, top: dict | None, now: float) -> bool:
+        """Record a sampled token; True when it ends the sequence."""
         if req.first_token_time is None:
             req.first_token_time = now
             self._prompt_tokens += len(req.prompt_token_ids)
@@ -273,6 +277,9 @@ class LLMEngine:
             pass
         elif n_out >= params.max_tokens or req.num_tokens >= self.max_model_len:
             self._finish(req, "length", None)
+        else:
+            return False
+        return True
 
     def _hit_stop_string(self, req: Request) -> bool:
         text = self._decode(req)
@@ -295,7 +302,6 @@ class LLMEngine:
         req.stop_reason = stop_reason
         if not keep_text:
             req.text = self._decode(req)
-        self.scheduler.finish(req)
 
     def _collect(self, touched: set[str]) -> list[RequestOutput]:
         outputs = []
@@ -345,8 +351,7 @@ class LLMEngine:
     # ---- cache and weights -------------------------------------------------------------------------
     def flush_cache(self) -> bool:
         """Drop every unlocked prefix-cache entry. Returns False when running requests still hold some."""
-        self.cache.flush_unlocked()
-        return self.cache.total_size() == 0
+        return self.cache.flush()
 
     def weights_updated(self) -> None:
         """The module's parameters changed in place: cached KV and derived weight layouts are stale."""

@@ -3,40 +3,17 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 
 import torch
 
 from vriksha.engine import fast_linear, native
 from vriksha.engine.attention import AttentionBatch, PrefillSegment, forward_context, register_attention
+from vriksha.engine.batch import ForwardBatch
 from vriksha.engine.fast_forward import FastForward
 from vriksha.engine.kv_pool import KVPool, ReqToTokenTable
-from vriksha.engine.request import Request
 from vriksha.profiling import phase
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class PrefillChunk:
-    request: Request
-    start: int  # first token position computed in this chunk
-    end: int  # one past the last
-    sample: bool  # the chunk reaches the last token: sample the next one
-
-
-@dataclass(slots=True)
-class ForwardBatch:
-    decodes: list[Request]  # one new token each, at position num_computed
-    prefills: list[PrefillChunk]
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.decodes) + sum(c.end - c.start for c in self.prefills)
-
-    @property
-    def sampled_requests(self) -> list[Request]:
-        return self.decodes + [c.request for c in self.prefills if c.sample]
 
 
 class ModelRunner:

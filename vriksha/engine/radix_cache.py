@@ -2,6 +2,7 @@
 
 Page size is one token. Every node owns the slots of its key; a slot is owned by exactly one node.
 A locked node (lock_ref > 0) and, by construction, all its ancestors are protected from eviction.
+An optional `CacheEventSink` hears of every run of tokens stored, removed (evicted, flushed) and of a reset.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vriksha.engine.cache_events import CacheEventSink
 from vriksha.engine.kv_pool import SlotAllocator
 from vriksha.errors import VrikshaError
 
@@ -60,6 +62,20 @@ class MatchResult:
         return self.slots.numel()
 
 
+@dataclass(slots=True)
+class InsertResult:
+    cached_len: int  # leading tokens that were cached before: the tree kept its own slots for them
+    node: TreeNode  # the node that ends exactly at the last inserted token (lock it to keep them cached)
+    _values: list[torch.Tensor]
+
+    @property
+    def cached_slots(self) -> torch.Tensor:
+        """The tree's slots of the first `cached_len` tokens."""
+        if not self._values:
+            return torch.empty(0, dtype=torch.int64, device=self.node.value.device)
+        return self._values[0] if len(self._values) == 1 else torch.cat(self._values)
+
+
 def _common_length(key: list[int], tokens: list[int], start: int) -> int:
     n = min(len(key), len(tokens) - start)
     if key[:n] == tokens[start : start + n]:
@@ -77,9 +93,9 @@ def _as_list(token_ids: Sequence[int] | torch.Tensor) -> list[int]:
 
 
 class RadixCache:
-    def __init__(self, allocator: SlotAllocator, enabled: bool = True) -> None:
+    def __init__(self, allocator: SlotAllocator, events: CacheEventSink | None = None) -> None:
         self.allocator = allocator
-        self.enabled = enabled
+        self.events = events
         self._clock = itertools.count(1)
         self._empty = torch.empty(0, dtype=torch.int64, device=allocator.device)
         self._new_root()
@@ -91,35 +107,35 @@ class RadixCache:
 
     def match_prefix(self, token_ids: Sequence[int] | torch.Tensor) -> MatchResult:
         """The longest cached prefix of `token_ids`; `last_node` ends exactly where the match ends."""
-        if not self.enabled:
-            return MatchResult(self._empty, self.root)
         node, _, values = self._walk(_as_list(token_ids), next(self._clock))
         if not values:
             return MatchResult(self._empty, node)
         return MatchResult(values[0] if len(values) == 1 else torch.cat(values), node)
 
-    def insert(self, token_ids: Sequence[int] | torch.Tensor, slots: torch.Tensor) -> int:
-        """Cache `token_ids` with KV at `slots`; returns how many leading tokens were already cached.
+    def insert(self, token_ids: Sequence[int] | torch.Tensor, slots: torch.Tensor) -> InsertResult:
+        """Cache `token_ids` with KV at `slots`; the result says how many leading tokens were already cached
+        and which node ends at the last token.
 
         The tree keeps its own slots for those leading tokens (the caller frees its duplicates among
-        `slots[:returned]`) and takes ownership of `slots[returned:]`.
+        `slots[:cached_len]`) and takes ownership of `slots[cached_len:]`.
         """
-        if not self.enabled:
-            return 0
         tokens = _as_list(token_ids)
         if slots.numel() != len(tokens):
             raise RadixCacheError(
                 f"insert got {len(tokens)} tokens but {slots.numel()} slots; pass one slot per token"
             )
         now = next(self._clock)
-        node, pos, _ = self._walk(tokens, now)
-        if pos < len(tokens):
-            leaf = TreeNode(
-                key=tokens[pos:], value=slots[pos:].to(torch.int64).clone(), parent=node, last_access=now
-            )
-            node.children[tokens[pos]] = leaf
-            self._evictable += len(leaf)
-        return pos
+        node, pos, values = self._walk(tokens, now)
+        if pos == len(tokens):
+            return InsertResult(pos, node, values)
+        leaf = TreeNode(
+            key=tokens[pos:], value=slots[pos:].to(torch.int64).clone(), parent=node, last_access=now
+        )
+        node.children[tokens[pos]] = leaf
+        self._evictable += len(leaf)
+        if self.events is not None:
+            self.events.stored(tokens[:pos], leaf.key, leaf.value)
+        return InsertResult(pos, leaf, values)
 
     def _walk(self, tokens: list[int], now: int) -> tuple[TreeNode, int, list[torch.Tensor]]:
         """Follow `tokens` down the tree, splitting where the match ends inside a node and stamping access
@@ -193,6 +209,8 @@ class RadixCache:
             self.allocator.free(leaf.value)
             freed += len(leaf)
             self._evictable -= len(leaf)
+            if self.events is not None:
+                self.events.removed(parent.token_path(), leaf.key)
             del parent.children[leaf.key[0]]
             leaf.parent = None
             if parent is not self.root and parent.is_leaf and parent.lock_ref == 0:
@@ -201,6 +219,9 @@ class RadixCache:
 
     def flush_unlocked(self) -> int:
         """Free every unlocked node (locked nodes and their ancestors stay); returns the number of slots freed."""
+        return self._flush(self.events)
+
+    def _flush(self, events: CacheEventSink | None) -> int:
         freed = 0
         stack = [self.root]
         while stack:
@@ -215,6 +236,8 @@ class RadixCache:
                 size = sum(len(n) for n in subtree)
                 freed += size
                 self._evictable -= size
+                if events is not None:
+                    events.removed(node.token_path(), child.key)
                 del node.children[first]
                 child.parent = None
         return freed
@@ -226,8 +249,10 @@ class RadixCache:
                 f"cannot reset the radix cache: {self._protected} tokens are locked by running requests; "
                 "finish or abort them first, or call flush_unlocked()"
             )
-        self.flush_unlocked()
+        self._flush(None)
         assert not self.root.children and self._evictable == 0
+        if self.events is not None:
+            self.events.cleared()
 
     def evictable_size(self) -> int:
         return self._evictable

@@ -1,0 +1,25 @@
+"""What the prefix cache tells a listener: token runs stored, removed, everything cleared.
+
+Events name cached token paths, not tree nodes, so that a mirror of the cache elsewhere (a router) can apply
+them to its own tree: a node split changes no path and sends nothing. A sink is called synchronously from
+the engine's step; one that publishes over the network should hand events to its own queue.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+import torch
+
+
+class CacheEventSink(Protocol):
+    def stored(self, parent: Sequence[int], token_ids: Sequence[int], slots: torch.Tensor) -> None:
+        """`token_ids` are now cached right after the cached path `parent`, their KV at `slots`."""
+
+    def removed(self, parent: Sequence[int], token_ids: Sequence[int]) -> None:
+        """The run `token_ids` after `parent` left the cache: every path `parent + token_ids[:i]` (i >= 1) and
+        every longer path through them (the subtree below)."""
+
+    def cleared(self) -> None:
+        """Everything left the cache."""
