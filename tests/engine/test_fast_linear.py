@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from vriksha.engine import fast_linear
+from vriksha.engine.installation import ModuleInstallation
 from vriksha.engine.native import kernels
 
 
@@ -16,7 +17,8 @@ def test_routed_linears_equal_f_linear_and_follow_weight_updates(monkeypatch, tm
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Linear(64, 48, bias=False))
     native = kernels() if use_native else None
-    router = fast_linear.FastLinear(model, native)
+    installation = ModuleInstallation(model)
+    router = fast_linear.FastLinear(model, installation, native)
     plan = json.loads((tmp_path / "fast_linear.json").read_text())
     assert len(plan) == 2
     for choice in plan.values():
@@ -24,15 +26,12 @@ def test_routed_linears_equal_f_linear_and_follow_weight_updates(monkeypatch, tm
         assert use_native or "native" not in choice
 
     def check() -> None:
-        previous = fast_linear.set_active(True)
-        try:
-            with torch.inference_mode():
-                for rows in (1, 3, 20, 70):
-                    x = torch.randn(rows, 32)
-                    want = F.linear(F.linear(x, model[0].weight, model[0].bias), model[1].weight)
-                    torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-4)
-        finally:
-            fast_linear.set_active(previous)
+        with router.engaged(), torch.inference_mode():
+            for rows in (1, 3, 20, 70):
+                x = torch.randn(rows, 32)
+                want = F.linear(F.linear(x, model[0].weight, model[0].bias), model[1].weight)
+                torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-4)
+        assert not router.active
 
     check()
     with torch.no_grad():
@@ -40,5 +39,6 @@ def test_routed_linears_equal_f_linear_and_follow_weight_updates(monkeypatch, tm
             layer.weight.mul_(-2.0)
     router.refresh()
     check()
-    router.remove()
+    installation.undo()
+    assert all("forward" not in vars(layer) for layer in model)
     assert all(layer.forward.__func__ is torch.nn.Linear.forward for layer in model)

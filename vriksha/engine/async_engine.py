@@ -75,7 +75,7 @@ class AsyncEngine:
         while self.engine.has_unfinished and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.05)
         if self.engine.has_unfinished:
-            await self.call(lambda e: [e.abort(rid) for rid in list(e._groups)])
+            await self.call(lambda e: e.abort_all())
             for rid in list(self._streams):
                 self._push(rid, None)
         self._stop.set()
@@ -165,8 +165,7 @@ class AsyncEngine:
                 outputs = self.engine.step()
             except Exception as exc:
                 logger.exception("engine step failed; aborting the requests in flight")
-                for rid in list(self.engine._groups):
-                    self.engine.abort(rid)
+                for rid in self.engine.abort_all():
                     self._push(rid, exc)
                 continue
             for out in outputs:

@@ -4,22 +4,26 @@ On the CPU the same [out x in] linear layer can differ several-fold in time betw
 against a pre-transposed contiguous weight, oneDNN's packed linear and the engine's native bandwidth-bound
 kernel (`native/kernels.c`, on the weight in place), depending on the batch size. The engine times each path
 for each distinct weight shape at a few batch-size buckets, with the weights out of cache as they are when a
-decode step streams the whole model, and routes every call to the winner. The choice applies only inside engine forward passes; training forwards use `F.linear` as usual.
+decode step streams the whole model, and routes every call to the winner. The choice applies only while the
+router is engaged (the engine's forward passes); training forwards use `F.linear` as usual. The replaced
+`forward`s are recorded in the engine's `ModuleInstallation`, which puts the originals back.
 Derived weight layouts are rebuilt by `refresh()` after the weights change in place.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 
+from vriksha.engine.installation import ModuleInstallation
 from vriksha.engine.native import Kernels
 from vriksha.models.loader import cache_dir
 
@@ -29,13 +33,6 @@ BUCKETS = (1, 2, 4, 8, 16, 64, 256, 1024)  # representative batch sizes; a call 
 PATHS = ("linear", "transposed", "mkldnn", "native")
 MIN_GAIN = 0.05  # keep a derived weight copy only if it saves at least 5% per bucket on average
 COLD_BYTES = 96 << 20  # timing cycles through copies of a weight until they exceed the last-level cache
-_active = False
-
-
-def set_active(active: bool) -> bool:
-    global _active
-    previous, _active = _active, active
-    return previous
 
 
 def _bucket(rows: int) -> int:
@@ -144,10 +141,12 @@ def _profile_key(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, nati
 class FastLinear:
     """Routes the engine's CPU linear calls of one model to the fastest measured path."""
 
-    def __init__(self, model: torch.nn.Module, native: Kernels | None = None) -> None:
+    def __init__(
+        self, model: torch.nn.Module, installation: ModuleInstallation, native: Kernels | None = None
+    ) -> None:
         self.layouts: list[_Layouts] = []
-        self._originals: list[tuple[torch.nn.Linear, Callable]] = []
         self.native = native
+        self.active = False
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
         if not linears or linears[0].weight.device.type != "cpu":
             return
@@ -158,8 +157,7 @@ class FastLinear:
                 continue
             layouts = _Layouts(linear, set(choice) - {"linear", "native"}, native)
             self.layouts.append(layouts)
-            self._originals.append((linear, linear.forward))
-            linear.forward = self._make_forward(linear, layouts, choice)
+            installation.replace_forward(linear, self._make_forward(linear, layouts, choice))
 
     def _key(self, linear: torch.nn.Linear) -> str:
         return _profile_key(linear.out_features, linear.in_features, linear.weight.dtype, linear.bias is not None,
@@ -189,13 +187,21 @@ class FastLinear:
                 logger.warning("could not save the linear-path plan to %s: %s", path, exc)
         return known
 
-    @staticmethod
-    def _make_forward(linear: torch.nn.Linear, layouts: _Layouts, choice: list[str]) -> Callable:
+    @contextlib.contextmanager
+    def engaged(self) -> Iterator[None]:
+        """Route the linear calls made inside this block (the engine's forward pass)."""
+        previous, self.active = self.active, True
+        try:
+            yield
+        finally:
+            self.active = previous
+
+    def _make_forward(self, linear: torch.nn.Linear, layouts: _Layouts, choice: list[str]) -> Callable:
         original = linear.forward
         in_f = linear.in_features
 
         def forward(x: torch.Tensor) -> torch.Tensor:
-            if not _active or x.requires_grad:
+            if not self.active or x.requires_grad:
                 return original(x)
             rows = x.numel() // in_f
             path = choice[_bucket(rows)]
@@ -209,9 +215,3 @@ class FastLinear:
     def refresh(self) -> None:
         for layouts in self.layouts:
             layouts.refresh()
-
-    def remove(self) -> None:
-        for linear, forward in self._originals:
-            linear.forward = forward
-        self._originals.clear()
-        self.layouts.clear()

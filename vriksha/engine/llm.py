@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterator, Sequence
 
 import torch
 
 from vriksha.engine.config import EngineConfig
-from vriksha.engine.llm_engine import EngineStats, LLMEngine
+from vriksha.engine.llm_engine import EngineStats, LLMEngine, Prompt
 from vriksha.engine.outputs import RequestOutput
 from vriksha.engine.sampling_params import SamplingParams
 from vriksha.errors import InvalidRequestError
-
-Prompt = str | list[int] | dict
 
 
 class LLM:
@@ -21,15 +20,42 @@ class LLM:
     >>> llm = LLM()  # the embedded SmolLM2-135M-Instruct
     >>> out = llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=8))
     >>> out[0].outputs[0].text
+
+    An `LLM` that built its engine closes it when it goes out of scope, at `close()` or at the end of a `with`
+    block: a module given to `from_module` is then handed back as it came.
     """
 
-    def __init__(self, model: str | None = None, *, engine: LLMEngine | None = None, **config_kwargs) -> None:
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        engine: LLMEngine | None = None,
+        owns_engine: bool | None = None,
+        **config_kwargs,
+    ) -> None:
         self.engine = engine or LLMEngine(EngineConfig(model=model, **config_kwargs))
+        owns = engine is None if owns_engine is None else owns_engine
+        self._finalizer = weakref.finalize(self, self.engine.close) if owns else None
 
     @classmethod
-    def from_module(cls, module: torch.nn.Module, tokenizer, **config_kwargs) -> LLM:
-        """Wrap an existing module; its parameters are used in place (call `weights_updated()` after changes)."""
-        return cls(engine=LLMEngine.from_module(module, tokenizer, **config_kwargs))
+    def from_module(
+        cls, module: torch.nn.Module, tokenizer, config: EngineConfig | None = None, **config_kwargs
+    ) -> LLM:
+        """Wrap an existing module; its parameters are used in place (call `weights_updated()` after changes).
+        Options come as an `EngineConfig` or as its fields by keyword."""
+        engine = LLMEngine.from_module(module, tokenizer, config, **config_kwargs)
+        return cls(engine=engine, owns_engine=True)
+
+    def close(self) -> None:
+        """Close the engine this `LLM` built (the module it wraps is restored); later calls do nothing."""
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def tokenizer(self):
@@ -58,16 +84,8 @@ class LLM:
             params_list = list(sampling_params)
         else:
             params_list = [sampling_params or SamplingParams()] * len(prompts)
-        # validate everything before anything runs: one bad prompt rejects the call, not half of it
-        ids = [self.engine._tokenize(p) for p in prompts]
-        for (_, tokens), params in zip(ids, params_list, strict=True):
-            self.engine._validate(tokens, params)
-        order = {}
-        for (text, tokens), params in zip(ids, params_list, strict=True):
-            prompt = {"prompt_token_ids": tokens}
-            rid = self.engine.add_request(prompt, params)
-            order[rid] = len(order)
-            self.engine._groups[rid].prompt = text
+        # everything is validated before anything runs: one bad prompt rejects the call, not half of it
+        order = {rid: i for i, rid in enumerate(self.engine.add_requests(prompts, params_list))}
         results: list[RequestOutput | None] = [None] * len(order)
         bar = None
         if use_tqdm:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -20,13 +22,19 @@ from vriksha.engine.request import Request
 from vriksha.engine.sampler import Sampler
 from vriksha.engine.sampling_params import SamplingParams
 from vriksha.engine.scheduler import Scheduler
-from vriksha.errors import InvalidRequestError, PromptTooLongError
+from vriksha.errors import InvalidRequestError, PromptTooLongError, VrikshaError
 from vriksha.profiling import phase
 
 logger = logging.getLogger(__name__)
 
+Prompt = str | list[int] | dict  # text, token ids, or {"prompt": ...} / {"prompt_token_ids": ...}
+
 _DEFAULT_CPU_KV_GB = 1.0
 _DEFAULT_ACCEL_KV_FRACTION = 0.4
+
+
+class EngineClosedError(VrikshaError):
+    """The engine was closed (its model handed back); it takes no more requests."""
 
 
 @dataclass(slots=True)
@@ -108,12 +116,10 @@ class LLMEngine:
         self.table = ReqToTokenTable(config.max_num_seqs + 1, self.max_model_len + 1, self.device)
         self.cache = make_cache_manager(config.enable_prefix_caching, self.allocator, self.table, cache_events)
         self.scheduler = Scheduler(config, self.cache)
-        self.runner = ModelRunner(
-            model, self.pool, self.table, config.fast_linear and self.device.type == "cpu", config.fast_forward,
-            config.native_kernels,
-        )
+        self.runner = ModelRunner(model, self.pool, self.table, config)
         self.sampler = Sampler(config.seed)
         self._groups: dict[str, _Group] = {}
+        self._closed = False
         self.step_hooks: list = []  # called after every step (profilers)
         self._ids = itertools.count()
         self._prompt_tokens = 0
@@ -123,9 +129,14 @@ class LLMEngine:
                     self.allocator.capacity)
 
     @classmethod
-    def from_module(cls, module: torch.nn.Module, tokenizer, **config_kwargs) -> LLMEngine:
-        """An engine around an existing module: its parameters are used in place, never copied."""
-        return cls(EngineConfig(**config_kwargs), model=module, tokenizer=tokenizer)
+    def from_module(
+        cls, module: torch.nn.Module, tokenizer, config: EngineConfig | None = None, **config_kwargs
+    ) -> LLMEngine:
+        """An engine around an existing module: its parameters are used in place, never copied.
+        `close()` hands the module back as it came."""
+        if config is not None and config_kwargs:
+            config = dataclasses.replace(config, **config_kwargs)
+        return cls(config or EngineConfig(**config_kwargs), model=module, tokenizer=tokenizer)
 
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()
@@ -148,17 +159,51 @@ class LLMEngine:
     # ---- requests ----------------------------------------------------------------------------------
     def add_request(
         self,
-        prompt: str | list[int] | dict,
+        prompt: Prompt,
         params: SamplingParams | None = None,
         request_id: str | None = None,
         stream: bool = False,
     ) -> str:
-        params = params or SamplingParams()
-        text, ids = self._tokenize(prompt)
-        self._validate(ids, params)
-        request_id = request_id if request_id is not None else str(next(self._ids))
-        if request_id in self._groups:
-            raise InvalidRequestError(f"request id {request_id!r} is already in use")
+        return self.add_requests([prompt], [params], [request_id], stream=stream)[0]
+
+    def add_requests(
+        self,
+        prompts: Sequence[Prompt],
+        params: Sequence[SamplingParams | None] | SamplingParams | None = None,
+        request_ids: Sequence[str | None] | None = None,
+        stream: bool = False,
+    ) -> list[str]:
+        """Validate every request, then add them all (one bad request adds none); returns their ids."""
+        if self._closed:
+            raise EngineClosedError("the engine is closed; build a new one")
+        n = len(prompts)
+        params_list = list(params) if isinstance(params, Sequence) else [params] * n
+        ids_list = list(request_ids) if request_ids is not None else [None] * n
+        if len(params_list) != n or len(ids_list) != n:
+            raise InvalidRequestError(
+                f"got {n} prompts, {len(params_list)} sampling params and {len(ids_list)} request ids; "
+                "pass one of each per prompt"
+            )
+        params_list = [p or SamplingParams() for p in params_list]
+        tokenized = [self._tokenize(p) for p in prompts]
+        for (_, ids), p in zip(tokenized, params_list, strict=True):
+            self._validate(ids, p)
+        given = [rid for rid in ids_list if rid is not None]
+        taken = [rid for rid in given if rid in self._groups]
+        if taken or len(set(given)) != len(given):
+            dup = taken[0] if taken else next(r for r in given if given.count(r) > 1)
+            raise InvalidRequestError(f"request id {dup!r} is already in use")
+        added = []
+        for (text, ids), p, rid in zip(tokenized, params_list, ids_list, strict=True):
+            if rid is None:
+                rid = str(next(self._ids))
+                while rid in self._groups or rid in given:
+                    rid = str(next(self._ids))
+            self._add(rid, text, ids, p, stream)
+            added.append(rid)
+        return added
+
+    def _add(self, request_id: str, text: str | None, ids: list[int], params: SamplingParams, stream: bool) -> None:
         sequences = []
         for i in range(params.n):
             req = Request(request_id, i, ids, params, self.eos_token_ids, prompt=text)
@@ -167,9 +212,8 @@ class LLMEngine:
             sequences.append(req)
             self.scheduler.add(req)
         self._groups[request_id] = _Group(request_id, text, ids, sequences, stream)
-        return request_id
 
-    def _tokenize(self, prompt: str | list[int] | dict) -> tuple[str | None, list[int]]:
+    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         if isinstance(prompt, dict):
             if "prompt_token_ids" in prompt:
                 prompt = prompt["prompt_token_ids"]
@@ -206,6 +250,27 @@ class LLMEngine:
                 f"the request needs {need} KV slots (prompt {len(ids)} + max_tokens {params.max_tokens}) but the "
                 f"KV pool holds {self.allocator.capacity}; raise kv_cache_memory_gb or lower max_tokens"
             )
+
+    @property
+    def request_ids(self) -> list[str]:
+        """Ids of the requests added and not yet finished or aborted."""
+        return list(self._groups)
+
+    def abort_all(self) -> list[str]:
+        """Abort every unfinished request; returns their ids."""
+        ids = list(self._groups)
+        for request_id in ids:
+            self.abort(request_id)
+        return ids
+
+    def close(self) -> None:
+        """Abort what is running and hand the model back as it came (attention, linear layers restored).
+        The engine takes no requests afterwards; calling it twice is harmless."""
+        if self._closed:
+            return
+        self.abort_all()
+        self.runner.close()
+        self._closed = True
 
     def abort(self, request_id: str) -> bool:
         group = self._groups.pop(request_id, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
@@ -9,7 +10,9 @@ import torch
 from vriksha.engine import fast_linear, native
 from vriksha.engine.attention import AttentionBatch, PrefillSegment, forward_context, register_attention
 from vriksha.engine.batch import ForwardBatch
+from vriksha.engine.config import EngineConfig
 from vriksha.engine.fast_forward import FastForward
+from vriksha.engine.installation import ModuleInstallation
 from vriksha.engine.kv_pool import KVPool, ReqToTokenTable
 from vriksha.profiling import phase
 
@@ -17,30 +20,33 @@ logger = logging.getLogger(__name__)
 
 
 class ModelRunner:
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        pool: KVPool,
-        table: ReqToTokenTable,
-        use_fast_linear: bool,
-        use_fast_forward: bool = True,
-        use_native: bool = True,
-    ) -> None:
+    """Runs the engine's forward passes on `model`; its changes to the model are undone by `close()`."""
+
+    def __init__(self, model: torch.nn.Module, pool: KVPool, table: ReqToTokenTable, config: EngineConfig) -> None:
         self.model = model
         self.pool = pool
         self.table = table
         self.device = pool.device
-        name = register_attention()
-        model.set_attn_implementation(name)
-        fp32_cpu = self.device.type == "cpu" and pool.dtype == torch.float32  # the kernels' only case
-        self.native = native.kernels() if use_native and fp32_cpu else None
-        self.fast_linear = fast_linear.FastLinear(model, self.native) if use_fast_linear else None
+        self.installation = ModuleInstallation(model)
+        self.installation.set_attn_implementation(register_attention())
+        cpu = self.device.type == "cpu"
+        fp32_cpu = cpu and pool.dtype == torch.float32  # the kernels' only case
+        self.native = native.kernels() if config.native_kernels and fp32_cpu else None
+        self.fast_linear: fast_linear.FastLinear | None = None
+        if config.fast_linear and cpu:
+            self.fast_linear = fast_linear.FastLinear(model, self.installation, self.native)
         self.fast_forward: FastForward | None = None
-        if use_fast_forward:
+        if config.fast_forward:
             try:
                 self.fast_forward = FastForward(model, self.native)
             except ValueError as exc:
                 logger.info("Transformers forward for every step: %s", exc)
+
+    def close(self) -> None:
+        """Hand the model back as it came: its attention implementation and linear layers restored."""
+        self.installation.undo()
+        self.fast_linear = None
+        self.fast_forward = None
 
     def weights_updated(self) -> None:
         if self.fast_linear is not None:
@@ -92,14 +98,11 @@ class ModelRunner:
         """Logits [num_sampled, vocab] for the requests that sample a token this step."""
         with phase("engine.prepare_batch"):
             input_ids, position_ids, attn, sample_index = self._build(batch)
-        with phase("engine.forward"), forward_context(attn):
-            previous = fast_linear.set_active(True)
-            try:
-                if self.fast_forward is not None:
-                    return self.fast_forward(input_ids, position_ids, sample_index)
-                out = self.model(
-                    input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=sample_index
-                )
-            finally:
-                fast_linear.set_active(previous)
+        routed = self.fast_linear.engaged() if self.fast_linear is not None else contextlib.nullcontext()
+        with phase("engine.forward"), forward_context(attn), routed:
+            if self.fast_forward is not None:
+                return self.fast_forward(input_ids, position_ids, sample_index)
+            out = self.model(
+                input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=sample_index
+            )
         return out.logits[0]

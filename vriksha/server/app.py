@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import FastAPI
 
+from vriksha.engine.protocol import EngineProtocol
 from vriksha.server.admission import Admission
 from vriksha.server.auth import APIKeyMiddleware
 from vriksha.server.config import ServerConfig
@@ -24,12 +23,9 @@ from vriksha.server.state import ServerState
 logger = logging.getLogger(__name__)
 
 
-async def _maybe_await(x: Any) -> Any:
-    return await x if inspect.isawaitable(x) else x
-
-
-def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
-    """An app serving `engine` (an `AsyncEngine`); the engine is started and shut down with the app."""
+def create_app(engine: EngineProtocol, config: ServerConfig | None = None) -> FastAPI:
+    """An app serving `engine` (an `AsyncEngine`, or anything else of the `EngineProtocol`); the engine is
+    started and shut down with the app."""
     config = config or ServerConfig()
     admission = Admission(config.max_waiting, config.retry_after_s)
     metrics = ServerMetrics(engine.stats, lambda: admission.waiting, lambda: admission.in_flight)
@@ -45,7 +41,7 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         try:
-            await _maybe_await(engine.start())
+            await engine.start()
         except Exception as exc:
             app.state.startup_error = exc
             raise
@@ -56,7 +52,7 @@ def create_app(engine: Any, config: ServerConfig | None = None) -> FastAPI:
             admission.draining = True
             if state.profiler.running:
                 await state.profiler.stop()
-            await _maybe_await(engine.shutdown(config.shutdown_timeout_s))
+            await engine.shutdown(config.shutdown_timeout_s)
             logger.info("engine shut down")
 
     app = FastAPI(title="vriksha", lifespan=lifespan, docs_url=None, redoc_url=None)

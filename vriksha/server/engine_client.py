@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 import uuid
@@ -11,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from vriksha.engine.outputs import RequestOutput
+from vriksha.engine.protocol import EngineProtocol
 from vriksha.engine.sampling_params import SamplingParams
 from vriksha.server.admission import Admission
 from vriksha.server.metrics import ServerMetrics
@@ -19,7 +19,7 @@ logger = logging.getLogger(__name__)
 
 
 class EngineClient:
-    def __init__(self, engine: Any, metrics: ServerMetrics, admission: Admission) -> None:
+    def __init__(self, engine: EngineProtocol, metrics: ServerMetrics, admission: Admission) -> None:
         self.engine = engine
         self.metrics = metrics
         self.admission = admission
@@ -33,9 +33,7 @@ class EngineClient:
 
     async def abort(self, request_id: str) -> None:
         try:
-            res = self.engine.abort(request_id)
-            if inspect.isawaitable(res):
-                await res
+            self.engine.abort(request_id)
         except Exception:  # aborting an already finished request is not an error
             logger.debug("abort of %s failed", request_id, exc_info=True)
 

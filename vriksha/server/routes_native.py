@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -134,10 +133,7 @@ async def metrics(state: StateDep) -> Response:
 
 @router.post("/flush_cache")
 async def flush_cache(state: StateDep) -> Response:
-    res = state.engine.flush_cache()
-    if inspect.isawaitable(res):
-        res = await res
-    if res is False:
+    if not await state.engine.flush_cache():
         raise ConflictError("the prefix cache was not flushed because requests are running; retry when idle")
     return JSONResponse({"flushed": True})
 

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
+from vriksha.engine.protocol import EngineProtocol
 from vriksha.server.admission import Admission
 from vriksha.server.config import ServerConfig
 from vriksha.server.engine_client import EngineClient
@@ -18,7 +19,7 @@ from vriksha.server.profiler import ServerProfiler
 
 @dataclass(slots=True)
 class ServerState:
-    engine: Any
+    engine: EngineProtocol
     config: ServerConfig
     admission: Admission
     metrics: ServerMetrics
@@ -28,7 +29,7 @@ class ServerState:
 
     @property
     def model_names(self) -> list[str]:
-        return self.config.served_model_names or [str(self.engine.model_name)]
+        return self.config.served_model_names or [self.engine.model_name]
 
     @property
     def model_name(self) -> str:
@@ -40,7 +41,7 @@ class ServerState:
 
     @property
     def max_model_len(self) -> int:
-        return int(self.engine.max_model_len)
+        return self.engine.max_model_len
 
     @property
     def text_of(self) -> TokenText:
