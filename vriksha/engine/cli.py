@@ -6,40 +6,7 @@ import argparse
 import json
 import sys
 
-
-def add_engine_args(parser: argparse.ArgumentParser) -> None:
-    """Engine options shared by every command that builds an engine."""
-    g = parser.add_argument_group("engine")
-    g.add_argument("--model", default=None,
-                   help="a local Transformers directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)")
-    g.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="weights and KV dtype")
-    g.add_argument("--device", default=None, help="cpu, cuda, cuda:1, ... (default: the accelerator if present)")
-    g.add_argument("--kv-cache-memory-gb", type=float, default=None,
-                   help="KV pool size in GiB (default: 1 on the CPU, 40%% of free memory on an accelerator)")
-    g.add_argument("--max-num-seqs", type=int, default=256, help="most requests running at once")
-    g.add_argument("--max-num-batched-tokens", type=int, default=1024, help="most tokens in one forward pass")
-    g.add_argument("--chunked-prefill-size", type=int, default=512, help="most prompt tokens of one request per step")
-    g.add_argument("--max-model-len", type=int, default=None, help="context limit (default: the model's)")
-    g.add_argument("--no-prefix-caching", action="store_true", help="disable the radix prefix cache")
-    g.add_argument("--no-fast-linear", action="store_true", help="always use F.linear on the CPU")
-    g.add_argument("--no-fast-forward", action="store_true",
-                   help="run every step through the Transformers forward instead of the engine's lean loop "
-                        "over the same modules (Llama, Qwen2, Qwen3)")
-    g.add_argument("--no-native-kernels", action="store_true",
-                   help="do not compile and use the engine's C kernels (CPU fp32 decode attention over the KV "
-                        "pool in place, bandwidth-bound linear layers); torch's kernels only")
-
-
-def engine_config_from_args(args: argparse.Namespace):
-    from vriksha.engine.config import EngineConfig
-
-    return EngineConfig(
-        model=args.model, dtype=args.dtype, device=args.device, kv_cache_memory_gb=args.kv_cache_memory_gb,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        chunked_prefill_size=args.chunked_prefill_size, max_model_len=args.max_model_len,
-        enable_prefix_caching=not args.no_prefix_caching, fast_linear=not args.no_fast_linear,
-        fast_forward=not args.no_fast_forward, native_kernels=not args.no_native_kernels,
-    )
+from vriksha.engine.config import EngineConfig
 
 
 def register(subparsers) -> None:
@@ -63,7 +30,7 @@ def register(subparsers) -> None:
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object per completion")
     p.add_argument("--stream", action="store_true", help="print tokens as they are generated (one prompt)")
-    add_engine_args(p)
+    EngineConfig.add_arguments(p)
     add_profile_args(p)
     p.set_defaults(func=run)
 
@@ -72,7 +39,6 @@ def run(args: argparse.Namespace) -> int:
     import time
 
     from vriksha.engine.llm import LLM
-    from vriksha.engine.llm_engine import LLMEngine
     from vriksha.engine.sampling_params import SamplingParams
     from vriksha.profiling import ProfileConfig, StepProfiler
 
@@ -80,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
         max_tokens=args.max_tokens, stop=args.stop,
     )
-    llm = LLM(engine=LLMEngine(engine_config_from_args(args)))
+    llm = LLM(config=EngineConfig.from_args(args))
     prompts = args.prompt
     if args.chat:
         prompts = [{"prompt_token_ids": llm.apply_chat_template([{"role": "user", "content": p}])} for p in prompts]

@@ -1,29 +1,67 @@
-"""Engine configuration: defaults that run on a 2-core laptop CPU."""
+"""Engine configuration: defaults that run on a 2-core laptop CPU, and the command-line flags built from them.
+
+Each option is declared once, with its help text; `EngineConfig.add_arguments` makes the flags of every
+command that builds an engine (`generate`, `serve`, `env eval`, `train`), `from_args` reads back the ones
+given, and `from_dict` reads a config file's section, naming any unknown key.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import argparse
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from vriksha.errors import ConfigError
+
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+
+
+def option(
+    default: Any, help: str, *, flag: str | None = None, choices: tuple[str, ...] | None = None
+) -> Any:
+    """A config field with its command-line help; `flag` overrides the flag's name (`--<flag>`)."""
+    return field(default=default, metadata={"help": help, "flag": flag, "choices": choices})
 
 
 @dataclass(slots=True)
 class EngineConfig:
-    model: str | None = None  # None: the embedded SmolLM2-135M-Instruct
-    dtype: str = "float32"
-    device: str | None = None  # None: the current accelerator if there is one, else the CPU
-    kv_cache_memory_gb: float | None = None  # None: 1 GiB on the CPU (pages are touched only as slots fill), 40% of free memory on an accelerator
-    max_num_seqs: int = 256  # running requests at once
-    max_num_batched_tokens: int = 1024  # tokens one forward pass computes (decode tokens + prefill chunks)
-    chunked_prefill_size: int = 512  # at most this many prompt tokens of one request per step
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-    enable_prefix_caching: bool = True
-    fast_linear: bool = True  # pick the fastest matmul path per linear-layer shape on the CPU
-    fast_forward: bool = True  # Llama/Qwen2/Qwen3: the engine's lean loop over the model's modules
-    native_kernels: bool = True  # CPU fp32: compiled decode attention and bandwidth-bound linear kernels
-    lpm_max_queue: int = 128  # order the waiting queue by longest prefix match up to this length, else FCFS
-    in_batch_prefix_min: int = 32  # defer a prompt sharing this many uncached tokens with one admitted this step
-    seed: int = 0
+    model: str | None = option(
+        None, "a local Transformers directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)"
+    )
+    dtype: str = option("float32", "weights and KV dtype", choices=("float32", "bfloat16", "float16"))
+    device: str | None = option(None, "cpu, cuda, cuda:1, ... (default: the accelerator if there is one)")
+    kv_cache_memory_gb: float | None = option(
+        None, "KV pool size in GiB (default: 1 on the CPU, pages touched only as slots fill; 40% of free "
+        "memory on an accelerator)"
+    )  # fmt: skip
+    max_num_seqs: int = option(256, "most requests running at once")
+    max_num_batched_tokens: int = option(
+        1024, "most tokens one forward pass computes (decode tokens + prefill chunks)"
+    )
+    chunked_prefill_size: int = option(512, "most prompt tokens of one request per step")
+    max_model_len: int | None = option(None, "context limit (default: the model's max_position_embeddings)")
+    enable_prefix_caching: bool = option(
+        True, "share prompt prefixes through the radix cache", flag="prefix-caching"
+    )
+    fast_linear: bool = option(True, "pick the fastest matmul path per linear-layer shape on the CPU")
+    fast_forward: bool = option(
+        True,
+        "Llama/Qwen2/Qwen3: the engine's lean loop over the model's modules instead of the Transformers forward",
+    )
+    native_kernels: bool = option(
+        True, "compile and use the engine's C kernels (CPU fp32 decode attention over the KV pool in place, "
+        "bandwidth-bound linear layers); off: torch's kernels only"
+    )  # fmt: skip
+    lpm_max_queue: int = option(
+        128,
+        "order the waiting queue by longest cached prefix up to this many requests, else first come first served",
+    )
+    in_batch_prefix_min: int = option(
+        32, "defer a prompt sharing this many uncached tokens with one admitted in the same step"
+    )
+    seed: int = option(0, "seed of the sampler for requests without their own seed", flag="engine-seed")
 
     def __post_init__(self) -> None:
         positive = {
@@ -40,3 +78,90 @@ class EngineConfig:
             raise ConfigError(f"engine option dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
         if self.max_num_batched_tokens < self.max_num_seqs:
             self.max_num_batched_tokens = self.max_num_seqs
+
+    # ---- command line ------------------------------------------------------------------------------
+    @classmethod
+    def add_arguments(
+        cls, parser: argparse.ArgumentParser, exclude: Iterable[str] = (), title: str = "engine"
+    ) -> None:
+        """One flag per option (booleans as --x / --no-x); only flags given reach `from_args`."""
+        group = parser.add_argument_group(title)
+        skip = set(exclude)
+        for f in dataclasses.fields(cls):
+            if f.name in skip:
+                continue
+            kind = _kind(f)
+            help_text = f.metadata["help"]
+            if f.default is not None and "(default" not in help_text:
+                help_text += (
+                    f" (default: {'on' if f.default is True else 'off' if f.default is False else f.default})"
+                )
+            kwargs: dict[str, Any] = {
+                "dest": _dest(f.name),
+                "default": argparse.SUPPRESS,
+                "help": help_text.replace("%", "%%"),
+            }
+            if kind is bool:
+                kwargs["action"] = argparse.BooleanOptionalAction
+            else:
+                kwargs["type"] = kind
+                kwargs["metavar"] = f.name.upper() if f.metadata["choices"] is None else None
+                if f.metadata["choices"] is not None:
+                    kwargs["choices"] = f.metadata["choices"]
+            group.add_argument(f"--{_flag(f)}", **kwargs)
+
+    @classmethod
+    def given_args(cls, args: argparse.Namespace) -> dict[str, Any]:
+        """The engine options given on the command line, by field name."""
+        fields = dataclasses.fields(cls)
+        return {f.name: getattr(args, _dest(f.name)) for f in fields if hasattr(args, _dest(f.name))}
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace, **defaults: Any) -> EngineConfig:
+        """The config from parsed flags; `defaults` apply where a flag was not given."""
+        return cls(**{**defaults, **cls.given_args(args)})
+
+    # ---- config files ------------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> EngineConfig:
+        """The config from a mapping (a config file's section); unknown keys and wrong types are named."""
+        data = dict(data or {})
+        known = {f.name: f for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise ConfigError(
+                f"unknown engine option{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                f"the options are {', '.join(known)}"
+            )
+        for name, value in data.items():
+            kind = _kind(known[name])
+            if value is None and known[name].default is None:
+                continue
+            if kind is float and isinstance(value, int) and not isinstance(value, bool):
+                data[name] = float(value)
+            elif not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+                raise ConfigError(f"engine option {name} must be a {kind.__name__}, got {value!r}")
+        return cls(**data)
+
+    def to_dict(self, changed_only: bool = False) -> dict[str, Any]:
+        """The options as plain data; `changed_only`: those that differ from the defaults."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        if changed_only:
+            out = {k: v for k, v in out.items() if v != _DEFAULTS[k]}
+        return out
+
+
+def _kind(f: dataclasses.Field) -> type:
+    names = [t.strip() for t in str(f.type).split("|") if t.strip() != "None"]
+    return _TYPES[names[0]]
+
+
+def _dest(name: str) -> str:
+    return f"engine_{name}"  # apart from a command's own options (`generate --seed` seeds requests)
+
+
+def _flag(f: dataclasses.Field) -> str:
+    return f.metadata["flag"] or f.name.replace("_", "-")
+
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(EngineConfig)}

@@ -29,12 +29,20 @@ class LLM:
         self,
         model: str | None = None,
         *,
+        config: EngineConfig | None = None,
         engine: LLMEngine | None = None,
         owns_engine: bool | None = None,
         **config_kwargs,
     ) -> None:
-        self.engine = engine or LLMEngine(EngineConfig(model=model, **config_kwargs))
+        """Build an engine from `config` (or `model` and EngineConfig fields by keyword), or wrap `engine`."""
         owns = engine is None if owns_engine is None else owns_engine
+        if engine is None:
+            if config is None:
+                config = EngineConfig(model=model, **config_kwargs)
+            elif model is not None or config_kwargs:
+                raise InvalidRequestError("pass either config or model and engine options, not both")
+            engine = LLMEngine(config)
+        self.engine = engine
         self._finalizer = weakref.finalize(self, self.engine.close) if owns else None
 
     @classmethod

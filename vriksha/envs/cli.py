@@ -33,17 +33,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("eval", help="run a model through episodes; report reward, success and components")
     p.add_argument("name", help="environment name or package.module:Class")
-    p.add_argument("--model", default=None, help="HF directory or .gguf file (default: the embedded model)")
     p.add_argument("--episodes", type=int, default=16, help="number of episodes (default 16)")
     p.add_argument("--split", default="test", help="train or test (default test: held-out episodes)")
     p.add_argument("--seed", type=int, default=0, help="first episode seed (default 0)")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per model turn (default 256)")
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     p.add_argument("--level", type=int, default=None, help="task level, for environments that have levels")
-    p.add_argument("--dtype", default="float32", help="model dtype (default float32)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _env_arg(p)
+    from vriksha.engine.config import EngineConfig
+
+    EngineConfig.add_arguments(p)
     try:
         from vriksha.profiling import add_profile_args
 
@@ -146,14 +147,16 @@ def _eval(args: argparse.Namespace) -> int:
     from vriksha.envs.eval import evaluate
 
     try:
-        from vriksha import LLM
+        from vriksha.engine.config import EngineConfig
+        from vriksha.engine.llm import LLM
     except (ImportError, AttributeError) as exc:
         print(
             f"error: the engine is not available ({exc}); `vriksha env eval` needs vriksha.engine",
             file=sys.stderr,
         )
         return 1
-    llm = LLM(model=args.model, dtype=args.dtype)
+    config = EngineConfig.from_args(args)
+    llm = LLM(config=config)
     profiler = None
     if getattr(args, "profile", False):
         from vriksha.profiling import ProfileConfig, StepProfiler
@@ -174,7 +177,7 @@ def _eval(args: argparse.Namespace) -> int:
             env_kwargs=_env_kwargs(args.env_arg),
             on_step=profiler.step if profiler is not None else None,
             progress=not args.no_progress,
-            model_name=args.model or "embedded",
+            model_name=config.model or "embedded",
         )
     finally:
         if profiler is not None:

@@ -7,21 +7,10 @@ import logging
 import os
 from typing import Any
 
+from vriksha.engine.config import EngineConfig
 from vriksha.errors import ConfigError, VrikshaError
 
 logger = logging.getLogger(__name__)
-
-# engine options passed through to AsyncEngine only when given (the engine's own defaults otherwise)
-_ENGINE_OPTIONS = (
-    "dtype",
-    "device",
-    "kv_cache_memory_gb",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "chunked_prefill_size",
-    "max_model_len",
-)
-
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -29,11 +18,6 @@ def register(subparsers: Any) -> None:
         help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
         "/v1/models), plus /generate on token ids, /health, /metrics, /flush_cache, /start_profile, /stop_profile.",
-    )
-    p.add_argument(
-        "--model",
-        default=None,
-        help="HF directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)",
     )
     p.add_argument(
         "--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; 0.0.0.0 for all)"
@@ -72,45 +56,7 @@ def register(subparsers: Any) -> None:
         default=30.0,
         help="on SIGTERM, seconds in-flight requests may run before they are aborted (default: 30)",
     )
-    g = p.add_argument_group("engine")
-    g.add_argument(
-        "--dtype", default=None, help="weights and KV dtype, e.g. float32, bfloat16 (default: engine's)"
-    )
-    g.add_argument("--device", default=None, help="cpu or cuda (default: engine's choice)")
-    g.add_argument(
-        "--kv-cache-memory-gb", type=float, default=None, help="KV pool size in GiB (default: engine's)"
-    )
-    g.add_argument(
-        "--max-num-seqs", type=int, default=None, help="most requests decoded at once (default: engine's)"
-    )
-    g.add_argument(
-        "--max-num-batched-tokens", type=int, default=None, help="tokens per forward pass (default: engine's)"
-    )
-    g.add_argument(
-        "--chunked-prefill-size",
-        type=int,
-        default=None,
-        help="prompt tokens of one request per step (default: engine's)",
-    )
-    g.add_argument(
-        "--max-model-len", type=int, default=None, help="context length limit (default: the model's)"
-    )
-    g.add_argument("--no-prefix-caching", action="store_true", help="disable the radix prefix cache")
-    g.add_argument(
-        "--no-fast-linear",
-        action="store_true",
-        help="skip the per-shape CPU matmul layouts (saves their copies of the weights, costs speed)",
-    )
-    g.add_argument(
-        "--no-fast-forward",
-        action="store_true",
-        help="run every step through the Transformers forward instead of the engine's lean loop (Llama, Qwen2, Qwen3)",
-    )
-    g.add_argument(
-        "--no-native-kernels",
-        action="store_true",
-        help="do not compile and use the engine's C kernels (CPU fp32 decode attention, linear layers); torch's only",
-    )
+    EngineConfig.add_arguments(p)
     from vriksha.profiling import add_profile_args
 
     add_profile_args(p)  # --profile: scheduled capture over engine steps; --profile-dir also for /start_profile
@@ -118,22 +64,15 @@ def register(subparsers: Any) -> None:
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    kw = {name: getattr(args, name) for name in _ENGINE_OPTIONS if getattr(args, name, None) is not None}
-    if getattr(args, "no_prefix_caching", False):
-        kw["enable_prefix_caching"] = False
-    if getattr(args, "no_fast_linear", False):
-        kw["fast_linear"] = False
-    if getattr(args, "no_fast_forward", False):
-        kw["fast_forward"] = False
-    if getattr(args, "no_native_kernels", False):
-        kw["native_kernels"] = False
-    return kw
+    """The engine options given on the command line (the engine's own defaults for the rest)."""
+    return EngineConfig.given_args(args)
 
 
 def handler(args: argparse.Namespace) -> int:
     import uvicorn
 
     from vriksha.engine.async_engine import AsyncEngine
+    from vriksha.engine.llm_engine import LLMEngine
     from vriksha.server.app import create_app
     from vriksha.server.config import ServerConfig
     from vriksha.server.shutdown import GracefulServer
@@ -152,7 +91,7 @@ def handler(args: argparse.Namespace) -> int:
     )
     from vriksha.profiling import ProfileConfig, StepProfiler
 
-    engine = AsyncEngine(model=args.model, **engine_kwargs(args))
+    engine = AsyncEngine(LLMEngine(EngineConfig.from_args(args)))
     step_profiler = StepProfiler(ProfileConfig.from_args(args), rank=0, name="serve")
     if step_profiler.enabled:
         engine.step_hooks.append(step_profiler.step)

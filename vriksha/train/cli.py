@@ -41,6 +41,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="processes (ranks) to train with; >1 re-executes through torchrun",
     )
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    from vriksha.engine.config import EngineConfig
+    from vriksha.train.config import POLICY_ENGINE_OPTIONS
+
+    # the same as --set rollout.engine.NAME=VALUE
+    EngineConfig.add_arguments(parser, exclude=POLICY_ENGINE_OPTIONS, title="rollout engine")
     try:
         from vriksha.profiling import add_profile_args
 
@@ -85,9 +90,10 @@ def _strip_nproc(argv: list[str]) -> list[str]:
 
 
 def handler(args: argparse.Namespace, argv: list[str] | None = None) -> int:
-    from vriksha.train.config import load_config
+    from vriksha.engine.config import EngineConfig
+    from vriksha.train.config import engine_overrides, load_config
 
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides + engine_overrides(EngineConfig.given_args(args)))
     if args.print_config:
         import yaml
 

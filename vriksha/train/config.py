@@ -9,14 +9,26 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    PlainValidator,
+    ValidationError,
+    model_validator,
+)
 
+from vriksha.engine.config import EngineConfig
 from vriksha.errors import ConfigError
 
-__all__ = ["TrainConfig", "load_config", "apply_overrides", "parse_override"]
+__all__ = ["TrainConfig", "load_config", "apply_overrides", "parse_override", "engine_overrides"]
+
+# engine options that follow the policy model (its path, dtype and device), not set for the rollout engine
+POLICY_ENGINE_OPTIONS = ("model", "dtype", "device")
 
 
 class _Section(BaseModel):
@@ -50,6 +62,31 @@ class EnvConfig(_Section):
     eval_split: str = Field("test", description="held-out split for evaluation")
 
 
+def _engine_config(value: Any) -> EngineConfig:
+    if isinstance(value, EngineConfig):
+        return value
+    if not isinstance(value, dict):
+        raise ValueError(f"expected a mapping of engine options, got {value!r}")
+    policy = [k for k in POLICY_ENGINE_OPTIONS if k in value]
+    if policy:
+        raise ValueError(
+            f"{policy[0]}: the rollout engine runs the policy itself; set model.{'path' if policy[0] == 'model' else policy[0]} "
+            "instead (the engine follows it)"
+        )
+    try:
+        return EngineConfig.from_dict(value)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
+# in files and dumps: the options that differ from the engine's defaults
+EngineSection = Annotated[
+    EngineConfig,
+    PlainValidator(_engine_config),
+    PlainSerializer(lambda c: c.to_dict(changed_only=True), return_type=dict),
+]
+
+
 class RolloutConfig(_Section):
     """How episodes are sampled from the engine."""
 
@@ -64,8 +101,9 @@ class RolloutConfig(_Section):
     describe_tools: bool = Field(
         False, description="add the episode's tools and the <tool_call> format to the system message"
     )
-    engine: dict[str, Any] = Field(
-        default_factory=dict, description="extra LLM.from_module keyword arguments"
+    engine: EngineSection = Field(
+        default_factory=EngineConfig,
+        description="options of the colocated engine (EngineConfig fields; model, dtype and device follow the policy)",
     )
 
 
@@ -237,6 +275,11 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r}: the top level must be a mapping of sections")
     return data
+
+
+def engine_overrides(given: dict[str, Any]) -> list[str]:
+    """Engine flags given on the command line (`EngineConfig.given_args`) as `--set rollout.engine.X=V` items."""
+    return [f"rollout.engine.{k}={json.dumps(v)}" for k, v in given.items()]
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:

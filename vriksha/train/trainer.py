@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from vriksha.engine.config import EngineConfig
 from vriksha.errors import ConfigError
 from vriksha.profiling import phase
 from vriksha.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
@@ -51,11 +52,11 @@ def episode_seed(*parts: int) -> int:
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
-def build_engine(module: nn.Module, tokenizer: Any, engine_kwargs: dict[str, Any]) -> Any:
+def build_engine(module: nn.Module, tokenizer: Any, engine_config: EngineConfig) -> Any:
     """The colocated engine over `module` (parameters are read in place, never copied)."""
     from vriksha.engine.llm import LLM
 
-    return LLM.from_module(module, tokenizer, **engine_kwargs)
+    return LLM.from_module(module, tokenizer, engine_config)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, steps: int) -> Any:

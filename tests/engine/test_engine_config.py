@@ -1,0 +1,82 @@
+"""EngineConfig declares each option once and builds the flags of every command that makes an engine."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+import pytest
+
+from vriksha.cli import build_parser
+from vriksha.engine.config import EngineConfig
+from vriksha.errors import ConfigError
+
+FIELDS = [f.name for f in dataclasses.fields(EngineConfig)]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser()
+    EngineConfig.add_arguments(p)
+    return p
+
+
+def engine_dests(p: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {a.dest.removeprefix("engine_"): a for a in p._actions if a.dest.removeprefix("engine_") in FIELDS}
+
+
+def test_every_option_has_one_flag_with_help():
+    actions = engine_dests(parser())
+    assert sorted(actions) == sorted(FIELDS)
+    for name, action in actions.items():
+        assert action.help and len(action.help) > 10, f"{name} has no help text"
+    flags = {a.option_strings[0] for a in actions.values()}
+    assert {"--model", "--kv-cache-memory-gb", "--prefix-caching", "--engine-seed"} <= flags
+    assert "--no-prefix-caching" in actions["enable_prefix_caching"].option_strings
+
+
+def test_only_given_flags_reach_the_config():
+    p = parser()
+    assert EngineConfig.given_args(p.parse_args([])) == {}
+    assert EngineConfig.from_args(p.parse_args([])) == EngineConfig()
+    args = p.parse_args(
+        ["--kv-cache-memory-gb", "0.5", "--no-prefix-caching", "--max-num-seqs", "4", "--dtype", "bfloat16"]
+    )
+    cfg = EngineConfig.from_args(args, max_num_seqs=99, fast_linear=False)
+    assert (cfg.kv_cache_memory_gb, cfg.enable_prefix_caching, cfg.max_num_seqs, cfg.dtype) == (
+        0.5,
+        False,
+        4,
+        "bfloat16",
+    )
+    assert cfg.fast_linear is False  # a default the caller chose, where no flag was given
+    with pytest.raises(SystemExit):
+        p.parse_args(["--dtype", "int8"])
+
+
+@pytest.mark.parametrize(
+    "command", [["generate", "--prompt", "x"], ["serve"], ["env", "eval", "arithmetic"], ["train"]]
+)
+def test_commands_take_the_engine_flags(command):
+    args = build_parser().parse_args([*command, "--max-num-batched-tokens", "64", "--no-native-kernels"])
+    assert EngineConfig.given_args(args) == {"max_num_batched_tokens": 64, "native_kernels": False}
+
+
+def test_train_leaves_the_policys_own_options_to_the_model_section():
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["train", "--dtype", "bfloat16"])
+
+
+def test_from_dict_names_unknown_keys_and_wrong_types():
+    assert EngineConfig.from_dict({"kv_cache_memory_gb": 1, "max_model_len": None}).kv_cache_memory_gb == 1.0
+    with pytest.raises(ConfigError, match="unknown engine option kv_cache_gb; the options are model, "):
+        EngineConfig.from_dict({"kv_cache_gb": 1})
+    with pytest.raises(ConfigError, match="max_num_seqs must be a int, got 'many'"):
+        EngineConfig.from_dict({"max_num_seqs": "many"})
+    with pytest.raises(ConfigError, match="fast_linear must be a bool"):
+        EngineConfig.from_dict({"fast_linear": 1})
+
+
+def test_to_dict_round_trips_and_lists_only_changes():
+    cfg = EngineConfig(kv_cache_memory_gb=0.1, enable_prefix_caching=False)
+    assert cfg.to_dict(changed_only=True) == {"kv_cache_memory_gb": 0.1, "enable_prefix_caching": False}
+    assert EngineConfig.from_dict(cfg.to_dict()) == cfg
