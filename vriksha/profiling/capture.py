@@ -110,7 +110,7 @@ def add_profile_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--profile-shapes", action="store_true", help="also record operator input shapes")
 
 
-def _all_threads_config() -> object | None:
+def all_threads_config() -> object | None:
     """Record every thread (the engine may step in its own thread), where this torch supports it."""
     try:
         return torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
@@ -183,7 +183,7 @@ class StepProfiler:
         )
         self._session = []
         extra = {}
-        all_threads = _all_threads_config()
+        all_threads = all_threads_config()
         if all_threads is not None:
             extra["experimental_config"] = all_threads
         self._prof = profile(

@@ -11,17 +11,10 @@ from pathlib import Path
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from vriksha.profiling.capture import TRACE_SUFFIX
+from vriksha.profiling.capture import TRACE_SUFFIX, all_threads_config
 from vriksha.server.errors import ConflictError
 
 logger = logging.getLogger(__name__)
-
-
-def _all_threads_config() -> object | None:
-    try:
-        return torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
-    except (AttributeError, TypeError):  # older torch: the engine thread's ops may be missing
-        return None
 
 
 class ServerProfiler:
@@ -42,7 +35,7 @@ class ServerProfiler:
         self.directory.mkdir(parents=True, exist_ok=True)
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
         kwargs = {}
-        cfg = _all_threads_config()
+        cfg = all_threads_config()
         if cfg is not None:
             kwargs["experimental_config"] = cfg
         prof = profile(

@@ -6,7 +6,7 @@ import time
 import uuid
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_serializer
 
 
 def new_id(prefix: str) -> str:
@@ -115,6 +115,10 @@ class ChatChunkChoice(BaseModel):
     delta: Delta
     logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
+
+    @field_serializer("delta")
+    def _delta(self, delta: Delta) -> dict[str, Any]:
+        return delta.model_dump(exclude_none=True)  # {"content": "..."}, or {} when a chunk only finishes
 
 
 class ChatCompletionChunk(BaseModel):

@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
+from vriksha.server.deltas import DeltaTracker
 from vriksha.server.engine_client import RequestStream, merge, start_all
 from vriksha.server.errors import BadRequestError, ConflictError, to_response
 from vriksha.server.protocol import GenerateRequest, ProfileRequest
@@ -28,13 +29,14 @@ def _top(c: CompletionOutput, start: int) -> list[list[tuple[int, float]]] | Non
     return [sorted(step.items(), key=lambda kv: kv[1], reverse=True) for step in c.logprobs[start:]]
 
 
-def _output(c: CompletionOutput, with_text: bool, start: int = 0, text_start: int = 0) -> GenerateOutput:
+def _output(c: CompletionOutput, with_text: bool, start: int = 0, text: str | None = None) -> GenerateOutput:
+    """Choice `c` from token `start` on; `text`: its new text (default: all of it)."""
     return GenerateOutput(
         index=c.index,
         token_ids=list(c.token_ids[start:]),
         token_logprobs=list(c.token_logprobs[start:]),
         top_logprobs=_top(c, start),
-        text=c.text[text_start:] if with_text else None,
+        text=(c.text if text is None else text) if with_text else None,
         finish_reason=c.finish_reason,
     )
 
@@ -90,17 +92,14 @@ async def generate(req: GenerateRequest, request: Request, state: StateDep) -> R
 
 
 async def _stream(stream: RequestStream, with_text: bool) -> AsyncIterator[bytes]:
-    sent_tokens: dict[int, int] = {}
-    sent_text: dict[int, int] = {}
+    tracker = DeltaTracker()
     try:
         async for out in stream:
             outputs = []
             for c in out.outputs:
-                k0, t0 = sent_tokens.get(c.index, 0), sent_text.get(c.index, 0)
-                if len(c.token_ids) == k0 and c.finish_reason is None:
-                    continue
-                outputs.append(_output(c, with_text, k0, t0).model_dump())
-                sent_tokens[c.index], sent_text[c.index] = len(c.token_ids), max(t0, len(c.text))
+                d = tracker.advance(c.index, c)
+                if d is not None:
+                    outputs.append(_output(c, with_text, d.token_start, d.text).model_dump())
             if outputs or out.finished:
                 yield event(
                     {

@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse, Response
 
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
 from vriksha.profiling import phase
+from vriksha.server.deltas import DeltaTracker
 from vriksha.server.engine_client import RequestStream
 from vriksha.server.errors import to_response
 from vriksha.server.logprobs import chat_logprobs
@@ -17,14 +18,17 @@ from vriksha.server.protocol import ChatCompletionRequest
 from vriksha.server.responses import (
     AssistantMessage,
     ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
     ChatCompletionResponse,
     ChoiceLogprobs,
+    Delta,
     Usage,
     new_id,
     now,
 )
 from vriksha.server.sampling import chat_params
-from vriksha.server.sse import DONE, error_event, event, sse_response, text_delta, unless_disconnected
+from vriksha.server.sse import DONE, error_event, event, sse_response, unless_disconnected
 from vriksha.server.state import ServerState
 
 
@@ -79,72 +83,34 @@ async def _stream(
 ) -> AsyncIterator[bytes]:
     rid, created = new_id("chatcmpl"), now()
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    sent_text: dict[int, int] = {}
-    sent_tokens: dict[int, int] = {}
-    finished: set[int] = set()
+    tracker = DeltaTracker()
     last: RequestOutput | None = None
 
-    def chunk(choices: list[dict]) -> bytes:
-        body = {
-            "id": rid,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": choices,
-        }
-        if include_usage:
-            body["usage"] = None
-        return event(body)
+    def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> bytes:
+        body = ChatCompletionChunk(id=rid, created=created, model=model, choices=choices, usage=usage)
+        return event(body.model_dump(exclude=None if include_usage else {"usage"}))
 
     try:
-        n = stream.params.n
-        yield chunk(
-            [
-                {
-                    "index": i,
-                    "delta": {"role": "assistant", "content": ""},
-                    "logprobs": None,
-                    "finish_reason": None,
-                }
-                for i in range(n)
-            ]
-        )
+        first = Delta(role="assistant", content="")
+        yield chunk([ChatChunkChoice(index=i, delta=first) for i in range(stream.params.n)])
         async for out in stream:
             last = out
             choices = []
             for c in out.outputs:
-                if c.index in finished:
-                    continue
-                t0, k0 = sent_text.get(c.index, 0), sent_tokens.get(c.index, 0)
-                delta = text_delta(c.text, t0, c.finish_reason is not None)
-                if not delta and c.finish_reason is None and len(c.token_ids) == k0:
-                    continue
-                lp = _logprobs(state, req, c, k0)
-                choices.append(
-                    {
-                        "index": c.index,
-                        "delta": {"content": delta} if delta else {},
-                        "logprobs": lp.model_dump() if lp else None,
-                        "finish_reason": c.finish_reason,
-                    }
-                )
-                sent_text[c.index] = t0 + len(delta)
-                sent_tokens[c.index] = len(c.token_ids)
-                if c.finish_reason is not None:
-                    finished.add(c.index)
+                d = tracker.advance(c.index, c)
+                if d is not None:
+                    choices.append(
+                        ChatChunkChoice(
+                            index=c.index,
+                            delta=Delta(content=d.text or None),
+                            logprobs=_logprobs(state, req, c, d.token_start),
+                            finish_reason=d.finish_reason,
+                        )
+                    )
             if choices:
                 yield chunk(choices)
         if include_usage and last is not None:
-            yield event(
-                {
-                    "id": rid,
-                    "object": "chat.completion.chunk",
-                    "created": created,
-                    "model": model,
-                    "choices": [],
-                    "usage": _usage(last).model_dump(),
-                }
-            )
+            yield chunk([], _usage(last))
     except Exception as exc:  # headers are sent: report in-band, as OpenAI does
         resp = to_response(exc)
         yield error_event(str(exc), "server_error" if resp.status_code >= 500 else "invalid_request_error")

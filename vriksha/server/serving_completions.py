@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse, Response
 
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
 from vriksha.profiling import phase
+from vriksha.server.deltas import DeltaTracker
 from vriksha.server.engine_client import RequestStream, merge, start_all
 from vriksha.server.errors import to_response
 from vriksha.server.logprobs import completion_logprobs
@@ -16,7 +17,7 @@ from vriksha.server.prompts import completion_prompts
 from vriksha.server.protocol import CompletionRequest
 from vriksha.server.responses import CompletionChoice, CompletionResponse, Usage, new_id, now
 from vriksha.server.sampling import completion_params
-from vriksha.server.sse import DONE, error_event, event, sse_response, text_delta, unless_disconnected
+from vriksha.server.sse import DONE, error_event, event, sse_response, unless_disconnected
 from vriksha.server.state import ServerState
 
 
@@ -96,12 +97,10 @@ async def _stream(
 ) -> AsyncIterator[bytes]:
     rid, created, n = new_id("cmpl"), now(), req.n or 1
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    sent_text: dict[int, int] = {}
-    sent_tokens: dict[int, int] = {}
-    finished: set[int] = set()
+    tracker = DeltaTracker()
     finals: list[RequestOutput | None] = [None] * len(streams)
 
-    def chunk(choices: list[dict]) -> bytes:
+    def chunk(choices: list[dict], usage: Usage | None = None) -> bytes:
         body = {
             "id": rid,
             "object": "text_completion",
@@ -110,7 +109,7 @@ async def _stream(
             "choices": choices,
         }
         if include_usage:
-            body["usage"] = None
+            body["usage"] = usage.model_dump() if usage is not None else None
         return event(body)
 
     try:
@@ -132,40 +131,22 @@ async def _stream(
             finals[i] = out
             choices = []
             for c in out.outputs:
-                idx = i * n + c.index
-                if idx in finished:
+                d = tracker.advance(i * n + c.index, c)
+                if d is None:
                     continue
-                t0, k0 = sent_text.get(idx, 0), sent_tokens.get(idx, 0)
-                delta = text_delta(c.text, t0, c.finish_reason is not None)
-                if not delta and c.finish_reason is None and len(c.token_ids) == k0:
-                    continue
-                lp = _choice_logprobs(state, c, req.logprobs, k0, t0)
+                lp = _choice_logprobs(state, c, req.logprobs, d.token_start, d.text_start)
                 choices.append(
                     {
-                        "index": idx,
-                        "text": delta,
+                        "index": d.index,
+                        "text": d.text,
                         "logprobs": lp.model_dump() if lp else None,
-                        "finish_reason": c.finish_reason,
+                        "finish_reason": d.finish_reason,
                     }
                 )
-                sent_text[idx] = t0 + len(delta)
-                sent_tokens[idx] = len(c.token_ids)
-                if c.finish_reason is not None:
-                    finished.add(idx)
             if choices:
                 yield chunk(choices)
         if include_usage:
-            done = [f for f in finals if f is not None]
-            yield event(
-                {
-                    "id": rid,
-                    "object": "text_completion",
-                    "created": created,
-                    "model": model,
-                    "choices": [],
-                    "usage": _usage(done).model_dump(),
-                }
-            )
+            yield chunk([], _usage([f for f in finals if f is not None]))
     except Exception as exc:  # headers are sent: report in-band, as OpenAI does
         resp = to_response(exc)
         yield error_event(str(exc), "server_error" if resp.status_code >= 500 else "invalid_request_error")

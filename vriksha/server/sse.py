@@ -29,16 +29,6 @@ def error_event(message: str, type_: str = "server_error") -> bytes:
     return event(error_body(message, type_))
 
 
-def text_delta(text: str, sent: int, finished: bool) -> str:
-    """The new part of a cumulative text. While running, a trailing U+FFFD (a multi-byte character cut between
-    tokens) is held back until the next token completes it."""
-    end = len(text)
-    if not finished:
-        while end > sent and text[end - 1] == "\ufffd":
-            end -= 1
-    return text[sent:end] if end > sent else ""
-
-
 class SSEResponse(StreamingResponse):
     """A text/event-stream response that runs `on_close` however it ends: finished, failed, or cancelled because
     the client disconnected (Starlette cancels the body then, perhaps before it ever started)."""
