@@ -23,9 +23,9 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+from vriksha.cache import cache_dir
 from vriksha.engine.installation import ModuleInstallation
 from vriksha.engine.native import Kernels
-from vriksha.models.loader import cache_dir
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,10 @@
+"""Model loading, not model code: the embedded default, Transformers directories and GGUF files, as
+Transformers modules and their tokenizers (the engine runs the Transformers classes themselves)."""
+
+from vriksha.cache import cache_dir
 from vriksha.models.loader import (
     DEFAULT_MODEL_NAME,
     LoadedModel,
-    cache_dir,
     load_model,
     load_tokenizer,
     resolve_model_path,

