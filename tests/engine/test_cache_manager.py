@@ -127,6 +127,14 @@ def test_events_report_inserts_evictions_flushes_and_resets():
     cm.reset()
     assert sink.events[-2:] == [("stored", [], [9, 9], 2), ("cleared",)]
     assert cm.allocator.num_free == cm.allocator.capacity
+    cm.set_event_sink(None)
+    run_prefill(cm, req := request([4, 4]))
+    cm.release(req)
+    assert sink.events[-1] == ("cleared",)  # unsubscribed: nothing more
+    late = Recorder()
+    cm.set_event_sink(late)
+    cm.flush()
+    assert late.events == [("removed", [], [4, 4])]
 
 
 def test_decode_slots_land_at_each_requests_next_position():

@@ -29,6 +29,10 @@ class CacheManager(ABC):
         self.allocator = allocator
         self.table = table
 
+    @abstractmethod
+    def set_event_sink(self, events: CacheEventSink | None) -> None:
+        """Tell `events` of every run of tokens cached, evicted or flushed from now on (None: stop)."""
+
     # ---- memory ------------------------------------------------------------------------------------
     @property
     def num_free(self) -> int:
@@ -134,6 +138,9 @@ class RadixCacheManager(CacheManager):
         super().__init__(allocator, table)
         self.tree = RadixCache(allocator, events)
 
+    def set_event_sink(self, events: CacheEventSink | None) -> None:
+        self.tree.events = events
+
     def _match(self, token_ids: list[int]) -> tuple[torch.Tensor, TreeNode | None]:
         with phase("engine.cache_match"):
             match = self.tree.match_prefix(token_ids)
@@ -199,6 +206,9 @@ class RadixCacheManager(CacheManager):
 
 class NullCacheManager(CacheManager):
     """Prefix caching off: nothing is shared, a request's slots are its own until it leaves."""
+
+    def set_event_sink(self, events: CacheEventSink | None) -> None:
+        pass  # nothing is ever cached
 
     def _match(self, token_ids: list[int]) -> tuple[torch.Tensor, TreeNode | None]:
         return torch.empty(0, dtype=torch.int64, device=self.allocator.device), None
