@@ -38,9 +38,11 @@ def forward(model: torch.nn.Module) -> torch.Tensor:
         return model(input_ids=ids).logits
 
 
-@pytest.mark.parametrize("how", ["close", "out_of_scope", "with"])
-def test_a_wrapped_module_is_returned_as_it_came(default_tokenizer, how):
-    model = tiny_model("llama", VOCAB)
+@pytest.mark.parametrize(
+    "family, how", [("llama", "close"), ("llama", "out_of_scope"), ("llama", "with"), ("gemma3", "close")]
+)
+def test_a_wrapped_module_is_returned_as_it_came(default_tokenizer, family, how):
+    model = tiny_model(family, VOCAB)
     before, logits = snapshot(model), forward(model)
     llm = LLM.from_module(model, default_tokenizer, kv_cache_memory_gb=0.01, max_model_len=128)
     assert not same(snapshot(model), before), (

@@ -31,7 +31,9 @@ class EngineDeadError(VrikshaError):
 class AsyncEngine:
     def __init__(self, engine: LLMEngine | None = None, **config_kwargs) -> None:
         self.engine = engine or LLMEngine(EngineConfig(**config_kwargs))
-        self._commands: queue.Queue[tuple[Callable[[LLMEngine], Any], concurrent.futures.Future]] = queue.Queue()
+        self._commands: queue.Queue[tuple[Callable[[LLMEngine], Any], concurrent.futures.Future]] = (
+            queue.Queue()
+        )
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
@@ -93,7 +95,10 @@ class AsyncEngine:
         return await asyncio.wrap_future(future)
 
     async def generate(
-        self, prompt: str | list[int] | dict, params: SamplingParams | None = None, request_id: str | None = None
+        self,
+        prompt: str | list[int] | dict,
+        params: SamplingParams | None = None,
+        request_id: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Cumulative outputs of one request, one per engine step that advanced it; the last is finished."""
         loop = asyncio.get_running_loop()

@@ -18,9 +18,15 @@ def register(subparsers) -> None:
         description="Generate completions for one or more prompts with the engine (continuous batching, "
         "radix prefix cache). Runs on the embedded SmolLM2-135M-Instruct unless --model is given.",
     )
-    p.add_argument("--prompt", action="append", required=True,
-                   help="a prompt (repeat for several; they run as one continuous batch)")
-    p.add_argument("--chat", action="store_true", help="wrap each prompt as a user message in the chat template")
+    p.add_argument(
+        "--prompt",
+        action="append",
+        required=True,
+        help="a prompt (repeat for several; they run as one continuous batch)",
+    )
+    p.add_argument(
+        "--chat", action="store_true", help="wrap each prompt as a user message in the chat template"
+    )
     p.add_argument("--max-tokens", type=int, default=128, help="new tokens per completion")
     p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     p.add_argument("--top-p", type=float, default=1.0)
@@ -43,13 +49,20 @@ def run(args: argparse.Namespace) -> int:
     from vriksha.profiling import ProfileConfig, StepProfiler
 
     params = SamplingParams(
-        n=args.n, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-        max_tokens=args.max_tokens, stop=args.stop,
+        n=args.n,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        max_tokens=args.max_tokens,
+        stop=args.stop,
     )
     llm = LLM(config=EngineConfig.from_args(args))
     prompts = args.prompt
     if args.chat:
-        prompts = [{"prompt_token_ids": llm.apply_chat_template([{"role": "user", "content": p}])} for p in prompts]
+        prompts = [
+            {"prompt_token_ids": llm.apply_chat_template([{"role": "user", "content": p}])} for p in prompts
+        ]
     profiler = StepProfiler(ProfileConfig.from_args(args), rank=0, name="generate")
     profiler.start()
     llm.engine.step_hooks.append(profiler.step)
@@ -74,14 +87,26 @@ def run(args: argparse.Namespace) -> int:
         for comp in out.outputs:
             generated += len(comp.token_ids)
             if args.json:
-                print(json.dumps({"prompt": out.prompt, "index": comp.index, "text": comp.text,
-                                  "finish_reason": comp.finish_reason, "num_tokens": len(comp.token_ids),
-                                  "cached_tokens": out.num_cached_tokens}))
+                print(
+                    json.dumps(
+                        {
+                            "prompt": out.prompt,
+                            "index": comp.index,
+                            "text": comp.text,
+                            "finish_reason": comp.finish_reason,
+                            "num_tokens": len(comp.token_ids),
+                            "cached_tokens": out.num_cached_tokens,
+                        }
+                    )
+                )
             else:
                 head = out.prompt if out.prompt is not None else "(chat)"
                 print(f"--- {head!r} [{comp.index}] ({comp.finish_reason})\n{comp.text}")
     if outputs:
-        print(f"{generated} tokens in {elapsed:.2f} s ({generated / max(elapsed, 1e-9):.1f} tok/s)", file=sys.stderr)
+        print(
+            f"{generated} tokens in {elapsed:.2f} s ({generated / max(elapsed, 1e-9):.1f} tok/s)",
+            file=sys.stderr,
+        )
     for path in traces:
         print(f"trace: {path}", file=sys.stderr)
     return 0

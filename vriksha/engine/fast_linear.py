@@ -29,7 +29,16 @@ from vriksha.engine.native import Kernels
 
 logger = logging.getLogger(__name__)
 
-BUCKETS = (1, 2, 4, 8, 16, 64, 256, 1024)  # representative batch sizes; a call uses the smallest bucket >= its rows
+BUCKETS = (
+    1,
+    2,
+    4,
+    8,
+    16,
+    64,
+    256,
+    1024,
+)  # representative batch sizes; a call uses the smallest bucket >= its rows
 PATHS = ("linear", "transposed", "mkldnn", "native")
 MIN_GAIN = 0.05  # keep a derived weight copy only if it saves at least 5% per bucket on average
 COLD_BYTES = 96 << 20  # timing cycles through copies of a weight until they exceed the last-level cache
@@ -82,7 +91,9 @@ class _Layouts:
         return F.linear(x, self.linear.weight, bias)
 
 
-def _time(fn: Callable[[int], torch.Tensor], copies: int, min_seconds: float = 0.05, max_reps: int = 30) -> float:
+def _time(
+    fn: Callable[[int], torch.Tensor], copies: int, min_seconds: float = 0.05, max_reps: int = 30
+) -> float:
     """Best time of `fn(copy)` over repetitions, each on the next copy of the weight."""
     fn(0)
     best = float("inf")
@@ -116,9 +127,9 @@ def _choose(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: K
     with torch.inference_mode():
         for rows in BUCKETS:
             x = torch.randn(rows, in_f, dtype=dtype)
-            times.append({
-                p: _time(lambda c, p=p, x=x: layouts[c].run(p, x), copies) for p in [*free, *derived]
-            })
+            times.append(
+                {p: _time(lambda c, p=p, x=x: layouts[c].run(p, x), copies) for p in [*free, *derived]}
+            )
 
     def best_of(t: dict[str, float], paths: list[str]) -> str:
         return min(paths, key=t.__getitem__)
@@ -134,8 +145,10 @@ def _choose(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: K
 
 
 def _profile_key(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: bool) -> str:
-    return (f"v5:{out_f}x{in_f}:{dtype}:{'b' if has_bias else 'nb'}:t{torch.get_num_threads()}:"
-            f"{torch.__version__}:{'native' if native else 'torch'}")
+    return (
+        f"v5:{out_f}x{in_f}:{dtype}:{'b' if has_bias else 'nb'}:t{torch.get_num_threads()}:"
+        f"{torch.__version__}:{'native' if native else 'torch'}"
+    )
 
 
 class FastLinear:
@@ -160,8 +173,13 @@ class FastLinear:
             installation.replace_forward(linear, self._make_forward(linear, layouts, choice))
 
     def _key(self, linear: torch.nn.Linear) -> str:
-        return _profile_key(linear.out_features, linear.in_features, linear.weight.dtype, linear.bias is not None,
-                            self.native is not None)
+        return _profile_key(
+            linear.out_features,
+            linear.in_features,
+            linear.weight.dtype,
+            linear.bias is not None,
+            self.native is not None,
+        )
 
     def _plan(self, linears: list[torch.nn.Linear]) -> dict[str, list[str]]:
         path = cache_dir() / "fast_linear.json"
@@ -173,8 +191,13 @@ class FastLinear:
         for linear in linears:
             key = self._key(linear)
             if key not in known or len(known[key]) != len(BUCKETS):
-                known[key] = _choose(linear.out_features, linear.in_features, linear.weight.dtype,
-                                     linear.bias is not None, self.native)
+                known[key] = _choose(
+                    linear.out_features,
+                    linear.in_features,
+                    linear.weight.dtype,
+                    linear.bias is not None,
+                    self.native,
+                )
                 logger.info("linear %s: %s", key, dict(zip(BUCKETS, known[key], strict=True)))
                 changed = True
         if changed:

@@ -16,7 +16,9 @@ class SlotAllocator:
 
     def __init__(self, num_slots: int, device: torch.device | str = "cpu") -> None:
         if num_slots < 2:
-            raise ConfigError(f"the KV pool needs at least 2 slots, got {num_slots}; raise the KV memory budget")
+            raise ConfigError(
+                f"the KV pool needs at least 2 slots, got {num_slots}; raise the KV memory budget"
+            )
         self.num_slots = num_slots
         self.device = torch.device(device)
         self._free = torch.arange(1, num_slots, dtype=torch.int64, device=self.device)
@@ -44,7 +46,9 @@ class SlotAllocator:
         if n == 0:
             return
         if self._num_free + n > self.capacity:
-            raise RuntimeError(f"KV slots freed twice: {self._num_free} + {n} free slots > capacity {self.capacity}")
+            raise RuntimeError(
+                f"KV slots freed twice: {self._num_free} + {n} free slots > capacity {self.capacity}"
+            )
         self._free[self._num_free : self._num_free + n] = slots.to(self.device, torch.int64).flatten()
         self._num_free += n
 
@@ -64,8 +68,14 @@ class KVPool:
         self.num_slots = num_slots
         self.dtype = dtype
         self.device = torch.device(device)
-        self.k = [torch.zeros((num_slots, x.kv_heads, x.k_dim), dtype=dtype, device=self.device) for x in layout.layers]
-        self.v = [torch.zeros((num_slots, x.kv_heads, x.v_dim), dtype=dtype, device=self.device) for x in layout.layers]
+        self.k = [
+            torch.zeros((num_slots, x.kv_heads, x.k_dim), dtype=dtype, device=self.device)
+            for x in layout.layers
+        ]
+        self.v = [
+            torch.zeros((num_slots, x.kv_heads, x.v_dim), dtype=dtype, device=self.device)
+            for x in layout.layers
+        ]
 
     @staticmethod
     def slots_for_budget(budget_bytes: int, layout: KVLayout, dtype: torch.dtype) -> int:

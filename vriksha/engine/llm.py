@@ -124,16 +124,24 @@ class LLM:
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [{"prompt_token_ids": self.apply_chat_template(c, add_generation_prompt)} for c in conversations]
+        prompts = [
+            {"prompt_token_ids": self.apply_chat_template(c, add_generation_prompt)} for c in conversations
+        ]
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         if not getattr(self.tokenizer, "chat_template", None):
-            raise InvalidRequestError("this model's tokenizer has no chat template; use generate() with a prompt")
-        text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False)
+            raise InvalidRequestError(
+                "this model's tokenizer has no chat template; use generate() with a prompt"
+            )
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
         return self.tokenizer.encode(text, add_special_tokens=False)
 
-    def stream(self, prompt: Prompt, sampling_params: SamplingParams | None = None) -> Iterator[RequestOutput]:
+    def stream(
+        self, prompt: Prompt, sampling_params: SamplingParams | None = None
+    ) -> Iterator[RequestOutput]:
         """Cumulative outputs of one request, one per engine step; the last has `finished=True`."""
         rid = self.engine.add_request(prompt, sampling_params, stream=True)
         try:

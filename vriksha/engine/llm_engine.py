@@ -105,7 +105,9 @@ class LLMEngine:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         text_config = model.config.get_text_config()
-        self.max_model_len = config.max_model_len or int(getattr(text_config, "max_position_embeddings", 4096))
+        self.max_model_len = config.max_model_len or int(
+            getattr(text_config, "max_position_embeddings", 4096)
+        )
         self.vocab_size = int(text_config.vocab_size)
         self.eos_token_ids = self._eos_ids()
 
@@ -114,7 +116,9 @@ class LLMEngine:
         self.allocator = SlotAllocator(num_slots, self.device)
         self.pool = KVPool(layout, num_slots, self.dtype, self.device)
         self.table = ReqToTokenTable(config.max_num_seqs + 1, self.max_model_len + 1, self.device)
-        self.cache = make_cache_manager(config.enable_prefix_caching, self.allocator, self.table, cache_events)
+        self.cache = make_cache_manager(
+            config.enable_prefix_caching, self.allocator, self.table, cache_events
+        )
         self.scheduler = Scheduler(config, self.cache)
         self.runner = ModelRunner(model, self.pool, self.table, config)
         self.sampler = Sampler(config.seed)
@@ -125,8 +129,13 @@ class LLMEngine:
         self._prompt_tokens = 0
         self._cached_prompt_tokens = 0
         self._generation_tokens = 0
-        logger.info("engine: %s on %s (%s), KV pool %d tokens", self.model_name, self.device, self.dtype,
-                    self.allocator.capacity)
+        logger.info(
+            "engine: %s on %s (%s), KV pool %d tokens",
+            self.model_name,
+            self.device,
+            self.dtype,
+            self.allocator.capacity,
+        )
 
     @classmethod
     def from_module(
@@ -203,7 +212,9 @@ class LLMEngine:
             added.append(rid)
         return added
 
-    def _add(self, request_id: str, text: str | None, ids: list[int], params: SamplingParams, stream: bool) -> None:
+    def _add(
+        self, request_id: str, text: str | None, ids: list[int], params: SamplingParams, stream: bool
+    ) -> None:
         sequences = []
         for i in range(params.n):
             req = Request(request_id, i, ids, params, self.eos_token_ids, prompt=text)
@@ -309,7 +320,9 @@ class LLMEngine:
             now = time.monotonic()
             with phase("engine.detokenize"):
                 for i, req in enumerate(sampled):
-                    if self._append(req, result.token_ids[i], result.logprobs[i], result.top_logprobs[i], now):
+                    if self._append(
+                        req, result.token_ids[i], result.logprobs[i], result.top_logprobs[i], now
+                    ):
                         finished.append(req)
                     touched.add(req.request_id)
         self.scheduler.postprocess(batch, finished)
@@ -421,7 +434,9 @@ class LLMEngine:
     def weights_updated(self) -> None:
         """The module's parameters changed in place: cached KV and derived weight layouts are stale."""
         if self.scheduler.has_work:
-            raise InvalidRequestError("weights changed while requests are running; finish or abort them first")
+            raise InvalidRequestError(
+                "weights changed while requests are running; finish or abort them first"
+            )
         self.cache.reset()
         self.runner.weights_updated()
 

@@ -22,7 +22,9 @@ logger = logging.getLogger(__name__)
 class ModelRunner:
     """Runs the engine's forward passes on `model`; its changes to the model are undone by `close()`."""
 
-    def __init__(self, model: torch.nn.Module, pool: KVPool, table: ReqToTokenTable, config: EngineConfig) -> None:
+    def __init__(
+        self, model: torch.nn.Module, pool: KVPool, table: ReqToTokenTable, config: EngineConfig
+    ) -> None:
         self.model = model
         self.pool = pool
         self.table = table
@@ -64,7 +66,9 @@ class ModelRunner:
         table = self.table.table
         slot_parts: list[torch.Tensor] = []
         attn = AttentionBatch(
-            pool=self.pool, slot_mapping=torch.empty(0), num_decode=len(batch.decodes),
+            pool=self.pool,
+            slot_mapping=torch.empty(0),
+            num_decode=len(batch.decodes),
             native=self.native,
         )
         if batch.decodes:
@@ -91,7 +95,12 @@ class ModelRunner:
                 sample_index.append(offset - 1)
         input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)[None]
         position_ids = torch.tensor(positions, dtype=torch.int64, device=self.device)[None]
-        return input_ids, position_ids, attn, torch.tensor(sample_index, dtype=torch.int64, device=self.device)
+        return (
+            input_ids,
+            position_ids,
+            attn,
+            torch.tensor(sample_index, dtype=torch.int64, device=self.device),
+        )
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:

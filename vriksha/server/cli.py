@@ -12,6 +12,7 @@ from vriksha.errors import ConfigError, VrikshaError
 
 logger = logging.getLogger(__name__)
 
+
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "serve",
@@ -59,7 +60,9 @@ def register(subparsers: Any) -> None:
     EngineConfig.add_arguments(p)
     from vriksha.profiling import add_profile_args
 
-    add_profile_args(p)  # --profile: scheduled capture over engine steps; --profile-dir also for /start_profile
+    add_profile_args(
+        p
+    )  # --profile: scheduled capture over engine steps; --profile-dir also for /start_profile
     p.set_defaults(func=handler)
 
 

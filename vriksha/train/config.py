@@ -169,7 +169,9 @@ class ParallelConfig(_Section):
 class TrainerConfig(_Section):
     steps: int = Field(10, ge=1, description="GRPO steps")
     seed: int = Field(0, ge=0, description="seed for episodes, sampling and initialisation")
-    eval_interval: int = Field(0, ge=0, description="evaluate every N steps (0, or more than steps: before and after only)")
+    eval_interval: int = Field(
+        0, ge=0, description="evaluate every N steps (0, or more than steps: before and after only)"
+    )
     eval_episodes: int = Field(32, ge=0, description="held-out episodes per evaluation (0: no eval)")
     eval_max_new_tokens: int | None = Field(None, ge=1, description="defaults to rollout.max_new_tokens")
     checkpoint_interval: int = Field(0, ge=0, description="checkpoint every K steps (0: only at the end)")

@@ -90,8 +90,14 @@ class Kernels:
         out_f = weight.shape[0]
         y = torch.empty(rows, out_f, dtype=torch.float32)
         self._lib.linear_f32(
-            weight.data_ptr(), bias.data_ptr() if bias is not None else None, x.data_ptr(), y.data_ptr(),
-            out_f, in_f, rows, torch.get_num_threads(),
+            weight.data_ptr(),
+            bias.data_ptr() if bias is not None else None,
+            x.data_ptr(),
+            y.data_ptr(),
+            out_f,
+            in_f,
+            rows,
+            torch.get_num_threads(),
         )
         return y
 
@@ -102,20 +108,30 @@ class Kernels:
         dim = x.shape[-1]
         out = torch.empty_like(x)
         self._lib.rms_norm_f32(
-            x.data_ptr(), residual.data_ptr() if residual is not None else None, weight.data_ptr(),
-            out.data_ptr(), x.numel() // dim, dim, eps, torch.get_num_threads(),
+            x.data_ptr(),
+            residual.data_ptr() if residual is not None else None,
+            weight.data_ptr(),
+            out.data_ptr(),
+            x.numel() // dim,
+            dim,
+            eps,
+            torch.get_num_threads(),
         )
         return out
 
     def rope_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotary embedding in place: x [tokens, heads, dim]; cos, sin [tokens, dim]."""
         tokens, heads, dim = x.shape
-        self._lib.rope_f32(x.data_ptr(), cos.data_ptr(), sin.data_ptr(), tokens, heads, dim, torch.get_num_threads())
+        self._lib.rope_f32(
+            x.data_ptr(), cos.data_ptr(), sin.data_ptr(), tokens, heads, dim, torch.get_num_threads()
+        )
         return x
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(gate)
-        self._lib.silu_mul_f32(gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.numel(), torch.get_num_threads())
+        self._lib.silu_mul_f32(
+            gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.numel(), torch.get_num_threads()
+        )
         return out
 
     def decode_attention(
@@ -133,8 +149,21 @@ class Kernels:
         kv_heads, dv = v_pool.shape[1], v_pool.shape[2]
         out = torch.empty(batch, heads, dv, dtype=torch.float32)
         self._lib.decode_attention_f32(
-            q.data_ptr(), k_pool.data_ptr(), v_pool.data_ptr(), slots.data_ptr(), lens.data_ptr(), out.data_ptr(),
-            batch, heads, kv_heads, d, dv, slots.shape[1], scale, window or 0, torch.get_num_threads(),
+            q.data_ptr(),
+            k_pool.data_ptr(),
+            v_pool.data_ptr(),
+            slots.data_ptr(),
+            lens.data_ptr(),
+            out.data_ptr(),
+            batch,
+            heads,
+            kv_heads,
+            d,
+            dv,
+            slots.shape[1],
+            scale,
+            window or 0,
+            torch.get_num_threads(),
         )
         return out
 
