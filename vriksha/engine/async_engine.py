@@ -16,9 +16,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from vriksha.engine.config import EngineConfig
-from vriksha.engine.llm_engine import EngineStats, LLMEngine
+from vriksha.engine.llm_engine import LLMEngine
 from vriksha.engine.outputs import RequestOutput
 from vriksha.engine.sampling_params import SamplingParams
+from vriksha.engine.stats import EngineStats
 from vriksha.errors import VrikshaError
 
 logger = logging.getLogger(__name__)

@@ -8,9 +8,11 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from vriksha.engine.config import EngineConfig
-from vriksha.engine.llm_engine import EngineStats, LLMEngine, Prompt
+from vriksha.engine.llm_engine import LLMEngine
 from vriksha.engine.outputs import RequestOutput
 from vriksha.engine.sampling_params import SamplingParams
+from vriksha.engine.stats import EngineStats
+from vriksha.engine.validation import Prompt
 from vriksha.errors import InvalidRequestError
 
 

@@ -22,12 +22,12 @@ from vriksha.engine.request import Request
 from vriksha.engine.sampler import Sampler
 from vriksha.engine.sampling_params import SamplingParams
 from vriksha.engine.scheduler import Scheduler
-from vriksha.errors import InvalidRequestError, PromptTooLongError, VrikshaError
+from vriksha.engine.stats import EngineStats
+from vriksha.engine.validation import Prompt, check_request, tokenize_prompt
+from vriksha.errors import InvalidRequestError, VrikshaError
 from vriksha.profiling import phase
 
 logger = logging.getLogger(__name__)
-
-Prompt = str | list[int] | dict  # text, token ids, or {"prompt": ...} / {"prompt_token_ids": ...}
 
 _DEFAULT_CPU_KV_GB = 1.0
 _DEFAULT_ACCEL_KV_FRACTION = 0.4
@@ -35,27 +35,6 @@ _DEFAULT_ACCEL_KV_FRACTION = 0.4
 
 class EngineClosedError(VrikshaError):
     """The engine was closed (its model handed back); it takes no more requests."""
-
-
-@dataclass(slots=True)
-class EngineStats:
-    num_running: int
-    num_waiting: int
-    kv_used_tokens: int  # slots held by requests and locked cache nodes
-    kv_cached_tokens: int  # slots held by unlocked (evictable) prefix-cache nodes
-    kv_total_tokens: int
-    prompt_tokens: int  # prompt tokens of every admitted request so far
-    cached_prompt_tokens: int  # of those, served from the prefix cache
-    generation_tokens: int
-    num_retracted: int
-
-    @property
-    def kv_usage(self) -> float:
-        return self.kv_used_tokens / max(1, self.kv_total_tokens)
-
-    @property
-    def cache_hit_rate(self) -> float:
-        return self.cached_prompt_tokens / max(1, self.prompt_tokens)
 
 
 @dataclass(eq=False)
@@ -194,9 +173,9 @@ class LLMEngine:
                 "pass one of each per prompt"
             )
         params_list = [p or SamplingParams() for p in params_list]
-        tokenized = [self._tokenize(p) for p in prompts]
+        tokenized = [tokenize_prompt(self.tokenizer, p) for p in prompts]
         for (_, ids), p in zip(tokenized, params_list, strict=True):
-            self._validate(ids, p)
+            check_request(ids, p, self.vocab_size, self.max_model_len, self.allocator.capacity)
         given = [rid for rid in ids_list if rid is not None]
         taken = [rid for rid in given if rid in self._groups]
         if taken or len(set(given)) != len(given):
@@ -223,44 +202,6 @@ class LLMEngine:
             sequences.append(req)
             self.scheduler.add(req)
         self._groups[request_id] = _Group(request_id, text, ids, sequences, stream)
-
-    def _tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
-        if isinstance(prompt, dict):
-            if "prompt_token_ids" in prompt:
-                prompt = prompt["prompt_token_ids"]
-            elif "prompt" in prompt:
-                prompt = prompt["prompt"]
-            else:
-                raise InvalidRequestError("a prompt dict needs 'prompt' or 'prompt_token_ids'")
-        if isinstance(prompt, str):
-            if not prompt:
-                raise InvalidRequestError("the prompt is empty; send at least one token of text")
-            return prompt, self.tokenizer.encode(prompt, add_special_tokens=False)
-        if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
-            return None, list(prompt)
-        raise InvalidRequestError(
-            f"a prompt must be a string, a list of token ids or a dict with 'prompt_token_ids', got "
-            f"{type(prompt).__name__}"
-        )
-
-    def _validate(self, ids: list[int], params: SamplingParams) -> None:
-        params.validate()
-        if not ids:
-            raise InvalidRequestError("the prompt is empty; send at least one token")
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary [0, {self.vocab_size})")
-        if len(ids) >= self.max_model_len:
-            raise PromptTooLongError(
-                f"the prompt has {len(ids)} tokens but the model's context is {self.max_model_len} tokens; "
-                "shorten the prompt"
-            )
-        need = min(len(ids) + params.max_tokens, self.max_model_len)
-        if need > self.allocator.capacity:
-            raise InvalidRequestError(
-                f"the request needs {need} KV slots (prompt {len(ids)} + max_tokens {params.max_tokens}) but the "
-                f"KV pool holds {self.allocator.capacity}; raise kv_cache_memory_gb or lower max_tokens"
-            )
 
     @property
     def request_ids(self) -> list[str]:

@@ -5,9 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, runtime_checkable
 
-from vriksha.engine.llm_engine import EngineStats, Prompt
 from vriksha.engine.outputs import RequestOutput
 from vriksha.engine.sampling_params import SamplingParams
+from vriksha.engine.stats import EngineStats
+from vriksha.engine.validation import Prompt
 
 
 @runtime_checkable

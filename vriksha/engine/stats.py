@@ -1,0 +1,26 @@
+"""What the engine reports of itself: running and waiting requests, KV use, token counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_used_tokens: int  # slots held by requests and locked cache nodes
+    kv_cached_tokens: int  # slots held by unlocked (evictable) prefix-cache nodes
+    kv_total_tokens: int
+    prompt_tokens: int  # prompt tokens of every admitted request so far
+    cached_prompt_tokens: int  # of those, served from the prefix cache
+    generation_tokens: int
+    num_retracted: int
+
+    @property
+    def kv_usage(self) -> float:
+        return self.kv_used_tokens / max(1, self.kv_total_tokens)
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.cached_prompt_tokens / max(1, self.prompt_tokens)
