@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn.functional as F
 
+import vriksha.device as devices
 from vriksha.cache import cache_dir
 from vriksha.engine.installation import ModuleInstallation
 from vriksha.engine.native import Kernels
@@ -161,7 +162,7 @@ class FastLinear:
         self.native = native
         self.active = False
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-        if not linears or linears[0].weight.device.type != "cpu":
+        if not linears or not devices.is_host(linears[0].weight.device):
             return
         plan = self._plan(linears)
         for linear in linears:

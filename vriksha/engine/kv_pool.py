@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+import vriksha.device as devices
 from vriksha.engine.kv_layout import KVLayout
 from vriksha.errors import ConfigError
 
@@ -14,13 +15,13 @@ class SlotAllocator:
     Slot 0 is reserved as a scratch slot (padding writes land there), so usable slots are 1..num_slots-1.
     """
 
-    def __init__(self, num_slots: int, device: torch.device | str = "cpu") -> None:
+    def __init__(self, num_slots: int, device: torch.device | str | None = None) -> None:
         if num_slots < 2:
             raise ConfigError(
                 f"the KV pool needs at least 2 slots, got {num_slots}; raise the KV memory budget"
             )
         self.num_slots = num_slots
-        self.device = torch.device(device)
+        self.device = devices.resolve_or_host(device)
         self._free = torch.arange(1, num_slots, dtype=torch.int64, device=self.device)
         self._num_free = num_slots - 1
 
@@ -61,13 +62,13 @@ class KVPool:
     place by slot index; each layer shaped as its `LayerKV` says."""
 
     def __init__(
-        self, layout: KVLayout, num_slots: int, dtype: torch.dtype, device: torch.device | str = "cpu"
+        self, layout: KVLayout, num_slots: int, dtype: torch.dtype, device: torch.device | str | None = None
     ) -> None:
         self.layout = layout
         self.num_layers = layout.num_layers
         self.num_slots = num_slots
         self.dtype = dtype
-        self.device = torch.device(device)
+        self.device = devices.resolve_or_host(device)
         self.k = [
             torch.zeros((num_slots, x.kv_heads, x.k_dim), dtype=dtype, device=self.device)
             for x in layout.layers
@@ -90,8 +91,10 @@ class KVPool:
 class ReqToTokenTable:
     """Row per running request: the KV slot of each of its tokens, in order."""
 
-    def __init__(self, max_requests: int, max_context: int, device: torch.device | str = "cpu") -> None:
-        self.table = torch.zeros((max_requests, max_context), dtype=torch.int64, device=device)
+    def __init__(self, max_requests: int, max_context: int, device: torch.device | str | None = None) -> None:
+        self.table = torch.zeros(
+            (max_requests, max_context), dtype=torch.int64, device=devices.resolve_or_host(device)
+        )
         self._free_rows = list(range(max_requests - 1, -1, -1))
 
     @property

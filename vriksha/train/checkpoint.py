@@ -29,6 +29,7 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+import vriksha.device as devices
 from vriksha.errors import VrikshaError
 from vriksha.profiling import phase
 from vriksha.train.checkpoint_manifest import atomic_write_text, read_manifest, verify, write_manifest
@@ -46,8 +47,9 @@ class CheckpointError(VrikshaError):
 
 def _rng_state() -> dict[str, Any]:
     state = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
+    accelerator = devices.accelerator_rng_state()
+    if accelerator is not None:
+        state["accelerator"] = accelerator
     return state
 
 
@@ -55,8 +57,7 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+    devices.set_accelerator_rng_state(state.get("accelerator"))
 
 
 def _barrier() -> None:

@@ -16,6 +16,7 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor
 
+import vriksha.device as devices
 from vriksha.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -118,17 +119,12 @@ def init_distributed(
 
     The defaults put every rank on `dp_shard` (plain FSDP2), as a 1-D mesh would.
     """
-    want_cuda = device.startswith("cuda") if device else torch.cuda.is_available()
-    backend = "nccl" if want_cuda else "gloo"
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if want_cuda:
-        dev = torch.device("cuda", local_rank)
-        torch.cuda.set_device(dev)
-    else:
-        dev = torch.device("cpu")
+    dev = devices.local_device(local_rank, device)
+    backend = devices.collective_backend(dev)
     if not dist.is_initialized():
         if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-            dist.init_process_group(backend=backend, device_id=dev if want_cuda else None)
+            dist.init_process_group(backend=backend, device_id=None if devices.is_host(dev) else dev)
         else:
             dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -164,7 +160,7 @@ def all_reduce(values: list[float], op: str = "sum", device: torch.device | None
     """All-reduce a list of floats (float64) across ranks; a no-op in a group of one."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return list(values)
-    dev = device if device is not None and dist.get_backend() == "nccl" else torch.device("cpu")
+    dev = devices.collective_device(device) if device is not None else devices.host()
     t = torch.tensor(values, dtype=torch.float64, device=dev)
     dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op])
     return t.tolist()
