@@ -12,6 +12,7 @@ from vriksha.engine.protocol import EngineProtocol
 from vriksha.server.admission import Admission
 from vriksha.server.auth import APIKeyMiddleware
 from vriksha.server.config import ServerConfig
+from vriksha.server.drain import Drain
 from vriksha.server.engine_client import EngineClient
 from vriksha.server.errors import install_error_handlers
 from vriksha.server.metrics import ServerMetrics
@@ -36,6 +37,7 @@ def create_app(engine: EngineProtocol, config: ServerConfig | None = None) -> Fa
         metrics=metrics,
         client=EngineClient(engine, metrics, admission),
         profiler=ServerProfiler(config.profile_dir),
+        drain=Drain(admission, config.shutdown_timeout_s),
     )
 
     @asynccontextmanager

@@ -55,8 +55,12 @@ def register(subparsers: Any) -> None:
         "--shutdown-timeout",
         type=float,
         default=30.0,
-        help="on SIGTERM, seconds in-flight requests may run before they are aborted (default: 30)",
+        help="on SIGTERM, seconds in-flight requests may run before they are answered with 503 (or an error "
+        "event in a stream) and aborted; meanwhile /health says draining (default: 30)",
     )
+    from vriksha.net import FrontConfig, add_flags
+
+    add_flags(p, FrontConfig, "HTTP front (connection limits)")
     EngineConfig.add_arguments(p)
     from vriksha.profiling import add_profile_args
 
@@ -72,18 +76,21 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def handler(args: argparse.Namespace) -> int:
-    import uvicorn
-
     from vriksha.engine.async_engine import AsyncEngine
     from vriksha.engine.llm_engine import LLMEngine
+    from vriksha.net import FrontConfig, from_args, front_config
     from vriksha.server.app import create_app
     from vriksha.server.config import ServerConfig
-    from vriksha.server.shutdown import GracefulServer
+    from vriksha.server.shutdown import CUT_GRACE_S, GracefulServer
 
     if args.max_waiting < 0:
         raise ConfigError(f"--max-waiting must be >= 0, got {args.max_waiting}")
     if not 0 <= args.port < 65536:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
+    if not args.shutdown_timeout >= 0:
+        raise ConfigError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
+    front = from_args(FrontConfig, args)
+    front.validate()
     config = ServerConfig(
         served_model_names=list(args.served_model_name or []),
         api_key=args.api_key or None,
@@ -91,6 +98,7 @@ def handler(args: argparse.Namespace) -> int:
         max_waiting=args.max_waiting,
         profile_dir=args.profile_dir,
         shutdown_timeout_s=args.shutdown_timeout,
+        front=front,
     )
     from vriksha.profiling import ProfileConfig, StepProfiler
 
@@ -102,20 +110,18 @@ def handler(args: argparse.Namespace) -> int:
     app = create_app(engine, config)
     state = app.state.vriksha
 
-    def drain() -> None:
-        state.admission.draining = True
-
     level = logging.getLogger().getEffectiveLevel()
-    uv_config = uvicorn.Config(
+    uv_config = front_config(
         app,
-        host=args.host,
-        port=args.port,
+        args.host,
+        args.port,
+        front,
         log_level=max(level, logging.INFO) if level <= logging.INFO else level,
         access_log=level <= logging.DEBUG,
-        timeout_graceful_shutdown=max(1, int(round(args.shutdown_timeout))),
+        timeout_graceful_shutdown=int(CUT_GRACE_S),
         lifespan="on",
     )
-    server = GracefulServer(uv_config, on_signal=drain)
+    server = GracefulServer(uv_config, front, state.drain, lambda: state.admission.in_flight)
     try:
         server.run()
     finally:

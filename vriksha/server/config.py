@@ -1,9 +1,12 @@
-"""What the server needs to know besides the engine: names, auth, admission bound, profiling, shutdown."""
+"""What the server needs to know besides the engine: names, auth, admission bound, profiling, shutdown, and
+the HTTP front's connection limits."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from vriksha.net import FrontConfig
 
 
 @dataclass(slots=True)
@@ -19,3 +22,5 @@ class ServerConfig:
     profile_dir: Path = field(default_factory=lambda: Path("profiles"))
     # on SIGTERM: how long in-flight requests may run before they are aborted
     shutdown_timeout_s: float = 30.0
+    # connections, deadlines, body and header caps, descriptor limit, log rate (`--max-connections`, ...)
+    front: FrontConfig = field(default_factory=FrontConfig)

@@ -76,9 +76,9 @@ async def generate(req: GenerateRequest, request: Request, state: StateDep) -> R
         for s in streams:
             await s.aclose()
         raise
-    await unless_disconnected(request, start_all(streams))
+    await unless_disconnected(request, start_all(streams), state.drain)
     if req.stream:
-        return sse_response(_stream(streams[0], req.return_text), streams)
+        return sse_response(_stream(streams[0], req.return_text), streams, state.drain)
 
     async def finals() -> list[RequestOutput]:
         result: list[RequestOutput | None] = [None] * len(streams)
@@ -86,7 +86,7 @@ async def generate(req: GenerateRequest, request: Request, state: StateDep) -> R
             result[i] = out
         return [r for r in result if r is not None]
 
-    outs = await unless_disconnected(request, finals())
+    outs = await unless_disconnected(request, finals(), state.drain)
     bodies = [_response(o, req.return_text).model_dump() for o in outs]
     return JSONResponse(bodies if batch else bodies[0])
 
@@ -118,8 +118,12 @@ async def _stream(stream: RequestStream, with_text: bool) -> AsyncIterator[bytes
 
 @router.get("/health")
 async def health(state: StateDep) -> Response:
-    if state.admission.draining:
-        return JSONResponse({"status": "shutting_down"}, status_code=503)
+    if state.drain.draining:
+        body = {"status": "draining", "in_flight": state.admission.in_flight}
+        remaining = state.drain.remaining_s()
+        if remaining is not None:
+            body["drain_remaining_s"] = round(remaining, 1)
+        return JSONResponse(body, status_code=503)
     return JSONResponse({"status": "ok", "model": state.model_name})
 
 

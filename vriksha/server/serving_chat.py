@@ -58,13 +58,13 @@ async def create_chat_completion(
         params = chat_params(req, len(prompt_ids), state.max_model_len)
     stream = state.client.open(prompt_ids, params, "chat")
     try:
-        await unless_disconnected(request, stream.start())
+        await unless_disconnected(request, stream.start(), state.drain)
     except BaseException:
         await stream.aclose()
         raise
     if req.stream:
-        return sse_response(_stream(req, state, model, stream), [stream])
-    final = await unless_disconnected(request, stream.final())
+        return sse_response(_stream(req, state, model, stream), [stream], state.drain)
+    final = await unless_disconnected(request, stream.final(), state.drain)
     choices = [
         ChatChoice(
             index=c.index,

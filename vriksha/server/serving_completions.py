@@ -42,10 +42,10 @@ async def create_completion(req: CompletionRequest, state: ServerState, request:
         for s in streams:
             await s.aclose()
         raise
-    await unless_disconnected(request, start_all(streams))
+    await unless_disconnected(request, start_all(streams), state.drain)
     if req.stream:
-        return sse_response(_stream(req, state, model, streams), streams)
-    finals = await unless_disconnected(request, _finals(streams))
+        return sse_response(_stream(req, state, model, streams), streams, state.drain)
+    finals = await unless_disconnected(request, _finals(streams), state.drain)
     return JSONResponse(_response(req, state, model, finals).model_dump())
 
 

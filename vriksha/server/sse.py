@@ -12,7 +12,8 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from vriksha.profiling import phase
-from vriksha.server.errors import ClientDisconnected, error_body
+from vriksha.server.drain import Drain
+from vriksha.server.errors import ClientDisconnected, ServerError, error_body
 
 T = TypeVar("T")
 
@@ -25,8 +26,12 @@ def event(obj: dict[str, Any]) -> bytes:
         return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
 
 
-def error_event(message: str, type_: str = "server_error") -> bytes:
-    return event(error_body(message, type_))
+def error_event(message: str, type_: str = "server_error", code: str | None = None) -> bytes:
+    return event(error_body(message, type_, code))
+
+
+def server_error_event(exc: ServerError) -> bytes:
+    return error_event(str(exc), exc.type, exc.code)
 
 
 class SSEResponse(StreamingResponse):
@@ -48,11 +53,40 @@ class SSEResponse(StreamingResponse):
             await asyncio.shield(self._on_close())
 
 
-def sse_response(body: AsyncIterator[bytes], streams: Sequence[Any]) -> SSEResponse:
+def sse_response(
+    body: AsyncIterator[bytes], streams: Sequence[Any], drain: Drain | None = None
+) -> SSEResponse:
     async def close() -> None:
         await asyncio.gather(*(s.aclose() for s in streams), return_exceptions=True)
 
-    return SSEResponse(body, close)
+    return SSEResponse(body if drain is None else until_drained(body, drain), close)
+
+
+async def until_drained(body: AsyncIterator[bytes], drain: Drain) -> AsyncIterator[bytes]:
+    """`body`'s events until the drain deadline; then (the rest cut) an error event and `[DONE]`."""
+    expired = asyncio.ensure_future(drain.expired.wait())
+    try:
+        while True:
+            step = asyncio.ensure_future(body.__anext__())
+            await asyncio.wait({step, expired}, return_when=asyncio.FIRST_COMPLETED)
+            if step.done():
+                try:
+                    chunk = step.result()
+                except StopAsyncIteration:
+                    return
+                yield chunk
+                continue
+            step.cancel()
+            await asyncio.gather(step, return_exceptions=True)
+            yield server_error_event(drain.error())
+            yield DONE
+            return
+    finally:
+        expired.cancel()
+        await asyncio.gather(expired, return_exceptions=True)
+        aclose = getattr(body, "aclose", None)
+        if aclose is not None:
+            await asyncio.gather(aclose(), return_exceptions=True)
 
 
 async def _wait_disconnect(request: Request) -> None:
@@ -62,21 +96,27 @@ async def _wait_disconnect(request: Request) -> None:
             return
 
 
-async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
-    """Await `work`, cancelling it (and so aborting its engine requests) as soon as the client disconnects."""
+async def unless_disconnected(request: Request, work: Awaitable[T], drain: Drain | None = None) -> T:
+    """Await `work`, cancelling it (and so aborting its engine requests) as soon as the client disconnects, or
+    the drain deadline passes (then a 503 `ShuttingDownError`)."""
     task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_disconnect(request))
+    watchers = [asyncio.ensure_future(_wait_disconnect(request))]
+    if drain is not None:
+        watchers.append(asyncio.ensure_future(drain.expired.wait()))
     try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait({task, *watchers}, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:
-        task.cancel()
-        watcher.cancel()
-        await asyncio.gather(task, watcher, return_exceptions=True)
+        for t in (task, *watchers):
+            t.cancel()
+        await asyncio.gather(task, *watchers, return_exceptions=True)
         raise
+    for w in watchers:
+        w.cancel()
+    await asyncio.gather(*watchers, return_exceptions=True)
     if task in done:
-        watcher.cancel()
-        await asyncio.gather(watcher, return_exceptions=True)
         return task.result()
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
+    if drain is not None and drain.expired.is_set():
+        raise drain.error()
     raise ClientDisconnected("client disconnected; request aborted")

@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from vriksha.engine.protocol import EngineProtocol
 from vriksha.server.admission import Admission
 from vriksha.server.config import ServerConfig
+from vriksha.server.drain import Drain
 from vriksha.server.engine_client import EngineClient
 from vriksha.server.errors import ModelNotFoundError
 from vriksha.server.logprobs import TokenText
@@ -25,6 +26,7 @@ class ServerState:
     metrics: ServerMetrics
     client: EngineClient
     profiler: ServerProfiler
+    drain: Drain
     _text_of: TokenText | None = None
 
     @property
