@@ -46,6 +46,7 @@ from vriksha.envs.protocol import (
     request_id,
 )
 from vriksha.envs.sessions import Dispatcher, SessionManager
+from vriksha.net import FrontConfig
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ class ServerConfig:
     mcp: bool = True
     openenv: bool = True
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    # connections, deadlines, body and header caps, descriptor limit, log rate (`--max-connections`, ...)
+    front: FrontConfig = field(default_factory=FrontConfig)
 
 
 def resolve_env_class(env: str | type[Environment]) -> type[Environment]:
@@ -375,20 +378,25 @@ async def _heartbeat(websocket: WebSocket, every_s: float) -> None:
 # ---------------------------------------------------------------- running it
 
 
-def uvicorn_config(app: Any, host: str, port: int, log_level: str = "warning") -> Any:
-    """A uvicorn config with the fastest protocol implementations installed here."""
+def uvicorn_config(
+    app: Any, host: str, port: int, log_level: str = "warning", front: FrontConfig | None = None
+) -> Any:
+    """A uvicorn config behind the HTTP front's limits (`front`, default the app's config's), with the fastest
+    protocol implementations installed here."""
     import importlib.util
 
-    import uvicorn
+    from vriksha.net import front_config
 
-    http = "httptools" if importlib.util.find_spec("httptools") else "h11"
+    if front is None:
+        config = getattr(getattr(app, "state", None), "config", None)
+        front = config.front if isinstance(config, ServerConfig) else FrontConfig()
     loop = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
-    return uvicorn.Config(
+    return front_config(
         app,
-        host=host,
-        port=port,
+        host,
+        port,
+        front,
         ws="websockets-sansio",  # measured faster here than the legacy `websockets` implementation
-        http=http,
         loop=loop,
         log_level=log_level,
         access_log=False,
@@ -400,11 +408,11 @@ def serve(
     env: str | type[Environment], config: ServerConfig | None = None, log_level: str = "warning"
 ) -> None:
     """Serve an environment until interrupted (what `vriksha env serve` runs)."""
-    import uvicorn
+    from vriksha.net import FrontServer
 
     config = config or ServerConfig()
     app = create_app(env, config)
-    uvicorn.Server(uvicorn_config(app, config.host, config.port, log_level)).run()
+    FrontServer(uvicorn_config(app, config.host, config.port, log_level, config.front), config.front).run()
 
 
 class ServerThread:

@@ -71,12 +71,16 @@ def register_serve(subparsers: Any) -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="keyword argument for the environment's constructor (VALUE parsed as JSON when it can be)",
     )
+    from vriksha.net import FrontConfig, add_flags
+
+    add_flags(p, FrontConfig, "HTTP front (connection limits)")
     p.set_defaults(func=run_serve)
     return p
 
 
 def run_serve(args: argparse.Namespace) -> int:
     from vriksha.envs.server import ServerConfig, resolve_env_class, serve
+    from vriksha.net import FrontConfig, from_args
 
     for name, value, low in (
         ("--max-sessions", args.max_sessions, 1),
@@ -88,6 +92,8 @@ def run_serve(args: argparse.Namespace) -> int:
             raise ConfigError(f"{name} must be at least {low}, got {value}")
     if not 0 <= args.port < 65536:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
+    front = from_args(FrontConfig, args)
+    front.validate()
     env_cls = resolve_env_class(args.name)
     config = ServerConfig(
         host=args.host,
@@ -100,6 +106,7 @@ def run_serve(args: argparse.Namespace) -> int:
         mcp=not args.no_mcp,
         openenv=not args.no_openenv,
         env_kwargs=dict(args.env_arg),
+        front=front,
     )
     try:  # fail now, with the constructor's message, on a bad --env-arg
         env_cls(**config.env_kwargs).close()
