@@ -31,7 +31,10 @@ def build_tiny_model(out: Path) -> Path:
 
     tok = embedded_tokenizer()
     model = tiny_llama(
-        tok, max_position_embeddings=TINY_MAX_MODEL_LEN, bos_token_id=tok.bos_token_id, tie_word_embeddings=True
+        tok,
+        max_position_embeddings=TINY_MAX_MODEL_LEN,
+        bos_token_id=tok.bos_token_id,
+        tie_word_embeddings=True,
     )
     return save_model_dir(model, tok, out)
 

@@ -11,6 +11,7 @@ import pytest
 
 KEY = "sk-test-key"
 MODEL = "tiny"
+MAX_BODY = 65536
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +28,8 @@ def server(server_factory, tiny_model_dir):
             "1",
             "--max-waiting",
             "1",
+            "--max-body-bytes",
+            str(MAX_BODY),
         ],
         api_key=KEY,
     )
@@ -136,6 +139,107 @@ CASES = [
         None,
     ),
     ("unknown model", "/v1/completions", {**COMPLETION, "model": "gpt-17"}, 404, "gpt-17", "model"),
+    # numbers: finite floats only, integers in range, the same n cap on every endpoint
+    (
+        "NaN temperature",
+        "/v1/completions",
+        b'{"model": "tiny", "prompt": "Hello", "max_tokens": 2, "temperature": NaN}',
+        400,
+        "finite",
+        "temperature",
+    ),
+    (
+        "Infinity temperature",
+        "/v1/chat/completions",
+        b'{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": Infinity}',
+        400,
+        "finite",
+        "temperature",
+    ),
+    (
+        "NaN top_p on /generate",
+        "/generate",
+        b'{"input_ids": [1, 2], "sampling_params": {"top_p": NaN, "max_tokens": 2}}',
+        400,
+        "finite",
+        "sampling_params.top_p",
+    ),
+    ("seed over 64 bits", "/v1/completions", {**COMPLETION, "seed": 2**70}, 400, "at most", "seed"),
+    ("chat seed over 64 bits", "/v1/chat/completions", {**CHAT, "seed": 2**70}, 400, "at most", "seed"),
+    (
+        "/generate seed over 64 bits",
+        "/generate",
+        {"input_ids": [1, 2], "sampling_params": {"seed": 2**70, "max_tokens": 2}},
+        400,
+        "at most",
+        "sampling_params.seed",
+    ),
+    (
+        "/generate n over the cap",
+        "/generate",
+        {"input_ids": [1, 2], "sampling_params": {"n": 129, "max_tokens": 1}},
+        400,
+        "at most 128",
+        "sampling_params.n",
+    ),
+    # text that is not valid Unicode: 400 naming where
+    (
+        "unpaired surrogate in prompt",
+        "/v1/completions",
+        b'{"model": "tiny", "prompt": "Hi \\ud800 there", "max_tokens": 2}',
+        400,
+        "not valid Unicode",
+        "prompt",
+    ),
+    (
+        "unpaired surrogate in a message",
+        "/v1/chat/completions",
+        b'{"model": "tiny", "messages": [{"role": "user", "content": "x\\udc00"}], "max_tokens": 2}',
+        400,
+        "U+DC00",
+        "messages[0].content",
+    ),
+    (
+        "unpaired surrogate in /generate text",
+        "/generate",
+        b'{"text": "a\\ud83d", "sampling_params": {"max_tokens": 2}}',
+        400,
+        "not valid Unicode",
+        "text",
+    ),
+    (
+        "unpaired surrogate in a stop string",
+        "/v1/completions",
+        b'{"model": "tiny", "prompt": "Hello", "max_tokens": 2, "stop": ["ok", "\\udfff"]}',
+        400,
+        "not valid Unicode",
+        "stop[1]",
+    ),
+    # max_tokens over the context: refused on every endpoint, never clipped
+    (
+        "max_tokens over the context",
+        "/v1/completions",
+        {**COMPLETION, "max_tokens": 100_000},
+        400,
+        "maximum context length",
+        "max_tokens",
+    ),
+    (
+        "chat max_tokens over the context",
+        "/v1/chat/completions",
+        {**CHAT, "max_tokens": 100_000},
+        400,
+        "maximum context length",
+        "max_tokens",
+    ),
+    (
+        "/generate max_tokens over the context",
+        "/generate",
+        {"input_ids": [1, 2], "sampling_params": {"max_new_tokens": 100_000}},
+        400,
+        "maximum context length",
+        "max_tokens",
+    ),
     ("unknown chat model", "/v1/chat/completions", {**CHAT, "model": "nope"}, 404, "does not exist", "model"),
 ]
 
@@ -188,6 +292,39 @@ def test_oversize_prompt_names_the_limit(server):
     long_chat = {**CHAT, "messages": [{"role": "user", "content": "word " * (limit + 10)}]}
     r = post(server, "/v1/chat/completions", long_chat)
     assert r.status_code == 400 and str(limit) in error_of(r)["message"], r.text
+    ok_request(server)
+
+
+def test_context_errors_have_their_code_on_every_endpoint(server):
+    for path, body in (
+        ("/v1/completions", {**COMPLETION, "max_tokens": 5000}),
+        ("/v1/chat/completions", {**CHAT, "max_completion_tokens": 5000}),
+        ("/generate", {"input_ids": [1, 2, 3], "sampling_params": {"max_tokens": 5000}}),
+    ):
+        err = error_of(post(server, path, body))
+        assert err["code"] == "context_length_exceeded" and "lower max_tokens to at most" in err["message"], (
+            err
+        )
+
+
+def test_request_body_over_the_cap_gets_413_naming_it(server):
+    big = {**COMPLETION, "prompt": "x" * (MAX_BODY + 10)}
+    r = post(server, "/v1/completions", big)
+    assert r.status_code == 413, r.text
+    err = error_of(r)
+    assert str(MAX_BODY) in err["message"] and err["code"] == "request_too_large", err
+
+    def chunks():  # no Content-Length: the cap is counted as the body arrives
+        for _ in range(MAX_BODY // 1024 + 2):
+            yield b" " * 1024
+
+    r = httpx.post(
+        f"{server.base_url}/v1/completions",
+        content=chunks(),
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+        timeout=60,
+    )
+    assert r.status_code == 413 and str(MAX_BODY) in error_of(r)["message"], r.text
     ok_request(server)
 
 

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from vriksha.envs.core import EnvError, EpisodeStateError, InvalidActionError, ToolError
 from vriksha.errors import VrikshaError
+from vriksha.net.fields import ValidText
 
 try:
     import orjson
@@ -173,20 +174,20 @@ class _Msg(BaseModel):
 RequestId = str | int
 
 
-class ResetRequest(_Msg):
+class ResetRequest(ValidText, _Msg):
     id: RequestId | None = None
     op: Literal["reset"] = "reset"
     seed: int | None = Field(default=None, ge=0, lt=_U64, description="same seed, same episode")
     options: dict[str, Any] | None = Field(default=None, description='e.g. {"split": "test"}')
 
 
-class StepRequest(_Msg):
+class StepRequest(ValidText, _Msg):
     id: RequestId | None = None
     op: Literal["step"] = "step"
     action: dict[str, Any] = Field(description="validated against the environment's action schema")
 
 
-class CallToolRequest(_Msg):
+class CallToolRequest(ValidText, _Msg):
     id: RequestId | None = None
     op: Literal["call_tool"] = "call_tool"
     name: str
@@ -237,16 +238,16 @@ class SessionInfo(_Msg):
     idle_timeout_s: float
 
 
-class HttpResetBody(_Msg):
+class HttpResetBody(ValidText, _Msg):
     seed: int | None = Field(default=None, ge=0, lt=_U64)
     options: dict[str, Any] | None = None
 
 
-class HttpStepBody(_Msg):
+class HttpStepBody(ValidText, _Msg):
     action: dict[str, Any]
 
 
-class HttpToolBody(_Msg):
+class HttpToolBody(ValidText, _Msg):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 

@@ -13,6 +13,7 @@ from vriksha.engine.outputs import RequestOutput
 from vriksha.engine.protocol import EngineProtocol
 from vriksha.engine.sampling_params import SamplingParams
 from vriksha.server.admission import Admission
+from vriksha.server.context import check_context, prompt_length
 from vriksha.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
@@ -27,7 +28,9 @@ class EngineClient:
     def open(
         self, prompt: str | list[int], params: SamplingParams, endpoint: str, request_id: str | None = None
     ) -> RequestStream:
-        """Admit a request (503 when the waiting queue is full) and return its not-yet-started stream."""
+        """Check the request against the context (400 when prompt + max_tokens do not fit), admit it (503 when
+        the waiting queue is full) and return its not-yet-started stream."""
+        check_context(prompt_length(self.engine.tokenizer, prompt), params, int(self.engine.max_model_len))
         self.admission.admit()
         return RequestStream(self, prompt, params, endpoint, request_id or uuid.uuid4().hex)
 

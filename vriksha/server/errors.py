@@ -108,6 +108,9 @@ def to_response(exc: Exception) -> JSONResponse:
     return error_response(500, f"internal server error: {type(exc).__name__}: {exc}", "server_error")
 
 
+_BOUNDS = {"le": "at most", "ge": "at least", "lt": "less than", "gt": "greater than"}
+
+
 def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
     parts: list[str] = []
     first_param: str | None = None
@@ -124,6 +127,8 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
                 "send a JSON object with Content-Type: application/json",
                 None,
             )
+        if kind == "invalid_unicode":  # from net.fields: the message names the path, e.g. messages[0].content
+            return str(err.get("msg")), str(err.get("ctx", {}).get("where", field))
         if kind == "extra_forbidden":
             parts.append(f"unrecognized request argument supplied: {field}")
         elif kind == "missing":
@@ -132,7 +137,14 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
             got = json.dumps(err.get("input"), default=str)
             if len(got) > 80:
                 got = got[:77] + "..."
-            parts.append(f"invalid type or value for {field}: {err.get('msg', 'invalid')} (got {got})")
+            ctx = err.get("ctx") or {}
+            bound = next((f"{_BOUNDS[k]} {ctx[k]}" for k in _BOUNDS if k in ctx), None)
+            if bound is not None:
+                parts.append(f"invalid value for {field}: must be {bound}, got {got}")
+            elif kind == "finite_number":
+                parts.append(f"invalid value for {field}: must be a finite number, got {got}")
+            else:
+                parts.append(f"invalid type or value for {field}: {err.get('msg', 'invalid')} (got {got})")
     # unions produce duplicates; keep order, drop repeats
     seen: dict[str, None] = dict.fromkeys(parts)
     return "; ".join(seen) or "invalid request body", first_param

@@ -8,13 +8,19 @@ send them through `extra_body`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from vriksha.net.fields import FiniteFloat, Int32, Seed, TokenId, WireModel
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+MAX_N = 128  # OpenAI's bound on choices per request, on every endpoint
+
+N = Annotated[int, Field(ge=1, le=MAX_N)]
+
+
+class Strict(WireModel):
+    """Unknown fields refused, no coercion, every string valid Unicode, numbers finite and in range."""
 
 
 class StreamOptions(Strict):
@@ -25,39 +31,39 @@ class StreamOptions(Strict):
 class EngineExtras(Strict):
     """Sampling extensions beyond OpenAI's, named as in vLLM's server."""
 
-    top_k: int | None = None
-    min_p: float | None = None
-    min_tokens: int | None = None
+    top_k: Int32 | None = None
+    min_p: FiniteFloat | None = None
+    min_tokens: Int32 | None = None
     ignore_eos: bool | None = None
-    stop_token_ids: list[int] | None = None
+    stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
-    repetition_penalty: float | None = None  # accepted for compatibility; only 1.0 is supported
+    repetition_penalty: FiniteFloat | None = None  # accepted for compatibility; only 1.0 is supported
 
 
 class OpenAISampling(EngineExtras):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
     model: str
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logit_bias: dict[str, int] | None = None
-    max_tokens: int | None = None
-    n: int | None = None
-    seed: int | None = None
+    frequency_penalty: FiniteFloat | None = None
+    presence_penalty: FiniteFloat | None = None
+    logit_bias: dict[str, Int32] | None = None
+    max_tokens: Int32 | None = None
+    n: N | None = None
+    seed: Seed | None = None
     stop: str | list[str] | None = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    temperature: float | None = None
-    top_p: float | None = None
+    temperature: FiniteFloat | None = None
+    top_p: FiniteFloat | None = None
     user: str | None = None
 
 
 class CompletionRequest(OpenAISampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    best_of: int | None = None
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
+    best_of: Int32 | None = None
     echo: bool | None = False
-    logprobs: int | None = None
+    logprobs: Int32 | None = None
     suffix: str | None = None
 
 
@@ -77,8 +83,8 @@ class ChatCompletionRequest(OpenAISampling):
     function_call: str | dict[str, Any] | None = None
     functions: list[dict[str, Any]] | None = None
     logprobs: bool | None = False
-    top_logprobs: int | None = None
-    max_completion_tokens: int | None = None
+    top_logprobs: Int32 | None = None
+    max_completion_tokens: Int32 | None = None
     metadata: dict[str, str] | None = None
     modalities: list[str] | None = None
     moderation: dict[str, Any] | None = None
@@ -104,20 +110,20 @@ class ChatCompletionRequest(OpenAISampling):
 class NativeSamplingParams(EngineExtras):
     """`sampling_params` of the native /generate: the engine's `SamplingParams` fields."""
 
-    n: int = 1
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    max_tokens: int | None = None
-    max_new_tokens: int | None = None  # SGLang's name for max_tokens
+    n: N = 1
+    temperature: FiniteFloat = 1.0
+    top_p: FiniteFloat = 1.0
+    seed: Seed | None = None
+    max_tokens: Int32 | None = None
+    max_new_tokens: Int32 | None = None  # SGLang's name for max_tokens
     stop: str | list[str] | None = None
-    logprobs: int | None = None
+    logprobs: Int32 | None = None
 
 
 class GenerateRequest(Strict):
     """Native generation on token ids: no chat template, no retokenisation."""
 
-    input_ids: list[int] | list[list[int]] | None = None
+    input_ids: list[TokenId] | list[list[TokenId]] | None = None
     text: str | None = None
     sampling_params: NativeSamplingParams = Field(default_factory=NativeSamplingParams)
     stream: bool = False

@@ -18,7 +18,6 @@ from vriksha.server.protocol import (
 logger = logging.getLogger(__name__)
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-MAX_N = 128  # OpenAI's bound on choices per request
 
 
 def _extras(req: EngineExtras) -> dict[str, Any]:
@@ -50,10 +49,6 @@ def _openai_common(req: OpenAISampling) -> dict[str, Any]:
     if ignored:
         logger.debug("ignoring unimplemented parameters %s", ignored)
     out = _extras(req)
-    if req.n is not None and req.n > MAX_N:
-        raise BadRequestError(
-            f"n={req.n} is too large; ask for at most {MAX_N} choices per request", param="n"
-        )
     if req.n is not None:
         out["n"] = req.n
     if req.temperature is not None:
