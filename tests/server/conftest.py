@@ -9,7 +9,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -47,7 +47,13 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 class ServerProcess:
     """`python -m vriksha.cli serve ...` on 127.0.0.1:<free port>, its log in a file."""
 
-    def __init__(self, args: list[str], log_path: Path, api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        args: list[str],
+        log_path: Path,
+        api_key: str | None = None,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> None:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
@@ -69,7 +75,9 @@ class ServerProcess:
         if api_key:
             cmd += ["--api-key", api_key]
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
+        self.proc = subprocess.Popen(
+            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO), preexec_fn=preexec_fn
+        )
         self._wait_ready()
 
     def log_tail(self, n: int = 4000) -> str:
@@ -131,9 +139,11 @@ class ServerProcess:
 def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     started: list[ServerProcess] = []
 
-    def make(args: list[str], api_key: str | None = None) -> ServerProcess:
+    def make(
+        args: list[str], api_key: str | None = None, preexec_fn: Callable[[], None] | None = None
+    ) -> ServerProcess:
         log = tmp_path_factory.mktemp("server-log") / "server.log"
-        s = ServerProcess(args, log, api_key)
+        s = ServerProcess(args, log, api_key, preexec_fn)
         started.append(s)
         return s
 

@@ -3,6 +3,7 @@ shutdown timeout, and exits 0."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -48,8 +49,6 @@ def test_sigterm_drains_then_exits_zero(server_factory, tiny_model_dir):
             str(tiny_model_dir),
             "--kv-cache-memory-gb",
             "0.05",
-            "--kv-cache-memory-gb",
-            "0.05",
             "--served-model-name",
             MODEL,
             "--shutdown-timeout",
@@ -57,6 +56,7 @@ def test_sigterm_drains_then_exits_zero(server_factory, tiny_model_dir):
         ]
     )
     results: dict[str, list[str]] = {}
+    cut: dict[str, httpx.Response] = {}
 
     def stream(name: str, max_tokens: int) -> None:
         body = {
@@ -78,24 +78,38 @@ def test_sigterm_drains_then_exits_zero(server_factory, tiny_model_dir):
             lines.append(f"error: {type(exc).__name__}")
         results[name] = lines
 
-    started = {"short": threading.Event(), "long": threading.Event()}
+    def whole(name: str, path: str, body: dict) -> None:
+        started[name].set()
+        try:
+            cut[name] = httpx.post(f"{server.base_url}{path}", json=body, timeout=60)
+        except httpx.HTTPError as exc:
+            results[name] = [f"error: {type(exc).__name__}"]
+
+    long_body = {"model": MODEL, "prompt": "Hello", "max_tokens": 2000, "ignore_eos": True}
+    started = {n: threading.Event() for n in ("short", "long", "whole", "native")}
     threads = [
         threading.Thread(target=stream, args=("short", 24)),
         threading.Thread(target=stream, args=("long", 2000)),  # far longer than the timeout
+        threading.Thread(target=whole, args=("whole", "/v1/completions", long_body)),
+        threading.Thread(
+            target=whole,
+            args=("native", "/generate", {"input_ids": [1, 2, 3], "sampling_params": {"max_tokens": 2000}}),
+        ),
     ]
     for t in threads:
         t.start()
     assert all(e.wait(60) for e in started.values()), server.log_tail()
+    time.sleep(0.5)  # the non-streamed requests are in the engine
     t0 = time.monotonic()
     server.proc.send_signal(signal.SIGTERM)
     time.sleep(0.5)
-    with pytest.raises(httpx.HTTPError):  # stopped accepting: refused, or 503 while draining
-        r = httpx.post(
-            f"{server.base_url}/v1/completions",
-            json={"model": MODEL, "prompt": "x", "max_tokens": 1},
-            timeout=5,
-        )
-        r.raise_for_status()
+    health = httpx.get(f"{server.base_url}/health", timeout=5)  # still listening, and says it drains
+    assert health.status_code == 503 and health.json()["status"] == "draining", health.text
+    assert health.json()["in_flight"] >= 1, health.text
+    r = httpx.post(
+        f"{server.base_url}/v1/completions", json={"model": MODEL, "prompt": "x", "max_tokens": 1}, timeout=5
+    )
+    assert r.status_code == 503 and r.json()["error"]["code"] == "server_shutting_down", r.text
     code = server.proc.wait(timeout=60)
     elapsed = time.monotonic() - t0
     for t in threads:
@@ -103,4 +117,15 @@ def test_sigterm_drains_then_exits_zero(server_factory, tiny_model_dir):
     assert code == 0, server.log_tail()
     assert elapsed < 20, f"shutdown took {elapsed:.1f} s with a 2 s timeout"
     assert results["short"][-1] == "data: [DONE]", results["short"][-3:]
-    assert results["long"][-1] != "data: [DONE]"  # cut off at the timeout
+    # cut at the timeout: an error event, then [DONE]
+    long_tail = results["long"][-2:]
+    assert long_tail[-1] == "data: [DONE]", results["long"][-3:]
+    event = json.loads(long_tail[0].removeprefix("data: "))
+    assert event["error"]["code"] == "server_shutting_down", event
+    # cut non-streamed requests: the documented JSON 503
+    for name in ("whole", "native"):
+        assert name in cut, results.get(name)
+        r = cut[name]
+        assert r.status_code == 503 and r.headers["content-type"] == "application/json", (name, r.text)
+        assert r.json()["error"]["code"] == "server_shutting_down", r.text
+        assert "Retry-After" in r.headers
