@@ -47,3 +47,18 @@ def test_defaults_leave_the_engine_its_own_defaults():
         ["/health", "/metrics"],
     )
     assert parse(["--auth-exempt"]).auth_exempt == []
+
+
+def test_front_limits_are_flags_of_serve_built_from_front_config():
+    from vriksha.net import FrontConfig, flag_name, from_args
+
+    args = parse(["--max-connections", "9", "--header-timeout", "3", "--max-body-bytes", "1000"])
+    front = from_args(FrontConfig, args)
+    assert (front.max_connections, front.header_timeout_s, front.max_body_bytes) == (9, 3.0, 1000)
+    assert from_args(FrontConfig, parse([])) == FrontConfig()
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    serve = parser._subparsers._group_actions[0].choices["serve"]  # noqa: SLF001
+    help_text = serve.format_help()
+    for f in fields(FrontConfig):
+        assert flag_name(f.name) in help_text
