@@ -65,6 +65,7 @@ def sse_response(
 async def until_drained(body: AsyncIterator[bytes], drain: Drain) -> AsyncIterator[bytes]:
     """`body`'s events until the drain deadline; then (the rest cut) an error event and `[DONE]`."""
     expired = asyncio.ensure_future(drain.expired.wait())
+    step: asyncio.Future[bytes] | None = None
     try:
         while True:
             step = asyncio.ensure_future(body.__anext__())
@@ -81,9 +82,11 @@ async def until_drained(body: AsyncIterator[bytes], drain: Drain) -> AsyncIterat
             yield server_error_event(drain.error())
             yield DONE
             return
-    finally:
-        expired.cancel()
-        await asyncio.gather(expired, return_exceptions=True)
+    finally:  # also when the client disconnects: the pending step is cancelled inside `body`, which aborts
+        for task in (expired, step):
+            if task is not None and not task.done():
+                task.cancel()
+        await asyncio.gather(*(t for t in (expired, step) if t is not None), return_exceptions=True)
         aclose = getattr(body, "aclose", None)
         if aclose is not None:
             await asyncio.gather(aclose(), return_exceptions=True)
