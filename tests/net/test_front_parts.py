@@ -54,6 +54,10 @@ def test_repeat_filter_bounds_a_flood_and_reports_what_it_dropped():
     assert sum(passed) == 3
     other = logger.makeRecord(logger.name, logging.ERROR, __file__, 1, "another message", (), None)
     assert filt.filter(other)  # a different message has its own budget
+    progress = logging.getLogger("vriksha.train").makeRecord(
+        "vriksha.train", logging.INFO, "", 1, "step %d", (1,), None
+    )
+    assert all(filt.filter(progress) for _ in range(20))  # the application's info lines are not limited
     time.sleep(0.25)
     late = record(1001)
     assert filt.filter(late) and "997 more like this" in str(late.msg)

@@ -45,8 +45,9 @@ class FrontConfig:
     )
     log_repeat_limit: int = option(
         5,
-        "log at most N messages of one kind (same logger and text) per --log-repeat-window; the rest are "
-        "counted and reported once the window ends",
+        "log at most N messages of one kind (same logger and text) per --log-repeat-window: warnings and "
+        "errors, and every message of the connection loggers; the rest are counted and reported once the "
+        "window ends",
         metavar="N",
     )
     log_repeat_window_s: float = option(60.0, "the window of --log-repeat-limit, in seconds", metavar="S")

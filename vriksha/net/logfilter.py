@@ -8,11 +8,14 @@ import threading
 import time
 
 _MAX_KEYS = 4096
+# loggers whose every level is rate-limited: what clients can make them say is unbounded
+_CONNECTION_LOGGERS = ("vriksha.net", "uvicorn", "asyncio")
 
 
 class RepeatFilter(logging.Filter):
     """Pass at most `limit` records of one kind (logger, level, message template) per `window_s`; the first
-    record of the next window says how many were dropped."""
+    record of the next window says how many were dropped. Applies to warnings and errors of every logger, and
+    to every level of the connection-handling loggers (the front's, uvicorn's, asyncio's)."""
 
     def __init__(self, limit: int, window_s: float) -> None:
         super().__init__()
@@ -24,6 +27,8 @@ class RepeatFilter(logging.Filter):
         ] = {}  # key -> [window start, count, dropped]
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING and not record.name.startswith(_CONNECTION_LOGGERS):
+            return True  # the application's own progress lines are not connection noise
         key = (record.name, record.levelno, str(record.msg))
         now = time.monotonic()
         with self._lock:
