@@ -71,5 +71,7 @@ def test_body_over_the_cap_is_413_and_numbers_and_text_are_checked(base):
         assert r.status_code == 400, r.text
         r = httpx.post(f"{base}/v1/sessions/{sid}/reset", json={"seed": 2**63 - 1}, timeout=5)
         assert r.status_code == 200, r.text
+        r = httpx.post(f"{base}/reset", json={"seed": 2**70}, timeout=5)  # OpenEnv's one-shot reset
+        assert r.status_code == 422 and "seed must be an integer" in r.text, r.text
     finally:
         httpx.delete(f"{base}/v1/sessions/{sid}", timeout=5)

@@ -23,8 +23,16 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse
 
 from vriksha.envs.core import Environment, StepResult
-from vriksha.envs.protocol import ErrorCode, SessionCapacityError, dumps, error_from_exception, loads
+from vriksha.envs.protocol import (
+    ErrorCode,
+    ProtocolError,
+    SessionCapacityError,
+    dumps,
+    error_from_exception,
+    loads,
+)
 from vriksha.envs.sessions import Session, SessionManager
+from vriksha.net.fields import INT64_MAX
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +59,17 @@ def to_openenv(result: StepResult) -> dict[str, Any]:
     }
 
 
+def _seed(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT64_MAX:
+        raise ProtocolError(f"seed must be an integer in [0, 2**63 - 1] or null, got {value!r:.40}")
+    return value
+
+
 def _reset_args(data: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]:
     data = dict(data or {})
-    seed = data.pop("seed", None)
+    seed = _seed(data.pop("seed", None))
     data.pop("episode_id", None)  # vriksha makes its own episode ids
     options = data.pop("options", None) or {}
     options.update(data)
@@ -196,8 +212,7 @@ def register_openenv_routes(app: FastAPI, manager: SessionManager, env_cls: type
             return _http_error(exc)
 
     def _reset_then_step(env: Environment, body: dict[str, Any]) -> dict[str, Any]:
-        seed = body.get("seed")
-        env.reset(seed if isinstance(seed, int) else None, None)
+        env.reset(_seed(body.get("seed")), None)
         return _step(env, body.get("action"))
 
     @app.post("/step")
