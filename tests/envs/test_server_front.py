@@ -56,22 +56,26 @@ def test_a_websocket_session_outlives_the_header_deadline(base):
 
 
 def test_body_over_the_cap_is_413_and_numbers_and_text_are_checked(base):
-    sid = httpx.post(f"{base}/v1/sessions", timeout=5).json()["session_id"]
+    created = httpx.post(f"{base}/v1/sessions", timeout=5).json()
+    sid = created["session_id"]
+    owner = {"X-Vriksha-Resume-Token": created["resume_token"]}
     try:
-        r = httpx.post(f"{base}/v1/sessions/{sid}/step", json={"action": {"text": "9" * 5000}}, timeout=5)
+        r = httpx.post(
+            f"{base}/v1/sessions/{sid}/step", json={"action": {"text": "9" * 5000}}, headers=owner, timeout=5
+        )
         assert r.status_code == 413 and "2000 bytes" in r.json()["error"]["message"], r.text
-        r = httpx.post(f"{base}/v1/sessions/{sid}/reset", json={"seed": 2**70}, timeout=5)
+        r = httpx.post(f"{base}/v1/sessions/{sid}/reset", json={"seed": 2**70}, headers=owner, timeout=5)
         assert r.status_code == 400 and "seed" in r.text, r.text
         r = httpx.post(
             f"{base}/v1/sessions/{sid}/reset",
             content=b'{"seed": 1, "options": {"split": "\\ud800"}}',
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **owner},
             timeout=5,
         )
         assert r.status_code == 400, r.text
-        r = httpx.post(f"{base}/v1/sessions/{sid}/reset", json={"seed": 2**63 - 1}, timeout=5)
+        r = httpx.post(f"{base}/v1/sessions/{sid}/reset", json={"seed": 2**63 - 1}, headers=owner, timeout=5)
         assert r.status_code == 200, r.text
         r = httpx.post(f"{base}/reset", json={"seed": 2**70}, timeout=5)  # OpenEnv's one-shot reset
-        assert r.status_code == 422 and "seed must be an integer" in r.text, r.text
+        assert r.status_code == 422 and "must be an integer from 0 to 2**64 - 1" in r.text, r.text
     finally:
-        httpx.delete(f"{base}/v1/sessions/{sid}", timeout=5)
+        httpx.delete(f"{base}/v1/sessions/{sid}", headers=owner, timeout=5)

@@ -32,7 +32,6 @@ from vriksha.envs.protocol import (
     loads,
 )
 from vriksha.envs.sessions import Session, SessionManager
-from vriksha.net.fields import INT64_MAX
 
 logger = logging.getLogger(__name__)
 
@@ -62,8 +61,8 @@ def to_openenv(result: StepResult) -> dict[str, Any]:
 def _seed(value: Any) -> int | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= INT64_MAX:
-        raise ProtocolError(f"seed must be an integer in [0, 2**63 - 1] or null, got {value!r:.40}")
+    if type(value) is not int or not 0 <= value < 2**64:  # as the session protocol's seeds
+        raise ProtocolError(f"'seed' must be an integer from 0 to 2**64 - 1 or null, got {value!r:.60}")
     return value
 
 
