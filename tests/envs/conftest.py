@@ -21,12 +21,7 @@ class CountdownEnv(Environment):
     def _step(self, action):
         score = Criterion("exact", lambda ep, a: a.strip() == "x" * ep)(self._target, action.text)
         done = score.success
-        return StepResult(
-            observation=Observation(text="" if done else "try again"),
-            reward=score.total,
-            terminated=done,
-            info=score.info(),
-        )
+        return score.result(Observation(text="" if done else "try again"), terminated=done)
 
     def tools(self):
         return [

@@ -39,13 +39,13 @@ def test_arithmetic_levels_and_rewards():
         answer = env._problem.answer
         assert str(answer) not in r.observation.text.replace(env._problem.expression, "")
         s = env.step({"text": f"Let me think.\nAnswer: {answer}"})
-        assert s.terminated and s.reward == pytest.approx(1.0) and s.info["success"]
+        assert s.terminated and s.reward == pytest.approx(1.0) and s.success
         env.reset(seed=level, options={"level": level})
         s = env.step({"text": f"it is {answer}"})  # right, free text: no format bonus
-        assert s.reward == pytest.approx(0.9) and s.info["reward_components"]["format"] == 0.0
+        assert s.reward == pytest.approx(0.9) and s.components["format"] == 0.0
         env.reset(seed=level, options={"level": level})
         s = env.step({"text": f"Answer: {answer + 1}"})  # wrong, well formatted: nothing
-        assert s.reward == 0.0 and not s.info["success"]
+        assert s.reward == 0.0 and not s.success
 
 
 def test_arithmetic_level4_has_two_digit_mixed_operations():
@@ -78,12 +78,12 @@ def test_python_functions_hidden_tests_in_sandbox(monkeypatch):
     assert env.state.num_hidden_tests == 8
     good = "```python\ndef running_sum(xs):\n    out = []\n    for x in xs:\n        out.append(x + (out[-1] if out else 0))\n    return out\n```"
     s = env.step({"text": good})
-    assert s.reward == 1.0 and s.info["success"] and s.info["tests"] == {"passed": 8, "total": 8}
+    assert s.reward == 1.0 and s.success and s.info["tests"] == {"passed": 8, "total": 8}
     assert s.info["sandbox"]["network_isolated"]
     env.reset(seed=5)
     half = "def running_sum(xs):\n    return [sum(xs[:i+1]) for i in range(len(xs))] if len(xs) % 2 else []\n"
     s = env.step({"text": half})
-    assert 0 < s.reward < 1 and s.reward == s.info["tests"]["passed"] / 8 and not s.info["success"]
+    assert 0 < s.reward < 1 and s.reward == s.info["tests"]["passed"] / 8 and not s.success
     env.reset(seed=5)
     always_equal = "```python\nclass A(list):\n    def __eq__(s, o): return True\ndef running_sum(xs):\n    return A()\n```"
     assert env.step({"text": always_equal}).reward == 0.0
@@ -122,7 +122,7 @@ def test_calculator_tool_is_safe_arithmetic():
 def test_calculator_tools_multi_turn():
     env = make_env("calculator_tools")
     r = env.reset(seed=1)
-    assert r.observation.tools[0].name == "calculator" and r.observation.metadata["stop"] == ["</calculator>"]
+    assert r.observation.tools[0].name == "calculator" and r.observation.stop.strings == ["</calculator>"]
     answer = env._episode.problem.answer
     s = env.step({"text": "First <calculator>48*60</calculator>"})
     assert not s.done and s.observation.text == "Calculator result: 2880" and env.state.tool_calls == 1
@@ -130,14 +130,14 @@ def test_calculator_tools_multi_turn():
     s = env.step({"tool": "calculator", "arguments": {"expression": "2880 - 7"}})
     assert s.observation.text == "Calculator result: 2873"
     s = env.step({"text": f"Answer: {answer}"})
-    assert s.terminated and s.reward == pytest.approx(1.0) and s.info["success"]
-    assert s.info["reward_components"]["used_calculator"] == 1.0
+    assert s.terminated and s.reward == pytest.approx(1.0) and s.success
+    assert s.components["used_calculator"] == 1.0
     # the right answer without the tool scores nothing
     env.reset(seed=1)
     s = env.step({"text": f"Answer: {answer}"})
-    assert s.reward == 0.0 and not s.info["success"]
+    assert s.reward == 0.0 and not s.success
     # calling forever hits the turn limit
     env.reset(seed=1)
     for _ in range(env.max_turns):
         s = env.step({"tool": "calculator", "arguments": {"expression": "1+1"}})
-    assert s.truncated and s.reward == 0.0 and s.info["success"] is False
+    assert s.truncated and s.reward == 0.0 and s.success is False

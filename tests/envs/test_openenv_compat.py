@@ -34,7 +34,8 @@ class ShoutEnv(Environment):
         return StepResult(
             observation=Observation(text=action.text.upper()),
             reward=0.5,
-            info={"reward_components": {"loud": 0.5}, "success": True},
+            components={"loud": 0.5},
+            success=True,
         )
 
     def tools(self) -> list[Tool]:

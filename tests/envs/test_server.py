@@ -393,7 +393,7 @@ def test_cli_serves_arithmetic_in_a_subprocess():
         first = s.ask(1, "reset", seed=11)["result"]["observation"]["text"]
         assert first and s.ask(2, "reset", seed=11)["result"]["observation"]["text"] == first
         scored = s.ask(3, "step", action={"text": "the answer is 0"})["result"]
-        assert 0.0 <= scored["reward"] <= 1.0 and "reward_components" in scored["info"]
+        assert 0.0 <= scored["reward"] <= 1.0 and "correct" in scored["components"]
         assert scored["terminated"] is True
         s.close()
     finally:

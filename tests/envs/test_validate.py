@@ -40,7 +40,8 @@ class _Base(Environment):
             observation=Observation(),
             reward=float(ok),
             terminated=True,
-            info={"reward_components": {"ok": float(ok)}, "success": ok},
+            components={"ok": float(ok)},
+            success=ok,
         )
 
     def _validation_ground_truth(self):
@@ -64,7 +65,8 @@ class Generous(_Base):
             observation=Observation(),
             reward=1.0 if action.text else 0.0,
             terminated=True,
-            info={"reward_components": {"nonempty": 1.0}, "success": True},
+            components={"nonempty": 1.0},
+            success=True,
         )
 
 

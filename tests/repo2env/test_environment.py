@@ -44,15 +44,15 @@ def test_untouched_workspace_scores_zero_and_oracle_one_in_the_sandbox(tiny_data
     env.reset(seed=0, options={"task_id": tid})
     res = env.step({"tool": "submit"})
     assert res.terminated and res.reward == 0.0
-    assert res.info["reward_components"]["resolved"] == 0.0
-    assert res.info["reward_components"]["fail_to_pass"] == 0.0
-    assert res.info["reward_components"]["pass_to_pass"] == 1.0
+    assert res.components["resolved"] == 0.0
+    assert res.components["fail_to_pass"] == 0.0
+    assert res.components["pass_to_pass"] == 1.0
     env.reset(seed=0, options={"task_id": tid})
     for rel, data in task.solution.items():
         env.step({"tool": "write_file", "arguments": {"path": rel, "content": data.decode()}})
     res = env.step({"tool": "submit"})
-    assert res.reward == 1.0 and res.info["success"] is True
-    assert res.info["reward_components"] == {"fail_to_pass": 1.0, "pass_to_pass": 1.0, "resolved": 1.0}
+    assert res.reward == 1.0 and res.success is True
+    assert res.components == {"fail_to_pass": 1.0, "pass_to_pass": 1.0, "resolved": 1.0}
     env.close()
 
 
@@ -97,7 +97,7 @@ def test_wrong_fix_is_not_resolved(tiny_dataset):
     )
     env.call_tool("write_file", {"path": rel, "content": text})
     res = env.step({"tool": "submit"})
-    assert res.reward == 0.0 and res.info["reward_components"]["resolved"] == 0.0
+    assert res.reward == 0.0 and res.components["resolved"] == 0.0
     env.close()
 
 

@@ -6,7 +6,7 @@ import pytest
 
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
 from vriksha.train.config import EnvConfig, RolloutConfig
-from vriksha.train.rollout import RolloutWorker, parse_tool_call
+from vriksha.train.rollout import RolloutWorker
 
 
 @pytest.fixture(scope="module")
@@ -23,6 +23,7 @@ class ScriptedLLM:
         self.tokenizer = tokenizer
         self.script = script
         self.requests = []
+        self.eos_token_ids = frozenset({tokenizer.eos_token_id})
 
     def generate(self, prompts, params, use_tqdm=False):
         outs = []
@@ -92,12 +93,3 @@ def test_multi_turn_tool_calls_keep_exact_token_history(tokenizer):
         assert tokenizer.decode(gen, skip_special_tokens=True) == "<calculator>6*7</calculator>Answer: 42"
         assert all(lp == 0.0 for lp, m in zip(e.engine_logprobs, e.loss_mask, strict=True) if m == 0)
         assert e.done
-
-
-def test_parse_tool_call():
-    assert parse_tool_call('x <tool_call>{"name": "calc", "arguments": {"e": "1+1"}}</tool_call>') == (
-        "calc",
-        {"e": "1+1"},
-    )
-    assert parse_tool_call("no call") is None
-    assert parse_tool_call("<tool_call>{not json}</tool_call>") is None

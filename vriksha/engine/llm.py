@@ -75,6 +75,11 @@ class LLM:
     def model(self) -> torch.nn.Module:
         return self.engine.model
 
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        """The ids that end a completion: the model's `generation_config` EOS ids and the tokenizer's."""
+        return self.engine.eos_token_ids
+
     def generate(
         self,
         prompts: Prompt | Sequence[Prompt],

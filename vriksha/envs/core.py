@@ -3,8 +3,11 @@
 Invariants (tested in `tests/envs/test_core.py` and checked by `vriksha env validate`):
 - the same seed (and options) gives the same episode;
 - observations, state and tool answers never carry ground truth: that stays in private attributes;
-- every scored step's `info` has `reward_components` ({name: float}) and `success` (bool);
-- `reward` is the train-time signal, `info["success"]` the eval-time one.
+- every scored step carries typed `components` ({name: float}) and `success` (bool) on its `StepResult`;
+- `reward` is the train-time signal, `success` the eval-time one;
+- what a driver needs to play a turn is typed on the `Observation`: `stop` (stop strings, stop token
+  ids, tokens per turn, the episode's turn limit) and `tool_results` (the tool calls this step answered).
+  `metadata` and `info` are free-form extras for people and logs; no driver reads a key of them.
 
 A subclass sets `name` (and `action_type` and friends when it needs other types) and implements
 `_reset(seed, options)` and `_step(action)`; the public `reset`/`step` do the bookkeeping:
@@ -37,6 +40,8 @@ __all__ = [
     "ToolCallAction",
     "ToolSpec",
     "Tool",
+    "StopConditions",
+    "ToolResult",
     "Observation",
     "StepResult",
     "State",
@@ -117,20 +122,46 @@ class ToolSpec(BaseModel):
     parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
 
 
+class StopConditions(BaseModel):
+    """When the model's next turn ends, as the environment asks (the driver adds its own caps)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    strings: list[str] = Field(default_factory=list, description="stop after any of these (kept in the turn)")
+    token_ids: list[int] = Field(default_factory=list, description="stop after any of these token ids")
+    max_tokens: int | None = Field(None, ge=1, description="tokens per turn at most")
+    max_turns: int | None = Field(None, ge=1, description="the episode's turn limit (set by `Environment`)")
+
+
+class ToolResult(BaseModel):
+    """One tool call the environment answered in this step (a failed call too: `error` is set)."""
+
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    output: str = ""
+    error: bool = False
+
+
 class Observation(BaseModel):
     """What the agent sees. Never ground truth."""
 
     text: str = ""
     messages: list[dict[str, Any]] | None = None
     tools: list[ToolSpec] = Field(default_factory=list)
+    stop: StopConditions = Field(default_factory=StopConditions)
+    tool_results: list[ToolResult] = Field(default_factory=list)
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
 class StepResult(BaseModel):
+    """An environment's answer to `reset` or `step`. A scored step sets `components` and `success`."""
+
     observation: Observation
     reward: float = 0.0
     terminated: bool = False
     truncated: bool = False
+    components: dict[str, float] = Field(default_factory=dict)
+    success: bool | None = None
     info: dict[str, Any] = Field(default_factory=dict)
 
     @property
@@ -245,6 +276,7 @@ class Environment(ABC):  # noqa: B024 (subclasses implement _reset/_step)
         result = out if isinstance(out, StepResult) else StepResult(observation=out)
         if not result.observation.tools:
             result.observation.tools = [t.spec() for t in self.tools()]
+        self._mark_turn_limit(result)
         return result
 
     def step(self, action: Action | dict[str, Any]) -> StepResult:
@@ -260,7 +292,12 @@ class Environment(ABC):  # noqa: B024 (subclasses implement _reset/_step)
         if not result.done and self._state.step_count >= self.max_turns:
             result.truncated = True
         self._state.done = result.done
+        self._mark_turn_limit(result)
         return result
+
+    def _mark_turn_limit(self, result: StepResult) -> None:
+        if result.observation.stop.max_turns is None:
+            result.observation.stop.max_turns = self.max_turns
 
     def parse_action(self, action: Action | dict[str, Any]) -> Action:
         """Validate a dict (or foreign Action) into `action_type`; errors name the problem."""

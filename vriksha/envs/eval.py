@@ -1,9 +1,9 @@
 """`vriksha env eval NAME --model M --episodes N`: run a model through episodes and score it.
 
-Episodes run in lock step: every turn, the prompts of all live episodes go to the engine as one
-batch (chat-shaped when the observation carries messages), each completion is stepped into its
-episode, and finished episodes drop out. Reports the mean reward (train signal), the success
-rate (eval signal) and the mean of every reward component.
+The episodes are played by `envs/play.py`, the loop the trainer's rollouts and held-out evaluation
+run too: every turn, the prompts of all live episodes go to the engine as one batch of token ids,
+each completion is one `EpisodeDriver.act`, and finished episodes drop out. Reports the mean reward
+(train signal), the success rate (eval signal) and the mean of every reward component.
 """
 
 from __future__ import annotations
@@ -14,8 +14,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from vriksha.envs.core import Environment, StepResult
+from vriksha.envs.core import Environment
+from vriksha.envs.episode import ActionShape
+from vriksha.envs.play import Played, Sampling, play_groups
 from vriksha.envs.registry import get_env_class
+from vriksha.envs.transcript import PromptFormat
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +34,19 @@ class EpisodeRecord:
     components: dict[str, float] = field(default_factory=dict)
     completions: list[str] = field(default_factory=list)
     truncated: bool = False
+
+    @classmethod
+    def from_played(cls, played: Played) -> EpisodeRecord:
+        o = played.outcome
+        return cls(
+            seed=played.seed,
+            reward=o.reward,
+            success=o.success,
+            turns=o.turns,
+            components=dict(o.components),
+            completions=list(o.completions),
+            truncated=o.truncated,
+        )
 
 
 @dataclass(slots=True)
@@ -54,13 +70,6 @@ class EvalResult:
         return d
 
 
-class _Live:
-    __slots__ = ("env", "record", "obs")
-
-    def __init__(self, env: Environment, record: EpisodeRecord, obs: StepResult):
-        self.env, self.record, self.obs = env, record, obs
-
-
 def evaluate(
     env_name: str | type[Environment],
     llm: Any,
@@ -75,73 +84,48 @@ def evaluate(
     on_step: Callable[[], None] | None = None,
     progress: bool = True,
     model_name: str | None = None,
+    max_turns: int | None = None,
+    prompt_format: PromptFormat | None = None,
 ) -> EvalResult:
-    """Evaluate `llm` (a `vriksha.LLM`) on `episodes` episodes seeded `seed, seed+1, ...`."""
-    from vriksha.engine.sampling_params import SamplingParams
+    """Evaluate `llm` (a `vriksha.LLM`) on `episodes` episodes seeded `seed, seed+1, ...`.
 
+    Each episode samples from its own seed; `max_turns` caps the environment's turn limit.
+    """
     cls = get_env_class(env_name) if isinstance(env_name, str) else env_name
-    if "text" not in cls.action_type.model_fields:
-        raise ValueError(f"{cls.name}: its actions have no `text` field, so a language model cannot drive it")
+    shape = ActionShape.of(cls.action_type)
+    if not (shape.takes_text or shape.takes_tool):
+        raise ValueError(
+            f"{cls.name}: its actions take neither `text` nor a `tool` call, so a language model cannot drive it"
+        )
     started = time.monotonic()
-    options = {"split": split, **(reset_options or {})}
-    live: list[_Live] = []
-    records: list[EpisodeRecord] = []
-    for i in range(episodes):
-        env = cls(**(env_kwargs or {}))
-        rec = EpisodeRecord(seed=seed + i)
-        live.append(_Live(env, rec, env.reset(seed=seed + i, options=options)))
-        records.append(rec)
     bar = _progress(episodes, f"{cls.name}", enabled=progress)
-    tokens = 0
-    while live:
-        chat_items = [x for x in live if x.obs.observation.messages]
-        text_items = [x for x in live if not x.obs.observation.messages]
-        outputs: dict[int, str] = {}
-        for items, is_chat in ((chat_items, True), (text_items, False)):
-            if not items:
-                continue
-            params = [
-                SamplingParams(
-                    temperature=temperature,
-                    max_tokens=max_tokens,
-                    stop=x.obs.observation.metadata.get("stop") or None,
-                    seed=x.record.seed,
-                )
-                for x in items
-            ]
-            if is_chat:
-                outs = llm.chat([x.obs.observation.messages for x in items], params)
-            else:
-                outs = llm.generate([x.obs.observation.text for x in items], params, use_tqdm=False)
-            for x, out in zip(items, outs, strict=True):
-                comp = out.outputs[0]
-                text = comp.text
-                if isinstance(getattr(comp, "stop_reason", None), str) and not text.endswith(
-                    comp.stop_reason
-                ):
-                    text += comp.stop_reason  # the engine strips a matched stop string; the env asked for it
-                outputs[id(x)] = text
-                tokens += len(comp.token_ids)
-        still: list[_Live] = []
-        for x in live:
-            text = outputs[id(x)]
-            x.record.completions.append(text)
-            result = x.env.step({"text": text})
-            x.record.turns += 1
-            x.record.reward += result.reward
-            if result.done:
-                x.record.success = bool(result.info.get("success", False))
-                x.record.components = dict(result.info.get("reward_components", {}))
-                x.record.truncated = result.truncated
-                x.env.close()
-                bar.update(1)
-            else:
-                x.obs = result
-                still.append(x)
-        live = still
+
+    def on_turn(finished: list[Played]) -> None:
+        bar.update(len(finished))
         if on_step is not None:  # one profiler step per turn: generation plus the environment steps
             on_step()
+
+    seeds = [seed + i for i in range(episodes)]
+    groups = (
+        play_groups(
+            llm,
+            llm.tokenizer,
+            lambda: cls(**(env_kwargs or {})),
+            seeds,
+            options={"split": split, **(reset_options or {})},
+            sampling=Sampling(temperature=temperature, max_tokens=max_tokens, logprobs=False),
+            sampling_seeds=seeds,
+            max_turns=max_turns,
+            prompt_format=prompt_format,
+            on_turn=on_turn,
+        )
+        if episodes
+        else []
+    )
     bar.close()
+    played = [g[0] for g in groups]
+    records = [EpisodeRecord.from_played(p) for p in played]
+    tokens = sum(sum(p.transcript.loss_mask) for p in played)
     n = max(1, len(records))
     keys = sorted({k for r in records for k in r.components})
     return EvalResult(

@@ -9,7 +9,9 @@
   call; `/step` resets it first with the body's `seed`). Use `/v1/sessions` for real HTTP sessions.
 
 The vriksha `StepResult` maps to OpenEnv's shape with `done = terminated or truncated`; the
-vriksha-only fields (`terminated`, `truncated`, `info`) ride along in `data`.
+vriksha-only fields (`terminated`, `truncated`, `components`, `success`, `info`) ride along in
+`data`, and `from_openenv` reads them back. Every connection plays its episodes through an
+`EpisodeDriver`, the turn protocol the other paths share.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from fastapi import FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse
 
 from vriksha.envs.core import Environment, StepResult
+from vriksha.envs.episode import EpisodeDriver, answer_tool_call
 from vriksha.envs.protocol import (
     ErrorCode,
     ProtocolError,
@@ -54,6 +57,8 @@ def to_openenv(result: StepResult) -> dict[str, Any]:
         "done": result.terminated or result.truncated,
         "terminated": result.terminated,
         "truncated": result.truncated,
+        "components": result.components,
+        "success": result.success,
         "info": result.info,
     }
 
@@ -66,6 +71,19 @@ def _seed(value: Any) -> int | None:
     return value
 
 
+def from_openenv(data: dict[str, Any]) -> StepResult:
+    """The vriksha `StepResult` of an observation message's `data` (what `to_openenv` wrote)."""
+    return StepResult(
+        observation=data.get("observation") or {},
+        reward=float(data.get("reward") or 0.0),
+        terminated=bool(data.get("terminated", data.get("done", False))),
+        truncated=bool(data.get("truncated", False)),
+        components=data.get("components") or {},
+        success=data.get("success"),
+        info=data.get("info") or {},
+    )
+
+
 def _reset_args(data: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None]:
     data = dict(data or {})
     seed = _seed(data.pop("seed", None))
@@ -75,9 +93,9 @@ def _reset_args(data: dict[str, Any]) -> tuple[int | None, dict[str, Any] | None
     return seed, (options or None)
 
 
-def _action_dict(env: Environment, data: dict[str, Any]) -> dict[str, Any]:
+def _action_dict(driver: EpisodeDriver, data: dict[str, Any]) -> dict[str, Any]:
     """OpenEnv's typed actions carry `metadata`; drop it unless the vriksha action has that field."""
-    if "metadata" in data and "metadata" not in env.action_type.model_fields:
+    if "metadata" in data and not driver.shape.accepts("metadata"):
         data = {k: v for k, v in data.items() if k != "metadata"}
     return data
 
@@ -89,10 +107,13 @@ def _tool_step(env: Environment, data: dict[str, Any]) -> dict[str, Any]:
         ]
         return {"observation": {"tools": tools, "metadata": {}}, "reward": None, "done": False}
     name = data.get("tool_name", "")
-    try:
-        result, error = env.call_tool(name, data.get("arguments") or {}), None
-    except Exception as exc:
-        result, error = None, {"error_type": "execution_error", "message": str(exc)}
+    answered = answer_tool_call(env, name, data.get("arguments") or {})
+    result, error = answered.output, None
+    if answered.error:
+        result, error = (
+            None,
+            {"error_type": "execution_error", "message": answered.output.removeprefix("error: ")},
+        )
     return {
         "observation": {"tool_name": name, "result": result, "error": error, "metadata": {}},
         "reward": None,
@@ -100,17 +121,25 @@ def _tool_step(env: Environment, data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _step(env: Environment, data: Any) -> dict[str, Any]:
+def _driver(env: Environment, drivers: dict[int, EpisodeDriver]) -> EpisodeDriver:
+    """The connection's driver of `env` (one per environment instance)."""
+    if id(env) not in drivers:
+        drivers[id(env)] = EpisodeDriver(env)
+    return drivers[id(env)]
+
+
+def _step(env: Environment, data: Any, drivers: dict[int, EpisodeDriver]) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ValueError("step 'data' must be a JSON object (the action)")
-    if data.get("type") in ("list_tools", "call_tool") and "type" not in env.action_type.model_fields:
+    driver = _driver(env, drivers)
+    if data.get("type") in ("list_tools", "call_tool") and not driver.shape.accepts("type"):
         return _tool_step(env, data)
-    return to_openenv(env.step(_action_dict(env, data)))
+    return to_openenv(driver.step(_action_dict(driver, data)))
 
 
-def _reset(env: Environment, data: Any) -> dict[str, Any]:
+def _reset(env: Environment, data: Any, drivers: dict[int, EpisodeDriver]) -> dict[str, Any]:
     seed, options = _reset_args(data if isinstance(data, dict) else {})
-    return to_openenv(env.reset(seed, options))
+    return to_openenv(_driver(env, drivers).reset(seed, options))
 
 
 def _state(env: Environment) -> dict[str, Any]:
@@ -144,10 +173,11 @@ def register_openenv_routes(app: FastAPI, manager: SessionManager, env_cls: type
                 await websocket.close(code=1001)
 
         session.on_close = on_close
+        drivers: dict[int, EpisodeDriver] = {}
         try:
             while True:
                 raw = await websocket.receive_text()
-                reply = await _handle(session, raw)
+                reply = await _handle(session, raw, drivers)
                 if reply is None:
                     break
                 await websocket.send_text(reply)
@@ -158,7 +188,7 @@ def register_openenv_routes(app: FastAPI, manager: SessionManager, env_cls: type
             with contextlib.suppress(Exception):
                 await websocket.close()
 
-    async def _handle(session: Session, raw: str) -> str | None:
+    async def _handle(session: Session, raw: str, drivers: dict[int, EpisodeDriver]) -> str | None:
         try:
             msg = loads(raw)
         except Exception as exc:
@@ -169,11 +199,11 @@ def register_openenv_routes(app: FastAPI, manager: SessionManager, env_cls: type
         env = session.env
         try:
             if kind == "reset":
-                data = await manager.run(session, _reset, env, msg.get("data") or {})
+                data = await manager.run(session, _reset, env, msg.get("data") or {}, drivers)
                 return dumps({"type": "observation", "data": data})
             if kind == "step":
                 session.steps += 1
-                data = await manager.run(session, _step, env, msg.get("data"))
+                data = await manager.run(session, _step, env, msg.get("data"), drivers)
                 return dumps({"type": "observation", "data": data})
             if kind == "state":
                 return dumps({"type": "state", "data": await manager.run(session, _state, env)})
@@ -206,13 +236,14 @@ def register_openenv_routes(app: FastAPI, manager: SessionManager, env_cls: type
     @app.post("/reset")
     async def openenv_reset(request: Request) -> Any:
         try:
-            return await _oneshot(_reset, await _json(request))
+            return await _oneshot(_reset, await _json(request), {})
         except Exception as exc:
             return _http_error(exc)
 
     def _reset_then_step(env: Environment, body: dict[str, Any]) -> dict[str, Any]:
-        env.reset(_seed(body.get("seed")), None)
-        return _step(env, body.get("action"))
+        drivers = {}
+        _driver(env, drivers).reset(_seed(body.get("seed")), None)
+        return _step(env, body.get("action"), drivers)
 
     @app.post("/step")
     async def openenv_step(request: Request) -> Any:

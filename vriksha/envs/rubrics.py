@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vriksha.envs.core import phase
+from vriksha.envs.core import Observation, StepResult, phase
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +40,24 @@ class RubricScore:
     components: dict[str, float] = field(default_factory=dict)
     success: bool = False
 
-    def info(self) -> dict[str, Any]:
-        """The `StepResult.info` entries every scored step carries."""
-        return {"reward_components": dict(self.components), "success": bool(self.success)}
+    def result(
+        self,
+        observation: Observation,
+        *,
+        terminated: bool = True,
+        truncated: bool = False,
+        info: dict[str, Any] | None = None,
+    ) -> StepResult:
+        """The scored step: reward `total`, typed `components` and `success`."""
+        return StepResult(
+            observation=observation,
+            reward=self.total,
+            terminated=terminated,
+            truncated=truncated,
+            components=dict(self.components),
+            success=bool(self.success),
+            info=dict(info or {}),
+        )
 
 
 class Rubric(ABC):

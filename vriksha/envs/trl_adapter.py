@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from vriksha.envs.core import Environment, StepResult, Tool
+from vriksha.envs.episode import EpisodeDriver
 from vriksha.envs.registry import get_env_class
 
 logger = logging.getLogger(__name__)
@@ -97,8 +98,8 @@ def _value(result: StepResult, component: str | None) -> float:
     if component is None:
         return float(result.reward)
     if component == "success":
-        return float(bool(result.info.get("success")))
-    return float(result.info.get("reward_components", {}).get(component, 0.0))
+        return float(bool(result.success))
+    return float(result.components.get(component, 0.0))
 
 
 def make_reward_func(
@@ -134,9 +135,10 @@ def make_reward_func(
                 )
             env = holder.get("env") or holder.setdefault("env", cls(**(env_kwargs or {})))
             opts = {"split": splits[i], **json.loads(options[i] or "{}")}
-            env.reset(seed=int(seeds[i]), options=opts)
+            driver = EpisodeDriver(env, max_turns=1)  # the completion is the episode's one and final turn
+            driver.reset(seed=int(seeds[i]), options=opts)
             try:
-                result = env.step({"text": text})
+                result = driver.act(text)
             except Exception as exc:  # a reward function must not crash the trainer
                 logger.warning("%s: step failed (%s); reward 0", cls.name, exc)
                 out.append(0.0)
@@ -163,6 +165,7 @@ class VrikshaTRLEnv:
 
     def __init__(self) -> None:
         self._env = get_env_class(self.env_name)(**self.env_kwargs)
+        self._driver = EpisodeDriver(self._env)
         self._last: StepResult | None = None
         self._final: StepResult | None = None
 
@@ -170,24 +173,23 @@ class VrikshaTRLEnv:
         """Start the episode of this dataset row; returns the observation when the row had no prompt for it."""
         seed = kwargs.get("env_seed")
         opts = {"split": kwargs.get("env_split") or "train", **json.loads(kwargs.get("env_options") or "{}")}
-        self._last = self._env.reset(seed=None if seed is None else int(seed), options=opts)
+        self._last = self._driver.reset(seed=None if seed is None else int(seed), options=opts)
         self._final = None
         return None if seed is not None and "prompt" in kwargs else self._last.observation.text
 
     def _call(self, name: str, arguments: dict[str, Any]) -> str:
-        if self._final is not None:
+        if self._final is not None or self._driver.done:
             return "error: the episode has ended"
-        if "tool" in self._env.action_type.model_fields:  # tool calls are steps of the episode
-            result = self._env.step({"tool": name, "arguments": arguments})
-            if result.done:
-                self._final = result
-            return result.observation.text
-        return self._env.call_tool(name, arguments)
+        result = self._driver.tool(name, arguments)  # a step when the env's actions are tool calls
+        self._last = result
+        if result.done:
+            self._final = result
+        return result.observation.text
 
     def _finish(self, text: str) -> StepResult:
         """Score the rollout's final text (called by the reward function)."""
         if self._final is None:
-            self._final = self._env.step({"text": text})
+            self._final = self._last if self._driver.done else self._driver.act(text)
         return self._final
 
 

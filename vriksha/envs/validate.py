@@ -1,8 +1,9 @@
 """`vriksha env validate NAME`: check an environment against the contract's invariants.
 
 Checks: for an environment that runs untrusted code, the sandbox's self-test and the protections it
-lacks on this machine (first; an environment that cannot start stops there); schema round trip, determinism by seed, variety across seeds, disjoint splits, reward
-bounds and scored-step `info`, the adversarial floor (empty, garbage, overlong and exploiting
+lacks on this machine (first; an environment that cannot start stops there); schema round trip,
+determinism by seed, variety across seeds, disjoint splits, reward bounds and scored steps' typed
+`components`/`success`, the adversarial floor (empty, garbage, overlong and exploiting
 actions score 0), no ground truth reachable from observations, state or tools, invalid actions
 answered with `InvalidActionError` without breaking the episode, no steps after the end, and the
 async API agreeing with the sync one. A known-good answer (when the environment offers one) must
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vriksha.envs.core import Environment, EpisodeStateError, InvalidActionError, StepResult
+from vriksha.envs.episode import ActionShape, EpisodeDriver
 from vriksha.envs.registry import get_env_class
 from vriksha.envs.sandbox import sandbox_report, unsandboxed_allowed
 
@@ -90,21 +92,23 @@ def generic_adversarial_actions(observation_text: str, rng: random.Random) -> di
 def _run_actions(
     env: Environment, seed: int, options: dict, actions: list[dict[str, Any]]
 ) -> tuple[float, list[StepResult]]:
-    """Play `actions` (repeating the last) until the episode ends; return the summed reward."""
-    env.reset(seed=seed, options=options)
+    """Play `actions` (repeating the last) through the episode driver until the episode ends; return
+    the summed reward."""
+    driver = EpisodeDriver(env)
+    driver.reset(seed=seed, options=options)
     results: list[StepResult] = []
     i = 0
     while True:
         action = actions[min(i, len(actions) - 1)]
         try:
-            r = env.step(action)
+            r = driver.step(action)
         except InvalidActionError:
             return 0.0, results  # refused outright: scores nothing
         results.append(r)
         i += 1
-        if r.done or i > 64:
+        if driver.done or i > 64:
             break
-    return sum(r.reward for r in results), results
+    return driver.outcome.reward, results
 
 
 _BASE_STATE = {"episode_id", "step_count", "seed", "split", "done"}
@@ -120,7 +124,12 @@ def _visible(
     if result is not None:
         obs = result.observation
         text += [obs.text, *(str(m.get("content", "")) for m in obs.messages or [])]
-        structured += [json.dumps([t.model_dump() for t in obs.tools]), json.dumps(obs.metadata, default=str)]
+        text += [t.output for t in obs.tool_results]
+        structured += [
+            json.dumps([t.model_dump() for t in obs.tools]),
+            json.dumps(obs.metadata, default=str),
+            obs.stop.model_dump_json(),
+        ]
     if state is not None:
         public = {k: v for k, v in state.model_dump().items() if k not in _BASE_STATE}
         structured.append(json.dumps(public, default=str))
@@ -194,7 +203,7 @@ def validate_env(
                 return "State does not survive a JSON round trip"
             a = (
                 cls.action_type.model_validate({"text": "x"})
-                if "text" in cls.action_type.model_fields
+                if ActionShape.of(cls.action_type).takes_text
                 else None
             )
             if a is not None and cls.action_type.model_validate_json(a.model_dump_json()) != a:
@@ -214,8 +223,8 @@ def validate_env(
         for seed in range(2):
             ra = _run_actions(env, seed, {}, [{"text": "Answer: 7"}])[1]
             rb = _run_actions(twin, seed, {}, [{"text": "Answer: 7"}])[1]
-            strip = [(r.reward, r.terminated, r.truncated, r.info.get("reward_components")) for r in ra]
-            if strip != [(r.reward, r.terminated, r.truncated, r.info.get("reward_components")) for r in rb]:
+            strip = [(r.reward, r.terminated, r.truncated, r.components, r.success) for r in ra]
+            if strip != [(r.reward, r.terminated, r.truncated, r.components, r.success) for r in rb]:
                 return f"seed {seed}: the same action gave different rewards"
         return None
 
@@ -248,11 +257,12 @@ def validate_env(
                 return f"{what}: reward {r.reward} outside [{lo}, {hi}]"
         last = results[-1] if results else None
         if last is not None and last.done:
-            comps = last.info.get("reward_components")
-            if not isinstance(comps, dict) or not isinstance(last.info.get("success"), bool):
-                return f"{what}: the final step's info lacks reward_components/success"
-            if not all(isinstance(v, int | float) and math.isfinite(v) for v in comps.values()):
-                return f"{what}: non-finite component in {comps}"
+            if last.success is None:
+                return (
+                    f"{what}: the final step does not say whether it succeeded (set `success`, `components`)"
+                )
+            if not all(math.isfinite(v) for v in last.components.values()):
+                return f"{what}: non-finite component in {last.components}"
         return None
 
     def adversarial() -> str | None:
@@ -285,8 +295,8 @@ def validate_env(
             total, results = _run_actions(env, seed, {}, actions)
             if err := scored(results, "solution"):
                 return err
-            if not results or not results[-1].info.get("success") or not math.isclose(total, hi):
-                return f"seed {seed}: the known-good answer scored {total} (success={results[-1].info.get('success') if results else None})"
+            if not results or not results[-1].success or not math.isclose(total, hi):
+                return f"seed {seed}: the known-good answer scored {total} (success={results[-1].success if results else None})"
         return None
 
     def no_ground_truth() -> str | None:

@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import Field, model_validator
 
-from vriksha.envs.core import Action, Environment, Observation, StepResult, Tool, ToolError
+from vriksha.envs.core import Action, Environment, Observation, StepResult, Tool, ToolError, ToolResult
 from vriksha.envs.registry import register_env
 from vriksha.envs.rubrics import RubricScore
 from vriksha.profiling import phase
@@ -165,16 +165,15 @@ class RepoEnv(Environment):
                 f"pass-to-pass {len(verdict.p2p_passed)}/{len(verdict.p2p_passed) + len(verdict.p2p_failed)}"
                 + (", resolved" if verdict.resolved else ", not resolved")
             )
-            return StepResult(
-                observation=Observation(text=text), reward=score.total, terminated=True, info=score.info()
-            )
+            return score.result(Observation(text=text))
+        error = False
         try:
             text = self.call_tool(action.tool, action.arguments)
         except ToolError as exc:
-            text = f"error: {exc}"
-        return StepResult(
-            observation=Observation(text=text), info={"reward_components": {}, "success": False}
-        )
+            text, error = f"error: {exc}", True
+        called = ToolResult(name=action.tool, arguments=dict(action.arguments), output=text, error=error)
+        # a tool step is unscored; should the turn limit end the episode here, it ends unsuccessful
+        return StepResult(observation=Observation(text=text, tool_results=[called]), success=False)
 
     def close(self) -> None:
         self._cleanup()

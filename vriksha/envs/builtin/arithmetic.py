@@ -107,12 +107,7 @@ class ArithmeticEnv(Environment):
 
     def _step(self, action: TextAction) -> StepResult:
         score = self._rubric(self._problem, action.text)
-        return StepResult(
-            observation=Observation(text="", metadata={"level": self.state.level}),
-            reward=score.total,
-            terminated=True,
-            info=score.info(),
-        )
+        return score.result(Observation(text="", metadata={"level": self.state.level}))
 
     # hooks for `vriksha env validate` (private: never exposed to the agent)
     def _validation_ground_truth(self) -> list[str]:

@@ -13,7 +13,6 @@ parentheses) through the AST, never `eval` of model text; it knows nothing of th
 from __future__ import annotations
 
 import ast
-import json
 import operator
 import random
 import re
@@ -22,8 +21,19 @@ from typing import Any
 
 from pydantic import model_validator
 
+from vriksha.envs import tool_calls
 from vriksha.envs.builtin.common import answer_rubric, chat, numbers_in, same_number, sample_in_split
-from vriksha.envs.core import Action, Environment, Observation, State, StepResult, Tool, ToolError
+from vriksha.envs.core import (
+    Action,
+    Environment,
+    Observation,
+    State,
+    StepResult,
+    StopConditions,
+    Tool,
+    ToolError,
+    ToolResult,
+)
 from vriksha.envs.registry import register_env
 from vriksha.envs.rubrics import Criterion, TrajectoryRubric
 
@@ -139,22 +149,18 @@ def _make(rng: random.Random) -> Problem | None:
 
 
 _TAG_CALL = re.compile(r"<calculator>(.*?)(?:</calculator>|$)", re.DOTALL)  # a stop string may cut the tag
-STOP = {"stop": ["</calculator>"]}  # one call per reply: generation stops after the closing tag
-_JSON_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+STOP = StopConditions(strings=["</calculator>"])  # one call per reply: generation stops after the closing tag
 
 
 def find_tool_call(text: str) -> tuple[str, dict[str, Any]] | None:
-    """A tool call written inside free text, if any (the first one)."""
+    """A tool call written inside free text, if any (the first one): this environment's own
+    `<calculator>EXPR</calculator>` tag, else a `<tool_call>` block (an unreadable one calls no tool)."""
     if m := _TAG_CALL.search(text):
         return "calculator", {"expression": m.group(1).strip()}
-    if m := _JSON_CALL.search(text):
-        try:
-            call = json.loads(m.group(1))
-            args = call.get("arguments", {})
-            args = json.loads(args) if isinstance(args, str) else args
-            return str(call.get("name", "")), args if isinstance(args, dict) else {}
-        except (json.JSONDecodeError, AttributeError):
-            return "", {}
+    if call := tool_calls.find_tool_call(text):
+        return call.name, dict(call.arguments)
+    if tool_calls.MARKER in text:
+        return "", {}
     return None
 
 
@@ -218,7 +224,7 @@ class CalculatorToolsEnv(Environment):
         problem = sample_in_split(rng, self.state.split, _make, key=lambda p: p.text)
         self._episode = Episode(problem, messages=chat(SYSTEM, problem.text))
         return Observation(
-            text=f"{SYSTEM}\n\n{problem.text}", messages=list(self._episode.messages), metadata=STOP
+            text=f"{SYSTEM}\n\n{problem.text}", messages=list(self._episode.messages), stop=STOP.model_copy()
         )
 
     def _step(self, action: CalculatorAction) -> StepResult:
@@ -228,10 +234,12 @@ class CalculatorToolsEnv(Environment):
             ep.messages.append({"role": "assistant", "content": action.text})
         if call is not None:
             name, args = call
+            error = False
             try:
                 result = self.call_tool(name, args)
             except ToolError as exc:
-                result = f"error: {exc}"
+                result, error = f"error: {exc}", True
+            called = ToolResult(name=name, arguments=dict(args), output=result, error=error)
             ep.calls.append((str(args.get("expression", "")), result))
             self.state.tool_calls = len(ep.calls)
             if action.text is None:
@@ -243,22 +251,19 @@ class CalculatorToolsEnv(Environment):
             if self.state.step_count >= self.max_turns:
                 score = self._rubric(_Scored(ep), [""])
                 return StepResult(
-                    observation=Observation(text=feedback, messages=list(ep.messages)),
+                    observation=Observation(text=feedback, messages=list(ep.messages), tool_results=[called]),
                     reward=0.0,
                     truncated=True,
-                    info=score.info() | {"success": False},
+                    components=dict(score.components),
+                    success=False,
                 )
             return StepResult(
-                observation=Observation(text=feedback, messages=list(ep.messages), metadata=STOP),
-                info={"tool_result": result},
+                observation=Observation(
+                    text=feedback, messages=list(ep.messages), stop=STOP.model_copy(), tool_results=[called]
+                ),
             )
         score = self._rubric(_Scored(ep), [action.text])
-        return StepResult(
-            observation=Observation(text="", messages=list(ep.messages)),
-            reward=score.total,
-            terminated=True,
-            info=score.info() | {"tool_calls": len(ep.calls)},
-        )
+        return score.result(Observation(text="", messages=list(ep.messages)))
 
     # hooks for `vriksha env validate` (private: never exposed to the agent)
     def _validation_ground_truth(self) -> list[str]:

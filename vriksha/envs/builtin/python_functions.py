@@ -215,11 +215,8 @@ class PythonFunctionsEnv(Environment):
         code = extract_code(action.text) if len(action.text) <= MAX_CODE_CHARS else ""
         ep = self._episode
         score = self._rubric(ep, code)
-        info = score.info() | {
-            "tests": {"passed": sum(ep.results), "total": len(ep.expected)},
-            "sandbox": ep.sandbox,
-        }
-        return StepResult(observation=Observation(text=""), reward=score.total, terminated=True, info=info)
+        info = {"tests": {"passed": sum(ep.results), "total": len(ep.expected)}, "sandbox": ep.sandbox}
+        return score.result(Observation(text=""), info=info)
 
     # hooks for `vriksha env validate` (private: never exposed to the agent)
     def _validation_ground_truth(self) -> list[str]:

@@ -1,0 +1,164 @@
+"""Episodes on an engine: the loop that the trainer's rollouts and evaluation and `vriksha env eval` share.
+
+A group is one environment episode (one seed) played `group_size` times. The first turn of a group
+is a single engine request with `n = group_size`, so the engine computes the prompt once and shares
+its prefix across the group. Later turns of every live episode go to the engine together, each
+continuing from its own exact token ids (`Transcript`); each completion is one `EpisodeDriver.act`.
+
+The engine is `LLM`-shaped: `generate(prompts, params, use_tqdm=False)` taking
+`{"prompt_token_ids": [...]}` prompts, and `eos_token_ids`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from vriksha.envs.core import Environment
+from vriksha.envs.episode import EpisodeDriver, Outcome
+from vriksha.envs.transcript import PromptFormat, Transcript
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["Played", "Sampling", "play_groups"]
+
+
+@dataclass(frozen=True, slots=True)
+class Sampling:
+    """How every turn is sampled."""
+
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    max_tokens: int = 256  # per turn (an environment may ask for fewer)
+    logprobs: bool = True  # record the sampled tokens' log-probabilities
+
+
+@dataclass(slots=True)
+class Played:
+    """One finished episode: its outcome, its tokens, and how its last turn ended."""
+
+    group: int
+    member: int  # index within the group
+    seed: int
+    outcome: Outcome
+    transcript: Transcript
+    finish_reason: str | None = None
+    text: str = ""  # the last turn's completion text
+
+
+@dataclass(slots=True)
+class _Live:
+    played: Played
+    env: Environment
+    driver: EpisodeDriver
+
+
+def _turn_seed(sampling_seed: int | None, turn: int, member: int) -> int | None:
+    """The first turn samples from the group's seed; later turns from one derived per turn and member."""
+    if sampling_seed is None:
+        return None
+    return sampling_seed if turn == 1 else sampling_seed * 7919 + turn * 131 + member
+
+
+def play_groups(
+    llm: Any,
+    tokenizer: Any,
+    make_env: Callable[[], Environment],
+    seeds: Sequence[int],
+    *,
+    options: dict[str, Any] | None = None,
+    group_size: int = 1,
+    sampling: Sampling | None = None,
+    sampling_seeds: Sequence[int | None] | None = None,
+    max_turns: int | None = None,
+    prompt_format: PromptFormat | None = None,
+    on_turn: Callable[[list[Played]], None] | None = None,
+) -> list[list[Played]]:
+    """Play `group_size` episodes for each episode seed; returns one list per seed (a group).
+
+    `on_turn(finished)` runs after every turn with the episodes that turn finished.
+    """
+    from vriksha.engine.sampling_params import SamplingParams
+
+    sampling = sampling or Sampling()
+    fmt = prompt_format or PromptFormat()
+    eos_ids = frozenset(llm.eos_token_ids)
+    groups: list[list[_Live]] = []
+    for gi, seed in enumerate(seeds):
+        lives: list[_Live] = []
+        for member in range(group_size):
+            env = make_env()
+            driver = EpisodeDriver(env, max_turns=max_turns, max_tokens=sampling.max_tokens)
+            first = driver.reset(seed=int(seed), options=dict(options or {}))
+            transcript = Transcript(tokenizer, fmt)
+            transcript.start(first)
+            lives.append(_Live(Played(gi, member, int(seed), driver.outcome, transcript), env, driver))
+        groups.append(lives)
+    group_seed = [None if sampling_seeds is None else sampling_seeds[i] for i in range(len(groups))]
+
+    def params(live: _Live, n: int, turn: int) -> Any:
+        stop = live.driver.stop
+        seed = group_seed[live.played.group]
+        return SamplingParams(
+            n=n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p if sampling.temperature > 0 else 1.0,
+            seed=_turn_seed(None if seed is None else int(seed), turn, live.played.member),
+            max_tokens=stop.max_tokens or sampling.max_tokens,
+            stop=stop.strings or None,
+            stop_token_ids=stop.token_ids,
+            include_stop_str_in_output=True,  # the environment sees the stop string it asked for
+            logprobs=0 if sampling.logprobs else None,
+        )
+
+    try:
+        # first turn: one request per group, n = group_size, so the prompt is computed once
+        outputs = llm.generate(
+            [{"prompt_token_ids": g[0].played.transcript.context_ids} for g in groups],
+            [params(g[0], group_size, 1) for g in groups],
+            use_tqdm=False,
+        )
+        finished: list[Played] = []
+        for g, out in zip(groups, outputs, strict=True):
+            for live, comp in zip(g, sorted(out.outputs, key=lambda c: c.index), strict=True):
+                live.played.transcript.prompt_ids = list(out.prompt_token_ids)
+                _advance(live, comp, eos_ids, finished)
+        if on_turn is not None:
+            on_turn(finished)
+        # later turns: each episode continues from its own token ids
+        turn = 1
+        while active := [lv for g in groups for lv in g if not lv.driver.done]:
+            turn += 1
+            outputs = llm.generate(
+                [{"prompt_token_ids": lv.played.transcript.context_ids} for lv in active],
+                [params(lv, 1, turn) for lv in active],
+                use_tqdm=False,
+            )
+            finished = []
+            for lv, out in zip(active, outputs, strict=True):
+                _advance(lv, out.outputs[0], eos_ids, finished)
+            if on_turn is not None:
+                on_turn(finished)
+    finally:
+        for g in groups:
+            for lv in g:
+                lv.env.close()
+    return [[lv.played for lv in g] for g in groups]
+
+
+def _advance(live: _Live, comp: Any, eos_ids: frozenset[int], finished: list[Played]) -> None:
+    """Record one generated turn and let the environment answer it."""
+    ids = list(comp.token_ids)
+    lps = list(comp.token_logprobs)
+    played = live.played
+    played.transcript.add_generated(ids, lps)
+    played.finish_reason = comp.finish_reason
+    played.text = comp.text
+    live.driver.act(comp.text)
+    if live.driver.done:
+        finished.append(played)
+        return
+    ended_with_eos = bool(ids) and ids[-1] in eos_ids
+    played.transcript.add_reply(comp.text, live.driver.reply, ended_with_eos)
