@@ -32,7 +32,7 @@ from vriksha.train.checkpoint import find_checkpoint, load_checkpoint, save_chec
 from vriksha.train.config import OptimConfig, TrainConfig
 from vriksha.train.distributed import EngineWeights, ParallelDims, init_distributed, shard_range
 from vriksha.train.export import export_model
-from vriksha.train.grpo import group_advantages
+from vriksha.train.grpo import LossStats, group_advantages
 from vriksha.train.metrics import MetricsWriter, summary_table, write_plots
 from vriksha.train.parallelize import check_tp_degree, parallelize
 from vriksha.train.policy import load_policy
@@ -253,7 +253,7 @@ class GRPOTrainer:
             "groups": len(mine),
             "zero_var": sum(not bool(adv.keep[i]) for i in own),
             "loss": result.loss,
-            "stats": [getattr(result.stats, k) for k in result.stats.__slots__],
+            "stats": result.stats,
             "entropy": result.entropy_sum,
             "times": (sync_s, t2 - t1, t3 - t2),
             "memory": _peak_memory_gb(self.pd.device),
@@ -267,8 +267,14 @@ class GRPOTrainer:
             return [x for p in parts for x in p[key]]
 
         rewards, lengths, adv = cat("rewards"), cat("lengths"), cat("adv")
-        stats = [sum(p["stats"][i] for p in parts) for i in range(len(parts[0]["stats"]))]
-        tokens = stats[0]
+        stats = LossStats()
+        for p in parts:
+            stats.add(p["stats"])
+        tokens = stats.tokens
+
+        def per_token(total: float) -> float:
+            return total / tokens if tokens else 0.0
+
         n = len(rewards)
         row: dict[str, Any] = {
             "step": step,
@@ -291,12 +297,12 @@ class GRPOTrainer:
                 "advantage/min": min(adv) if adv else 0.0,
                 "advantage/max": max(adv) if adv else 0.0,
                 "loss": sum(p["loss"] for p in parts),
-                "clip_fraction": stats[1] / tokens if tokens else 0.0,
-                "kl": stats[2] / tokens if tokens else 0.0,
-                "ratio/mean": stats[3] / tokens if tokens else 0.0,
-                "importance_weight/mean": stats[4] / tokens if tokens else 0.0,
-                "logprob_gap/mean": stats[5] / tokens if tokens else 0.0,
-                "entropy": sum(p["entropy"] for p in parts) / tokens if tokens else 0.0,
+                "clip_fraction": per_token(stats.clipped),
+                "kl": per_token(stats.kl),
+                "ratio/mean": per_token(stats.ratio),
+                "importance_weight/mean": per_token(stats.importance_weight),
+                "logprob_gap/mean": per_token(stats.logprob_gap),
+                "entropy": per_token(sum(p["entropy"] for p in parts)),
                 "grad_norm": grad_norm,
                 "lr": self.scheduler.get_last_lr()[0],
                 "completion_tokens/mean": sum(lengths) / n,
