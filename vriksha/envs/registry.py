@@ -1,9 +1,13 @@
 """Environment registry: `register_env(cls)`, `make_env(name, **kwargs)`, `list_envs()`.
 
-The built-in environments register when `vriksha.envs.builtin` is imported; other packages
-(`vriksha.repo2env`) register theirs on import too. `make_env`/`list_envs` import the known
-provider modules lazily, plus any named in `$VRIKSHA_ENV_MODULES` (comma-separated), and accept
-`"package.module:ClassName"` for an environment class that is not registered at all.
+Environments register themselves: a class decorated with `@register_env` is known once its module
+is imported. Packages that are not imported up front declare theirs as entry points in the
+`vriksha.environments` group (`name = "package.module:ClassName"`, or a module that registers on
+import); vriksha's own `repo` environment is declared that way in `pyproject.toml`, so this module
+names no package above it. `make_env`/`list_envs` import lazily: the built-ins
+(`vriksha.envs.builtin`), then the entry point of the name asked for (all of them for `list_envs`),
+then any module named in `$VRIKSHA_ENV_MODULES` (comma-separated). `"package.module:ClassName"`
+loads an environment class that is not registered at all.
 """
 
 from __future__ import annotations
@@ -11,23 +15,20 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from vriksha.envs.core import Environment, UnknownEnvironmentError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["register_env", "make_env", "list_envs", "get_env_class", "unregister_env"]
+__all__ = ["ENTRY_POINT_GROUP", "register_env", "make_env", "list_envs", "get_env_class", "unregister_env"]
+
+ENTRY_POINT_GROUP = "vriksha.environments"
+BUILTIN_MODULE = "vriksha.envs.builtin"
 
 _REGISTRY: dict[str, type[Environment]] = {}
-
-# modules that register environments when imported; missing ones are skipped.
-PROVIDER_MODULES: tuple[str, ...] = (
-    "vriksha.envs.builtin",
-    "vriksha.repo2env.environment",
-    "vriksha.repo2env",
-)
-_loaded: set[str] = set()
+_loaded: set[str] = set()  # modules and entry points already imported (or found broken)
 
 
 def register_env(cls: type[Environment]) -> type[Environment]:
@@ -53,23 +54,52 @@ def unregister_env(name: str) -> None:
     _REGISTRY.pop(name, None)
 
 
+def _import(module: str) -> None:
+    if module in _loaded:
+        return
+    _loaded.add(module)
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not module.startswith(exc.name):
+            logger.warning("environment module %s failed to import: %s", module, exc)
+    except Exception as exc:  # a broken provider must not hide the others
+        logger.warning("environment module %s failed to import: %s", module, exc)
+
+
+def _load_entry_point(ep: EntryPoint) -> None:
+    key = f"entry point {ep.name} = {ep.value}"
+    if key in _loaded:
+        return
+    _loaded.add(key)
+    try:
+        obj = ep.load()
+    except Exception as exc:  # a broken plug-in must not hide the others
+        logger.warning("environment %s failed to load: %s", key, exc)
+        return
+    if isinstance(obj, type) and issubclass(obj, Environment):
+        if obj.name != ep.name:
+            logger.warning("environment %s registers as %r, not %r", key, obj.name, ep.name)
+        register_env(obj)
+
+
+def _entry_points(name: str | None = None) -> list[EntryPoint]:
+    found = entry_points(group=ENTRY_POINT_GROUP)
+    return [ep for ep in found if name is None or ep.name == name]
+
+
 def _load_providers(until: str | None = None) -> None:
-    """Import provider modules in order (stopping once `until` is registered, so looking up a built-in
-    does not import every other package)."""
+    """Import the built-ins, then entry points (only `until`'s when given), then `$VRIKSHA_ENV_MODULES`,
+    stopping once `until` is registered (looking up a built-in imports nothing else)."""
     extra = [m.strip() for m in os.environ.get("VRIKSHA_ENV_MODULES", "").split(",") if m.strip()]
-    for module in (*PROVIDER_MODULES, *extra):
+    steps: list[Any] = [BUILTIN_MODULE, *_entry_points(until), *extra]
+    for step in steps:
         if until is not None and until in _REGISTRY:
             return
-        if module in _loaded:
-            continue
-        _loaded.add(module)
-        try:
-            importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name is None or not module.startswith(exc.name):
-                logger.warning("environment provider %s failed to import: %s", module, exc)
-        except Exception as exc:  # a broken provider must not hide the others
-            logger.warning("environment provider %s failed to import: %s", module, exc)
+        if isinstance(step, str):
+            _import(step)
+        else:
+            _load_entry_point(step)
 
 
 def get_env_class(name: str) -> type[Environment]:
@@ -87,7 +117,8 @@ def get_env_class(name: str) -> type[Environment]:
     if name not in _REGISTRY:
         raise UnknownEnvironmentError(
             f"no environment named {name!r}; registered: {sorted(_REGISTRY) or 'none'} "
-            "(or pass 'package.module:ClassName')"
+            f"(or pass 'package.module:ClassName'; an installed package declares its environments as "
+            f"{ENTRY_POINT_GROUP!r} entry points: reinstall it if one is missing)"
         )
     return _REGISTRY[name]
 
