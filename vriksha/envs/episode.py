@@ -13,7 +13,8 @@ episode and the same score whichever path runs it.
     driver.outcome.reward, driver.outcome.success, driver.outcome.components
 
 The turn protocol (`act`):
-- before the last turn, a tool call in the text (read by `tool_calls.find_tool_call`, the one parser)
+- before the last turn, a tool call in the text (read by `tool_calls.find_tool_call`, over the one
+  parser package `vriksha.toolcalls`; `tool_parser` names the convention)
   goes to the environment as its own action when the action type takes `tool` (a tool step), else to
   `call_tool` (an out-of-band call the model reads the answer of);
 - otherwise the text is the action (`{"text": ...}`) when the action type takes `text`; an
@@ -41,7 +42,8 @@ from vriksha.envs.core import (
     StopConditions,
     ToolResult,
 )
-from vriksha.envs.tool_calls import ParsedToolCall, find_tool_call
+from vriksha.envs.tool_calls import ToolCall, find_tool_call
+from vriksha.toolcalls import DEFAULT_PARSER
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +134,7 @@ class EpisodeDriver:
         max_turns: int | None = None,
         max_tokens: int | None = None,
         shape: ActionShape | None = None,
+        tool_parser: str = DEFAULT_PARSER,
     ) -> None:
         if shape is None:
             action_type = getattr(env, "action_type", None)
@@ -142,6 +145,7 @@ class EpisodeDriver:
         self.shape = shape
         self.max_turns = max_turns
         self.max_tokens = max_tokens
+        self.tool_parser = tool_parser
         self.outcome = Outcome()
         self.observation: Observation | None = None
         self.reply: Reply | None = None
@@ -189,7 +193,7 @@ class EpisodeDriver:
         if call is not None and self.shape.takes_tool:
             result = self._take(self.env.step(self.shape.tool_action(call.name, call.arguments)), "tool", 1)
         elif call is not None:
-            result = self._answer_out_of_band(call, model_turn=True)
+            result = self._answer_out_of_band(call.name, call.arguments, model_turn=True)
         elif self.shape.takes_text:
             result = self._take(self.env.step(self.shape.text_action(text)), "user", 0)
         else:  # actions take no text and the model called no tool: nothing to score
@@ -211,18 +215,18 @@ class EpisodeDriver:
         self._check_live()
         if self.shape.takes_tool:
             return self._take(self.env.step(self.shape.tool_action(name, arguments)), "tool", 1)
-        return self._answer_out_of_band(ParsedToolCall(name, dict(arguments)), model_turn=False)
+        return self._answer_out_of_band(name, dict(arguments), model_turn=False)
 
     # -- inside ---------------------------------------------------------------
 
-    def _tool_call(self, text: str) -> ParsedToolCall | None:
+    def _tool_call(self, text: str) -> ToolCall | None:
         if not (self.shape.takes_tool or self._tool_names):
             return None
-        return find_tool_call(text)
+        return find_tool_call(text, self.tool_parser)
 
-    def _answer_out_of_band(self, call: ParsedToolCall, model_turn: bool) -> StepResult:
+    def _answer_out_of_band(self, name: str, arguments: dict[str, Any], model_turn: bool) -> StepResult:
         """`call_tool`, not a step: the environment's turn count stays; a model's turn counts here."""
-        answered = answer_tool_call(self.env, call.name, call.arguments)
+        answered = answer_tool_call(self.env, name, arguments)
         self.outcome.tool_calls += 1
         self.observation = Observation(
             text=answered.output, stop=self.observation.stop, tool_results=[answered]
