@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vriksha.envs.core import Environment
-from vriksha.envs.episode import EpisodeDriver, Outcome
+from vriksha.envs.episode import ActionShape, EpisodeDriver, EpisodeEnv, Outcome
 from vriksha.envs.transcript import PromptFormat, Transcript
+from vriksha.toolcalls import DEFAULT_PARSER
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class Played:
 @dataclass(slots=True)
 class _Live:
     played: Played
-    env: Environment
+    env: EpisodeEnv
     driver: EpisodeDriver
 
 
@@ -65,7 +65,7 @@ def _turn_seed(sampling_seed: int | None, turn: int, member: int) -> int | None:
 def play_groups(
     llm: Any,
     tokenizer: Any,
-    make_env: Callable[[], Environment],
+    make_env: Callable[[], EpisodeEnv],
     seeds: Sequence[int],
     *,
     options: dict[str, Any] | None = None,
@@ -75,10 +75,14 @@ def play_groups(
     max_turns: int | None = None,
     prompt_format: PromptFormat | None = None,
     on_turn: Callable[[list[Played]], None] | None = None,
+    action_shape: ActionShape | None = None,
+    tool_parser: str = DEFAULT_PARSER,
 ) -> list[list[Played]]:
     """Play `group_size` episodes for each episode seed; returns one list per seed (a group).
 
-    `on_turn(finished)` runs after every turn with the episodes that turn finished.
+    `make_env()` gives a local `Environment` or a client of a remote one (then pass `action_shape`,
+    e.g. `ActionShape.from_schema(...)`); each is closed at the end. `on_turn(finished)` runs after
+    every turn with the episodes that turn finished.
     """
     from vriksha.engine.sampling_params import SamplingParams
 
@@ -90,7 +94,13 @@ def play_groups(
         lives: list[_Live] = []
         for member in range(group_size):
             env = make_env()
-            driver = EpisodeDriver(env, max_turns=max_turns, max_tokens=sampling.max_tokens)
+            driver = EpisodeDriver(
+                env,
+                max_turns=max_turns,
+                max_tokens=sampling.max_tokens,
+                shape=action_shape,
+                tool_parser=tool_parser,
+            )
             first = driver.reset(seed=int(seed), options=dict(options or {}))
             transcript = Transcript(tokenizer, fmt)
             transcript.start(first)
@@ -144,7 +154,9 @@ def play_groups(
     finally:
         for g in groups:
             for lv in g:
-                lv.env.close()
+                close = getattr(lv.env, "close", None)
+                if close is not None:
+                    close()
     return [[lv.played for lv in g] for g in groups]
 
 
