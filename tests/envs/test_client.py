@@ -201,7 +201,7 @@ def test_client_against_builtin_arithmetic():
             prompt = env.reset(seed=5, options={"split": "test"}).observation.text
             assert prompt and env.reset(seed=5, options={"split": "test"}).observation.text == prompt
             out = env.step({"text": "garbage"})
-            assert out.terminated and out.reward == 0.0 and out.info["success"] is False
+            assert out.terminated and out.reward == 0.0 and out.success is False
 
 
 class BoardObservation(Observation):
