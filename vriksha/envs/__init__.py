@@ -18,12 +18,16 @@ from vriksha.envs.core import (
     ToolSpec,
     UnknownEnvironmentError,
 )
+from vriksha.envs.episode import ActionShape, EpisodeDriver, Outcome
 from vriksha.envs.registry import get_env_class, list_envs, make_env, register_env
 from vriksha.envs.rubrics import Criterion, Gate, Rubric, RubricScore, Sequence, TrajectoryRubric, WeightedSum
 from vriksha.envs.sandbox import SandboxResult, SandboxUnavailableError, run_sandboxed
 
 __all__ = [
     "Action",
+    "ActionShape",
+    "EpisodeDriver",
+    "Outcome",
     "Criterion",
     "Gate",
     "Rubric",
