@@ -155,3 +155,10 @@ def test_explicit_steps_and_agent_tool_calls():
     assert driver.outcome.turns == 0 and driver.outcome.tool_calls == 1  # an agent's call is not a turn
     r = driver.step({"text": "fine"})
     assert r.terminated and driver.outcome.turns == 1
+
+
+def test_bad_limits_are_refused_with_the_field_named():
+    from vriksha.envs import EnvError
+
+    with pytest.raises(EnvError, match="max_turns must be a positive integer"):
+        EpisodeDriver(ToolStepEnv(), max_turns=0)

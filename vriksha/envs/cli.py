@@ -37,6 +37,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--split", default="test", help="train or test (default test: held-out episodes)")
     p.add_argument("--seed", type=int, default=0, help="first episode seed (default 0)")
     p.add_argument("--max-tokens", type=int, default=256, help="tokens per model turn (default 256)")
+    p.add_argument(
+        "--max-turns",
+        type=int,
+        default=None,
+        help="turns per episode at most (default: the environment's; the trainer's is rollout.max_turns)",
+    )
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
     p.add_argument("--level", type=int, default=None, help="task level, for environments that have levels")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
@@ -172,6 +178,7 @@ def _eval(args: argparse.Namespace) -> int:
             split=args.split,
             seed=args.seed,
             max_tokens=args.max_tokens,
+            max_turns=args.max_turns,
             temperature=args.temperature,
             reset_options=options,
             env_kwargs=_env_kwargs(args.env_arg),

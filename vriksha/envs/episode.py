@@ -136,6 +136,9 @@ class EpisodeDriver:
         shape: ActionShape | None = None,
         tool_parser: str = DEFAULT_PARSER,
     ) -> None:
+        for label, value in (("max_turns", max_turns), ("max_tokens", max_tokens)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise EnvError(f"EpisodeDriver: {label} must be a positive integer or None, got {value!r}")
         if shape is None:
             action_type = getattr(env, "action_type", None)
             if action_type is None:
