@@ -2,7 +2,7 @@
 
 import pytest
 
-from vriksha.envs import Environment, Observation, StepResult, TextAction, Tool, register_env
+from vriksha.envs import Environment, Observation, TextAction, Tool, register_env
 from vriksha.envs.registry import unregister_env
 from vriksha.envs.rubrics import Criterion
 
