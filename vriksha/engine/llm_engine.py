@@ -47,6 +47,7 @@ class _Group:
     sequences: list[Request]
     stream: bool
     arrival_time: float = field(default_factory=time.monotonic)
+    weight_version: int = 0  # the weights this request is computed under (updates wait for an idle engine)
 
     @property
     def finished(self) -> bool:
@@ -108,6 +109,7 @@ class LLMEngine:
         self._prompt_tokens = 0
         self._cached_prompt_tokens = 0
         self._generation_tokens = 0
+        self.weight_version = 0  # bumped by set_weight_version after an in-place weight update
         logger.info(
             "engine: %s on %s (%s), KV pool %d tokens",
             self.model_name,
@@ -201,7 +203,9 @@ class LLMEngine:
                 req.generator = torch.Generator().manual_seed(params.seed + i)
             sequences.append(req)
             self.scheduler.add(req)
-        self._groups[request_id] = _Group(request_id, text, ids, sequences, stream)
+        self._groups[request_id] = _Group(
+            request_id, text, ids, sequences, stream, weight_version=self.weight_version
+        )
 
     @property
     def request_ids(self) -> list[str]:
@@ -365,6 +369,7 @@ class LLMEngine:
             finished=finished,
             num_cached_tokens=max(s.num_cached_prompt_tokens for s in group.sequences),
             metrics=metrics,
+            weight_version=group.weight_version,
         )
 
     # ---- cache and weights -------------------------------------------------------------------------
@@ -380,6 +385,12 @@ class LLMEngine:
             )
         self.cache.reset()
         self.runner.weights_updated()
+
+    def set_weight_version(self, version: int) -> None:
+        """The parameters were overwritten in place with `version`: the prefix cache is flushed (its KV was
+        computed under the old weights) and later outputs say `version`."""
+        self.weights_updated()
+        self.weight_version = version
 
     def stats(self) -> EngineStats:
         cached = self.cache.evictable_size()

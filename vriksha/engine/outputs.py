@@ -34,3 +34,5 @@ class RequestOutput:
     # prompt tokens whose KV came from the prefix cache instead of being computed
     num_cached_tokens: int = 0
     metrics: dict[str, float] = field(default_factory=dict)
+    # the weight version the request was computed under (0: the weights loaded at start)
+    weight_version: int = 0

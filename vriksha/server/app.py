@@ -19,6 +19,7 @@ from vriksha.server.metrics import ServerMetrics
 from vriksha.server.profiler import ServerProfiler
 from vriksha.server.routes_native import router as native_router
 from vriksha.server.routes_openai import router as openai_router
+from vriksha.server.routes_weights import install as install_weight_routes
 from vriksha.server.state import ServerState
 
 logger = logging.getLogger(__name__)
@@ -63,6 +64,7 @@ def create_app(engine: EngineProtocol, config: ServerConfig | None = None) -> Fa
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(native_router)
+    install_weight_routes(app, config.allow_multiple_weight_clients)
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=config.auth_exempt)
     return app

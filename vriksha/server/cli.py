@@ -61,6 +61,12 @@ def register(subparsers: Any) -> None:
     from vriksha.net import FrontConfig, add_flags
 
     add_flags(p, FrontConfig, "HTTP front (connection limits)")
+    p.add_argument(
+        "--allow-multiple-weight-clients",
+        action="store_true",
+        help="let more than one trainer update the weights (default: the first trainer's transfer is exclusive "
+        "until it closes it)",
+    )
     EngineConfig.add_arguments(p)
     from vriksha.profiling import add_profile_args
 
@@ -99,6 +105,7 @@ def handler(args: argparse.Namespace) -> int:
         profile_dir=args.profile_dir,
         shutdown_timeout_s=args.shutdown_timeout,
         front=front,
+        allow_multiple_weight_clients=args.allow_multiple_weight_clients,
     )
     from vriksha.profiling import ProfileConfig, StepProfiler
 

@@ -168,3 +168,4 @@ class GenerateResponse(BaseModel):
     outputs: list[GenerateOutput]
     finished: bool = True
     meta: dict[str, Any] = Field(default_factory=dict)
+    weight_version: int = 0  # the weights the request was computed under (see /weight_version)

@@ -49,6 +49,7 @@ def _response(out: RequestOutput, with_text: bool) -> GenerateResponse:
         outputs=[_output(c, with_text) for c in out.outputs],
         finished=out.finished,
         meta=dict(out.metrics),
+        weight_version=out.weight_version,
     )
 
 
@@ -108,6 +109,7 @@ async def _stream(stream: RequestStream, with_text: bool) -> AsyncIterator[bytes
                         "cached_tokens": out.num_cached_tokens,
                         "outputs": outputs,
                         "finished": out.finished,
+                        "weight_version": out.weight_version,
                     }
                 )
     except Exception as exc:

@@ -1,0 +1,228 @@
+"""The trainer's side: push full weights to one `vriksha serve` under a version, over the data plane chosen
+automatically (shared memory on the same host, else a gloo group, else the filesystem)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import torch
+
+from vriksha.weights.counters import CopyCounter
+from vriksha.weights.plan import TensorSpec, WeightTransferError, check_specs
+from vriksha.weights.shm import shm_available
+from vriksha.weights.source import full_parameters
+
+logger = logging.getLogger(__name__)
+
+_LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0"}
+
+
+def same_host(url: str) -> bool:
+    host = urlparse(url).hostname or ""
+    if host in _LOOPBACK:
+        return True
+    try:
+        local = {socket.gethostname(), socket.getfqdn(), *socket.gethostbyname_ex(socket.gethostname())[2]}
+        return host in local or socket.gethostbyname(host) in local
+    except OSError:
+        return False
+
+
+@dataclass(slots=True)
+class PushResult:
+    version: int
+    backend: str
+    seconds: float
+    sender: dict
+    receiver: dict
+
+
+class WeightSyncClient:
+    def __init__(
+        self,
+        base_url: str,
+        client_id: str,
+        backend: str = "auto",
+        bucket_bytes: int = 64 * 2**20,
+        fs_root: str | Path | None = None,
+        timeout_s: float = 300.0,
+    ) -> None:
+        import httpx
+
+        self.base_url = base_url.rstrip("/")
+        self.client_id = client_id
+        self.requested = backend
+        self.bucket_bytes = bucket_bytes
+        self.fs_root = Path(fs_root) if fs_root is not None else None
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+        self.backend: str | None = None
+        self.sender: Any = None
+        self.specs: dict[str, TensorSpec] = {}
+
+    # ---- http ---------------------------------------------------------------------------------------
+    def _post(self, path: str, body: dict) -> dict:
+        import httpx
+
+        try:
+            r = self.http.post(path, json={"client_id": self.client_id, **body})
+        except httpx.HTTPError as exc:
+            raise WeightTransferError(
+                f"weight server {self.base_url} is unreachable ({path}): {exc}"
+            ) from exc
+        if r.status_code != 200:
+            raise WeightTransferError(f"{self.base_url}{path} answered {r.status_code}: {r.text[:500]}")
+        return r.json()
+
+    def _get(self, path: str) -> Any:
+        import httpx
+
+        try:
+            r = self.http.get(path)
+        except httpx.HTTPError as exc:
+            raise WeightTransferError(
+                f"weight server {self.base_url} is unreachable ({path}): {exc}"
+            ) from exc
+        if r.status_code != 200:
+            raise WeightTransferError(f"{self.base_url}{path} answered {r.status_code}: {r.text[:500]}")
+        return r.json()
+
+    def version(self) -> int:
+        return int(self._get("/weight_version")["version"])
+
+    def digests(self) -> dict[str, str]:
+        return self._get("/weight_digests")
+
+    # ---- setup --------------------------------------------------------------------------------------
+    def _choose(self) -> list[str]:
+        if self.requested != "auto":
+            return [self.requested]
+        order = ["shm"] if same_host(self.base_url) and shm_available() else []
+        order.append("gloo")
+        if self.fs_root is not None:
+            order.append("fs")
+        return order
+
+    def connect(self) -> str:
+        self.specs = {d["name"]: TensorSpec.from_json(d) for d in self._get("/weight_specs")}
+        errors = []
+        for backend in self._choose():
+            try:
+                self._init(backend)
+                self.backend = backend
+                logger.info("weights to %s over %s", self.base_url, backend)
+                return backend
+            except (WeightTransferError, RuntimeError, OSError) as exc:
+                errors.append(f"{backend}: {exc}")
+                logger.warning("weight transfer over %s to %s failed: %s", backend, self.base_url, exc)
+        raise WeightTransferError(
+            f"no weight transfer to {self.base_url} could be set up: " + "; ".join(errors)
+        )
+
+    def _init(self, backend: str) -> None:
+        if backend == "shm":
+            from vriksha.weights.shm import ShmSender
+
+            self.sender = ShmSender()
+            self._post("/init_weight_transfer_engine", {"backend": "shm", "init_info": {}})
+        elif backend == "fs":
+            from vriksha.weights.fs import FsSender
+
+            if self.fs_root is None:
+                raise WeightTransferError("the filesystem backend needs a directory both sides can read")
+            self.sender = FsSender(self.fs_root)
+            self._post(
+                "/init_weight_transfer_engine", {"backend": "fs", "init_info": self.sender.init_info()}
+            )
+        elif backend == "gloo":
+            from vriksha.weights.gloo import GlooSender
+
+            host = "127.0.0.1" if same_host(self.base_url) else socket.gethostbyname(socket.gethostname())
+            sender = GlooSender(host, self.bucket_bytes)
+            body = {"backend": "gloo", "init_info": sender.init_info()}
+            try:
+                self._concurrently(lambda: self._post("/init_weight_transfer_engine", body), sender.connect)
+            except BaseException:
+                sender.close()
+                raise
+            self.sender = sender
+        else:
+            raise WeightTransferError(
+                f"unknown weight transfer backend {backend!r}; use auto, shm, gloo or fs"
+            )
+
+    def _concurrently(self, request: Any, local: Any) -> Any:
+        """Run an HTTP request in a thread while `local(failed)` (the sender's half of a collective) runs here;
+        `failed()` returns the request's error once it has one."""
+        out: dict[str, Any] = {}
+
+        def run() -> None:
+            try:
+                out["result"] = request()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                out["error"] = exc
+
+        t = threading.Thread(target=run, name="vriksha-weights-http", daemon=True)
+        t.start()
+        try:
+            local(lambda: out.get("error"))
+        finally:
+            t.join()
+        if "error" in out:
+            raise out["error"]
+        return out["result"]
+
+    # ---- one update ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def push(self, module: torch.nn.Module, version: int) -> PushResult:
+        """Send every parameter of `module` (full tensors, cast once to the server's dtypes) as `version`."""
+        if self.sender is None:
+            self.connect()
+        t0 = time.perf_counter()
+        dtypes = {n: s.torch_dtype for n, s in self.specs.items()}
+        tensors = list(full_parameters(module, dtypes))
+        check_specs([TensorSpec.of(n, t) for n, t in tensors], {n: _meta(s) for n, s in self.specs.items()})
+        counter = CopyCounter()
+        self._post("/start_weight_update", {"version": version})
+        try:
+            if self.backend == "fs":
+                info = self.sender.prepare(tensors, counter, version=version)
+            else:
+                info = self.sender.prepare(tensors, counter)
+            body = {"update_info": info}
+            reply = self._concurrently(
+                lambda: self._post("/update_weights", body),
+                lambda _failed: self.sender.transmit(tensors, counter),
+            )
+            done = self._post("/finish_weight_update", {})
+        except BaseException:
+            logger.warning("weight update %d to %s failed", version, self.base_url)
+            raise
+        if int(done["version"]) != version:
+            raise WeightTransferError(
+                f"{self.base_url} reports version {done['version']} after pushing {version}"
+            )
+        return PushResult(
+            version, str(self.backend), time.perf_counter() - t0, counter.to_json(), reply["receiver"]
+        )
+
+    def close(self) -> None:
+        try:
+            if self.backend is not None:
+                self._post("/close_communicator", {})
+        except WeightTransferError as exc:
+            logger.debug("close: %s", exc)
+        if self.sender is not None:
+            self.sender.close()
+        self.sender = self.backend = None
+        self.http.close()
+
+
+def _meta(spec: TensorSpec) -> torch.Tensor:
+    return torch.empty(spec.shape, dtype=spec.torch_dtype, device="meta")

@@ -1,0 +1,124 @@
+"""Filesystem fallback: `<dir>/v<version>/model.safetensors`, then a `COMPLETE` marker written last (by an
+atomic rename), so a reader never takes a half-written version. The engine maps the file and copies each
+tensor from the mapping into its parameter in place (one model-sized copy; the sender's one copy is the
+serialisation to the file)."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import torch
+
+from vriksha.weights.counters import CopyCounter
+from vriksha.weights.plan import TensorSpec, WeightTransferError
+
+MARKER = "COMPLETE"
+FILE = "model.safetensors"
+_DTYPES = {"F32": "float32", "BF16": "bfloat16", "F16": "float16", "F64": "float64", "I64": "int64"}
+
+
+def version_dir(root: Path, version: int) -> Path:
+    return root / f"v{version:08d}"
+
+
+def latest_complete(root: Path) -> tuple[int, Path] | None:
+    """The newest version under `root` whose marker exists (a torn write has none)."""
+    best = None
+    for d in root.glob("v*"):
+        if (d / MARKER).is_file() and d.name[1:].isdigit():
+            v = int(d.name[1:])
+            if best is None or v > best[0]:
+                best = (v, d)
+    return best
+
+
+class FsSender:
+    name = "fs"
+
+    def __init__(self, root: Path, keep: int = 2) -> None:
+        self.root = Path(root)
+        self.keep = keep
+
+    def init_info(self) -> dict:
+        return {"root": str(self.root)}
+
+    def prepare(
+        self, tensors: list[tuple[str, torch.Tensor]], counter: CopyCounter, version: int = 0
+    ) -> dict:
+        from safetensors.torch import save_file
+
+        d = version_dir(self.root, version)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / MARKER).unlink(missing_ok=True)
+        state = {n: t.contiguous() for n, t in tensors}
+        save_file(state, str(d / FILE))
+        size = (d / FILE).stat().st_size
+        counter.add(sum(t.nbytes for t in state.values()))
+        counter.bytes_moved += size
+        tmp = d / (MARKER + ".tmp")
+        tmp.write_text(json.dumps({"version": version, "bytes": size}))
+        os.replace(tmp, d / MARKER)
+        self._prune(version)
+        return {"dir": str(d), "version": version}
+
+    def transmit(self, tensors: list[tuple[str, torch.Tensor]], counter: CopyCounter) -> None:
+        return None
+
+    def _prune(self, version: int) -> None:
+        for d in self.root.glob("v*"):
+            if d.name[1:].isdigit() and int(d.name[1:]) <= version - self.keep:
+                for f in d.iterdir():
+                    f.unlink(missing_ok=True)
+                d.rmdir()
+
+    def close(self) -> None:
+        return None
+
+
+def read_header(path: Path) -> tuple[int, dict]:
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return 8 + n, json.loads(f.read(n))
+
+
+class FsReceiver:
+    name = "fs"
+
+    def receive(self, info: dict, target: dict[str, torch.Tensor], counter: CopyCounter) -> list[str]:
+        d = Path(str(info["dir"]))
+        if not (d / MARKER).is_file():
+            raise WeightTransferError(f"{d} has no {MARKER} marker: the version is incomplete; send it again")
+        return [s.name for s in load_file_into(d / FILE, target, counter)]
+
+    def close(self) -> None:
+        return None
+
+
+def load_file_into(path: Path, target: dict[str, torch.Tensor], counter: CopyCounter) -> list[TensorSpec]:
+    """Copy every tensor of a safetensors file into `target` in place, through a read-only mapping."""
+    start, header = read_header(path)
+    size = path.stat().st_size
+    buf = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
+    specs = []
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = _DTYPES.get(meta["dtype"])
+        if dtype is None:
+            raise WeightTransferError(f"{path}: tensor {name!r} has unsupported dtype {meta['dtype']}")
+        spec = TensorSpec(name, dtype, tuple(meta["shape"]))
+        if name not in target:
+            raise WeightTransferError(f"the engine has no parameter {name!r}; is it the same model family?")
+        a, b = meta["data_offsets"]
+        raw = buf[start + a : start + b]
+        if (start + a) % spec.torch_dtype.itemsize:
+            raw = raw.clone()  # unaligned in the file: one extra copy, counted
+            counter.add(spec.nbytes)
+        target[name].copy_(raw.view(spec.torch_dtype).view(spec.shape))
+        counter.add(spec.nbytes)
+        specs.append(spec)
+    counter.bytes_moved += size
+    return specs
