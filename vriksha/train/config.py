@@ -105,6 +105,21 @@ class RolloutConfig(_Section):
         default_factory=EngineConfig,
         description="options of the colocated engine (EngineConfig fields; model, dtype and device follow the policy)",
     )
+    mode: Literal["colocated", "server"] = Field(
+        "colocated",
+        description="colocated: an engine inside the trainer; server: `vriksha serve` processes (rollout.servers)",
+    )
+    servers: list[str] = Field(
+        default_factory=list,
+        description="server mode: base URLs of `vriksha serve` (empty: the trainer starts one on a free port)",
+    )
+    weight_backend: Literal["auto", "shm", "gloo", "fs"] = Field(
+        "auto", description="server mode: how weights reach the servers (auto: shm on this host, else gloo)"
+    )
+    weight_bucket_mb: float = Field(64.0, gt=0.0, description="server mode: gloo bucket size in MiB")
+    verify_weights: bool = Field(
+        False, description="server mode: after each push, check every server parameter's sha256 against the trainer's"
+    )
 
 
 class OptimConfig(_Section):

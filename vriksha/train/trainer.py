@@ -140,7 +140,14 @@ class GRPOTrainer:
                     f"trainer.steps: {cfg.trainer.steps} is below the checkpoint's step {self.start_step}"
                 )
         self.engine_weights = EngineWeights(self.policy, self.engine_module, pd.world_size)
-        self.llm = build_engine(self.engine_module, self.tokenizer, cfg.rollout.engine)
+        if cfg.rollout.mode == "server":
+            from vriksha.train.server_rollout import ServerRollout
+
+            self.llm = ServerRollout(
+                cfg.rollout, cfg.model, self.engine_module, self.tokenizer, self.out_dir, pd.rank, self.start_step
+            )
+        else:
+            self.llm = build_engine(self.engine_module, self.tokenizer, cfg.rollout.engine)
         self.worker = RolloutWorker(self.llm, self.tokenizer, cfg.env, cfg.rollout)
         self.metrics = MetricsWriter(
             self.out_dir,
@@ -329,6 +336,14 @@ class GRPOTrainer:
         save_checkpoint(self.out_dir, step, self.policy, self.optimizer, self.scheduler, state, self.pd.rank)
 
     def fit(self) -> dict[str, Any]:
+        try:
+            return self._fit()
+        finally:
+            close = getattr(self.llm, "close", None)  # server mode: stop the server it started
+            if close is not None:
+                close()
+
+    def _fit(self) -> dict[str, Any]:
         tc = self.cfg.trainer
         from tqdm.auto import tqdm
 

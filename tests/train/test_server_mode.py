@@ -1,0 +1,70 @@
+"""`vriksha train --set rollout.mode=server`: the trainer starts a `vriksha serve` itself, plays its episodes
+there, pushes its weights after each update under advancing versions (bit-equal on the server), and stops
+the server at the end."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.train.test_grpo_distributed import _config, _run, tiny_model_dir  # noqa: F401 - a fixture
+
+pytestmark = pytest.mark.slow
+
+
+def test_server_mode_two_steps_versions_advance_and_weights_match(tiny_model_dir, tmp_path):  # noqa: F811
+    cfg = _config(
+        tmp_path,
+        tiny_model_dir,
+        "server",
+        steps=2,
+        eval_episodes=2,
+        eval_interval=0,
+        checkpoint_interval=0,
+        export=False,
+    )
+    _run(
+        [
+            str(cfg),
+            "--set",
+            "rollout.mode=server",
+            "--set",
+            "rollout.verify_weights=true",
+            "--set",
+            "rollout.weight_backend=gloo",
+            "--set",
+            "rollout.weight_bucket_mb=0.5",
+        ]
+    )
+    out = tmp_path / "server"
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    syncs = [json.loads(x) for x in (out / "weight_sync.jsonl").read_text().splitlines()]
+    updates = sum(1 for r in rows if r["groups/zero_variance"] < r["groups/total"])
+    assert updates >= 1, "the tiny digit model should give reward variance"
+    # version 0 before step 1, then one push per update that changed the weights
+    assert [s["version"] for s in syncs] == list(range(len(syncs)))
+    assert len(syncs) >= 1 + min(updates, 1)
+    assert all(s["bit_equal"] and s["backend"] == "gloo" for s in syncs)
+    assert all(s["server_version_before"] == max(0, s["version"] - 1) for s in syncs)
+    assert all(s["receiver"]["bytes_copied"] == s["sender"]["bytes_copied"] for s in syncs)
+    # the server the run started is gone
+    port = int(syncs[0]["server"].rsplit(":", 1)[1])
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+    assert "received SIGTERM" in (out / "server.log").read_text(errors="replace")  # stopped, not killed
+
+
+def test_server_mode_config_is_validated():
+    from vriksha.errors import ConfigError
+    from vriksha.train.config import TrainConfig
+
+    cfg = TrainConfig.from_dict({"rollout": {"mode": "server", "servers": ["http://127.0.0.1:9"]}})
+    assert cfg.rollout.mode == "server" and cfg.rollout.servers == ["http://127.0.0.1:9"]
+    with pytest.raises(ConfigError, match="rollout.mode"):
+        TrainConfig.from_dict({"rollout": {"mode": "remote"}})
+    assert Path(sys.executable).exists()

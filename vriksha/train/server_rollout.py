@@ -1,0 +1,307 @@
+"""Rollouts on `vriksha serve` processes: an `LLM`-shaped `generate` over the native /generate (token ids in,
+token ids and log-probs out), and weight pushes under versions after each update.
+
+Versions: the weights a trainer holds after its step k are version k (the initial or resumed weights are
+the version of the step they come from). Every /generate answer names the version it was computed under;
+an answer from any other version (a server behind, or ahead after a trainer restart) makes the trainer
+push its weights again and repeat the request, so no episode is ever trained on from other weights.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from vriksha.engine.outputs import CompletionOutput, RequestOutput
+from vriksha.errors import VrikshaError
+from vriksha.train.config import ModelConfig, RolloutConfig
+from vriksha.weights import WeightSyncClient, digest
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["ServerRollout", "WeightVersionError", "start_server"]
+
+STARTUP_TIMEOUT_S = 300.0
+_ENGINE_FLAGS = {
+    "kv_cache_memory_gb": "--kv-cache-memory-gb",
+    "max_model_len": "--max-model-len",
+    "dtype": "--dtype",
+    "max_num_seqs": "--max-num-seqs",
+}
+
+
+class WeightVersionError(VrikshaError):
+    """A server answered under another weight version than the trainer's and could not be re-synced."""
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalServer:
+    """One `vriksha serve` subprocess on a free loopback port, stopped with the trainer."""
+
+    def __init__(self, model_path: str | None, engine: dict[str, Any], log_path: Path) -> None:
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "vriksha.cli", "serve", "--port", str(self.port)]
+        if model_path:
+            cmd += ["--model", model_path]
+        for key, flag in _ENGINE_FLAGS.items():
+            if engine.get(key) is not None:
+                cmd += [flag, str(engine[key])]
+        self.log_path = log_path
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        atexit.register(self.stop)
+        self._wait()
+
+    def _wait(self) -> None:
+        import httpx
+
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                tail = self.log_path.read_text(errors="replace")[-2000:]
+                raise VrikshaError(
+                    f"the rollout server exited with {self.proc.returncode} at startup:\n{tail}"
+                )
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    logger.info("rollout server at %s (log %s)", self.url, self.log_path)
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise VrikshaError(
+            f"the rollout server was not healthy after {STARTUP_TIMEOUT_S:.0f} s; see {self.log_path}"
+        )
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+
+
+def start_server(
+    model_cfg: ModelConfig,
+    engine_module: torch.nn.Module,
+    tokenizer: Any,
+    engine: dict[str, Any],
+    out_dir: Path,
+) -> LocalServer:
+    """A server over the policy's model; a randomly initialised policy is saved first so it has a directory
+    (the first push overwrites the weights anyway)."""
+    path = model_cfg.path
+    if model_cfg.random_init is not None:
+        d = out_dir / "server_model"
+        engine_module.save_pretrained(d)
+        tokenizer.save_pretrained(d)
+        path = str(d)
+    engine = {"dtype": model_cfg.dtype, **engine}
+    return LocalServer(path, engine, out_dir / "server.log")
+
+
+class ServerRollout:
+    """`generate` like `LLM.generate`, on servers; `weights_updated()` pushes the engine module to them."""
+
+    def __init__(
+        self,
+        cfg: RolloutConfig,
+        model_cfg: ModelConfig,
+        engine_module: torch.nn.Module,
+        tokenizer: Any,
+        out_dir: Path,
+        rank: int,
+        start_version: int,
+    ) -> None:
+        import httpx
+
+        self.cfg = cfg
+        self.engine_module = engine_module
+        self.tokenizer = tokenizer
+        self.rank = rank
+        self.out_dir = out_dir
+        self.local: LocalServer | None = None
+        urls = list(cfg.servers)
+        if not urls:
+            if rank == 0:
+                self.local = start_server(model_cfg, engine_module, tokenizer, cfg.engine, out_dir)
+                urls = [self.local.url]
+            if dist.is_initialized() and dist.get_world_size() > 1:
+                box = [urls]
+                dist.broadcast_object_list(box, src=0)
+                urls = box[0]
+        self.urls = [u.rstrip("/") for u in urls]
+        self.http = httpx.Client(timeout=600)
+        client_id = f"trainer:{socket.gethostname()}:{out_dir.resolve()}"  # a resumed run is the same trainer
+        self.clients = (
+            [
+                WeightSyncClient(
+                    u,
+                    client_id,
+                    cfg.weight_backend,
+                    int(cfg.weight_bucket_mb * 2**20),
+                    fs_root=out_dir / "weights",
+                )
+                for u in self.urls
+            ]
+            if rank == 0
+            else []
+        )
+        self.version = start_version
+        self._pushed = False
+        self.pushes = 0
+        self._pool = ThreadPoolExecutor(max_workers=max(4, 2 * len(self.urls)), thread_name_prefix="rollout")
+        self._next = 0
+
+    # -- weights ----------------------------------------------------------
+
+    def weights_updated(self) -> None:
+        """Push the engine module's weights under the next version (rank 0), then let every rank go on."""
+        if self._pushed:
+            self.version += 1
+        self._push_all()
+        self._pushed = True
+
+    def _push_all(self) -> None:
+        if self.rank == 0:
+            for c in self.clients:
+                self._push(c)
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()
+
+    def _push(self, client: WeightSyncClient) -> None:
+        served = client.version()
+        expected = self.version - 1 if self._pushed else None
+        if expected is None and served != self.version:
+            logger.info(
+                "server %s is at weight version %d; the trainer starts at %d",
+                client.base_url,
+                served,
+                self.version,
+            )
+        elif expected is not None and served != expected:
+            logger.warning(
+                "server %s is at weight version %d, the trainer at %d: re-syncing",
+                client.base_url,
+                served,
+                expected,
+            )
+        res = client.push(self.engine_module, self.version)
+        row: dict[str, Any] = {
+            "server": client.base_url,
+            "version": res.version,
+            "backend": res.backend,
+            "seconds": res.seconds,
+            "sender": res.sender,
+            "receiver": res.receiver,
+            "server_version_before": served,
+        }
+        if self.cfg.verify_weights:
+            mine = {n: digest(p) for n, p in self.engine_module.named_parameters()}
+            row["bit_equal"] = client.digests() == mine
+            if not row["bit_equal"]:
+                raise WeightVersionError(
+                    f"{client.base_url}: parameters differ from the trainer's after version {self.version}"
+                )
+        self.pushes += 1
+        with open(self.out_dir / "weight_sync.jsonl", "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    # -- generation -------------------------------------------------------
+
+    def _request(self, url: str, prompt: dict, params: Any) -> dict:
+        body = {
+            "input_ids": list(prompt["prompt_token_ids"]),
+            "sampling_params": {
+                "n": params.n,
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "seed": params.seed,
+                "max_tokens": params.max_tokens,
+                "logprobs": params.logprobs,
+            },
+            "return_text": True,
+        }
+        r = self.http.post(f"{url}/generate", json=body)
+        if r.status_code != 200:
+            raise VrikshaError(f"{url}/generate answered {r.status_code}: {r.text[:500]}")
+        return r.json()
+
+    def _one(self, i: int, prompt: dict, params: Any) -> RequestOutput:
+        url = self.urls[(self._next + i) % len(self.urls)]
+        body = self._request(url, prompt, params)
+        if int(body.get("weight_version", -1)) != self.version:
+            raise WeightVersionError(
+                f"{url} answered under weight version {body.get('weight_version')} but the trainer is at "
+                f"{self.version}"
+            )
+        outputs = [
+            CompletionOutput(
+                index=o["index"],
+                text=o.get("text") or "",
+                token_ids=list(o["token_ids"]),
+                token_logprobs=[float(x) for x in o["token_logprobs"]],
+                logprobs=None,
+                finish_reason=o.get("finish_reason"),
+            )
+            for o in body["outputs"]
+        ]
+        return RequestOutput(
+            request_id=body["request_id"],
+            prompt=None,
+            prompt_token_ids=list(prompt["prompt_token_ids"]),
+            outputs=outputs,
+            finished=True,
+            num_cached_tokens=int(body.get("cached_tokens", 0)),
+            weight_version=int(body["weight_version"]),
+        )
+
+    def generate(self, prompts: list[dict], params: list[Any], use_tqdm: bool = False) -> list[RequestOutput]:
+        for attempt in range(2):
+            futures = [
+                self._pool.submit(self._one, i, p, sp)
+                for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
+            ]
+            try:
+                outs = [f.result() for f in futures]
+                self._next += len(prompts)
+                return outs
+            except WeightVersionError as exc:
+                for f in futures:
+                    f.cancel()
+                if attempt or self.rank != 0 or (dist.is_initialized() and dist.get_world_size() > 1):
+                    raise WeightVersionError(f"{exc}; restart the server or the run") from None
+                logger.warning("%s: re-syncing the weights and repeating the rollout", exc)
+                self._push_all()
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
+        self.http.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self.local is not None:
+            self.local.stop()
+            self.local = None
