@@ -67,6 +67,13 @@ def register(subparsers: Any) -> None:
         help="let more than one trainer update the weights (default: the first trainer's transfer is exclusive "
         "until it closes it)",
     )
+    p.add_argument(
+        "--load-weights-dir",
+        default=None,
+        metavar="DIR",
+        help="at startup, load the newest complete weight version under DIR (the filesystem weight transfer's "
+        "directory, e.g. a run's output_dir/weights); versions without their COMPLETE marker are skipped",
+    )
     EngineConfig.add_arguments(p)
     from vriksha.profiling import add_profile_args
 
@@ -110,6 +117,11 @@ def handler(args: argparse.Namespace) -> int:
     from vriksha.profiling import ProfileConfig, StepProfiler
 
     engine = AsyncEngine(LLMEngine(EngineConfig.from_args(args)))
+    if args.load_weights_dir:
+        from vriksha.weights.fs import restore_latest
+
+        version = restore_latest(engine.engine, args.load_weights_dir)
+        logger.warning("weights: version %s from %s", version, args.load_weights_dir)
     step_profiler = StepProfiler(ProfileConfig.from_args(args), rank=0, name="serve")
     if step_profiler.enabled:
         engine.step_hooks.append(step_profiler.step)

@@ -9,6 +9,7 @@ import json
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -122,3 +123,17 @@ def load_file_into(path: Path, target: dict[str, torch.Tensor], counter: CopyCou
         specs.append(spec)
     counter.bytes_moved += size
     return specs
+
+
+def restore_latest(engine: Any, root: Path) -> int | None:
+    """Load the newest complete version under `root` into `engine`'s parameters in place (a server restarted
+    after a crash mid-update takes the last version whose marker was written, never a torn one)."""
+    found = latest_complete(Path(root))
+    if found is None:
+        return None
+    version, d = found
+    target = {n: p.data for n, p in engine.model.named_parameters()}
+    with torch.no_grad():
+        load_file_into(d / FILE, target, CopyCounter())
+    engine.set_weight_version(version)
+    return version
