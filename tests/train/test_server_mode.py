@@ -68,3 +68,70 @@ def test_server_mode_config_is_validated():
     with pytest.raises(ConfigError, match="rollout.mode"):
         TrainConfig.from_dict({"rollout": {"mode": "remote"}})
     assert Path(sys.executable).exists()
+
+
+def test_killed_trainer_resumes_and_resyncs_the_server(tiny_model_dir, tmp_path):  # noqa: F811
+    """kill -9 of a server-mode trainer (its transfer never closed), then `--resume`: the same run owns the
+    server again, finds it at another version than its checkpoint, re-syncs and finishes."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    import httpx
+
+    from tests.server.conftest import ServerProcess
+
+    server = ServerProcess(
+        ["--model", str(tiny_model_dir), "--kv-cache-memory-gb", "0.05"], tmp_path / "s.log"
+    )
+    try:
+        cfg = _config(
+            tmp_path,
+            tiny_model_dir,
+            "resume",
+            steps=4,
+            eval_episodes=0,
+            eval_interval=0,
+            checkpoint_interval=1,
+            export=False,
+        )
+        sets = [
+            "--set",
+            "rollout.mode=server",
+            "--set",
+            f"rollout.servers=[{server.base_url}]",
+            "--set",
+            "rollout.verify_weights=true",
+        ]
+        out = tmp_path / "resume"
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vriksha.train", str(cfg), *sets],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 300
+            while not (out / "checkpoints" / "step_000002" / "manifest.json").exists():
+                assert proc.poll() is None and time.monotonic() < deadline, "the first run ended early"
+                time.sleep(0.2)
+        finally:
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(30)
+        state = httpx.get(f"{server.base_url}/weight_version", timeout=10).json()
+        assert state["owner"] is not None  # the killed run never closed its transfer
+        before = len((out / "weight_sync.jsonl").read_text().splitlines())
+        _run([str(cfg), "--resume", *sets])
+        rows = [json.loads(x) for x in (out / "weight_sync.jsonl").read_text().splitlines()][before:]
+        resumed = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+        assert resumed[-1]["step"] == 4
+        start = rows[0]["version"]
+        assert start >= 2  # the resumed step, not the server's last version
+        assert rows[0]["server_version_before"] == state["version"]
+        assert [r["version"] for r in rows] == list(range(start, start + len(rows)))
+        assert all(r["bit_equal"] for r in rows)
+        assert httpx.get(f"{server.base_url}/weight_version", timeout=10).json()["owner"] is None  # closed
+    finally:
+        server.stop()
