@@ -10,6 +10,7 @@ push its weights again and repeat the request, so no episode is ever trained on 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import logging
 import os
@@ -24,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from vriksha.engine.config import EngineConfig
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
 from vriksha.errors import VrikshaError
 from vriksha.train.config import ModelConfig, RolloutConfig
@@ -34,12 +36,22 @@ logger = logging.getLogger(__name__)
 __all__ = ["ServerRollout", "WeightVersionError", "start_server"]
 
 STARTUP_TIMEOUT_S = 300.0
-_ENGINE_FLAGS = {
-    "kv_cache_memory_gb": "--kv-cache-memory-gb",
-    "max_model_len": "--max-model-len",
-    "dtype": "--dtype",
-    "max_num_seqs": "--max-num-seqs",
-}
+
+
+def engine_flags(engine: EngineConfig, dtype: str) -> list[str]:
+    """`vriksha serve` flags for the options of `rollout.engine` that differ from the defaults."""
+    flags = ["--dtype", dtype]
+    changed = engine.to_dict(changed_only=True)
+    for f in dataclasses.fields(EngineConfig):
+        if f.name not in changed or f.name in ("model", "dtype", "device"):
+            continue
+        name = f.metadata.get("flag") or f.name.replace("_", "-")
+        value = changed[f.name]
+        if isinstance(value, bool):
+            flags.append(f"--{name}" if value else f"--no-{name}")
+        elif value is not None:
+            flags += [f"--{name}", str(value)]
+    return flags
 
 
 class WeightVersionError(VrikshaError):
@@ -55,15 +67,13 @@ def _free_port() -> int:
 class LocalServer:
     """One `vriksha serve` subprocess on a free loopback port, stopped with the trainer."""
 
-    def __init__(self, model_path: str | None, engine: dict[str, Any], log_path: Path) -> None:
+    def __init__(self, model_path: str | None, flags: list[str], log_path: Path) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "vriksha.cli", "serve", "--port", str(self.port)]
         if model_path:
             cmd += ["--model", model_path]
-        for key, flag in _ENGINE_FLAGS.items():
-            if engine.get(key) is not None:
-                cmd += [flag, str(engine[key])]
+        cmd += flags
         self.log_path = log_path
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=dict(os.environ))
@@ -107,7 +117,7 @@ def start_server(
     model_cfg: ModelConfig,
     engine_module: torch.nn.Module,
     tokenizer: Any,
-    engine: dict[str, Any],
+    engine: EngineConfig,
     out_dir: Path,
 ) -> LocalServer:
     """A server over the policy's model; a randomly initialised policy is saved first so it has a directory
@@ -118,8 +128,7 @@ def start_server(
         engine_module.save_pretrained(d)
         tokenizer.save_pretrained(d)
         path = str(d)
-    engine = {"dtype": model_cfg.dtype, **engine}
-    return LocalServer(path, engine, out_dir / "server.log")
+    return LocalServer(path, engine_flags(engine, model_cfg.dtype), out_dir / "server.log")
 
 
 class ServerRollout:
