@@ -131,6 +131,49 @@ def start_server(
     return LocalServer(path, engine_flags(engine, model_cfg.dtype), out_dir / "server.log")
 
 
+_NATIVE_FIELDS = (
+    "n",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "seed",
+    "max_tokens",
+    "min_tokens",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "logprobs",
+    "include_stop_str_in_output",
+    "skip_special_tokens",
+)
+
+
+def native_sampling(params: Any) -> dict[str, Any]:
+    """The native /generate `sampling_params` for engine `SamplingParams` (fields at their defaults left out)."""
+    from vriksha.engine.sampling_params import SamplingParams
+
+    default = SamplingParams()
+    out = {}
+    for name in _NATIVE_FIELDS:
+        value = getattr(params, name)
+        if value != getattr(default, name) or name in ("n", "temperature", "max_tokens", "seed"):
+            out[name] = value
+    return out
+
+
+def eos_token_ids(module: torch.nn.Module, tokenizer: Any) -> frozenset[int]:
+    """The ids that end a completion, as the engine derives them (generation config, then the tokenizer)."""
+    ids: set[int] = set()
+    gen = getattr(module, "generation_config", None)
+    for source in (getattr(gen, "eos_token_id", None), getattr(tokenizer, "eos_token_id", None)):
+        if isinstance(source, int):
+            ids.add(source)
+        elif source:
+            ids.update(source)
+    return frozenset(ids)
+
+
 class ServerRollout:
     """`generate` like `LLM.generate`, on servers; `weights_updated()` pushes the engine module to them."""
 
@@ -149,6 +192,7 @@ class ServerRollout:
         self.cfg = cfg
         self.engine_module = engine_module
         self.tokenizer = tokenizer
+        self.eos_token_ids = eos_token_ids(engine_module, tokenizer)
         self.rank = rank
         self.out_dir = out_dir
         self.local: LocalServer | None = None
@@ -243,14 +287,7 @@ class ServerRollout:
     def _request(self, url: str, prompt: dict, params: Any) -> dict:
         body = {
             "input_ids": list(prompt["prompt_token_ids"]),
-            "sampling_params": {
-                "n": params.n,
-                "temperature": params.temperature,
-                "top_p": params.top_p,
-                "seed": params.seed,
-                "max_tokens": params.max_tokens,
-                "logprobs": params.logprobs,
-            },
+            "sampling_params": native_sampling(params),
             "return_text": True,
         }
         r = self.http.post(f"{url}/generate", json=body)
