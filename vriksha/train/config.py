@@ -118,7 +118,8 @@ class RolloutConfig(_Section):
     )
     weight_bucket_mb: float = Field(64.0, gt=0.0, description="server mode: gloo bucket size in MiB")
     verify_weights: bool = Field(
-        False, description="server mode: after each push, check every server parameter's sha256 against the trainer's"
+        False,
+        description="server mode: after each push, check every server parameter's sha256 against the trainer's",
     )
 
 

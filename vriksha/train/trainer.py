@@ -144,7 +144,13 @@ class GRPOTrainer:
             from vriksha.train.server_rollout import ServerRollout
 
             self.llm = ServerRollout(
-                cfg.rollout, cfg.model, self.engine_module, self.tokenizer, self.out_dir, pd.rank, self.start_step
+                cfg.rollout,
+                cfg.model,
+                self.engine_module,
+                self.tokenizer,
+                self.out_dir,
+                pd.rank,
+                self.start_step,
             )
         else:
             self.llm = build_engine(self.engine_module, self.tokenizer, cfg.rollout.engine)
