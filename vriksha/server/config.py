@@ -24,5 +24,5 @@ class ServerConfig:
     shutdown_timeout_s: float = 30.0
     # connections, deadlines, body and header caps, descriptor limit, log rate (`--max-connections`, ...)
     front: FrontConfig = field(default_factory=FrontConfig)
-    # let more than one trainer update this server's weights (updates are still applied one at a time)
+    # let more than one trainer update this server's weights (they must take turns: one update at a time)
     allow_multiple_weight_clients: bool = False
