@@ -13,6 +13,7 @@ from vriksha.errors import VrikshaError
 SUBCOMMANDS: dict[str, str] = {
     "generate": "vriksha.engine.cli",
     "serve": "vriksha.server.cli",
+    "router": "vriksha.router.cli",
     "env": "vriksha.envs.cli",
     "repo2env": "vriksha.repo2env.cli",
     "train": "vriksha.train.cli",
@@ -42,7 +43,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

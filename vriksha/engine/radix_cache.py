@@ -263,6 +263,10 @@ class RadixCache:
     def total_size(self) -> int:
         return self._evictable + self._protected
 
+    def leaf_paths(self) -> list[list[int]]:
+        """The token path of every leaf: together they name every cached token (a KV-events snapshot)."""
+        return [n.token_path() for n in self._nodes() if n.is_leaf]
+
     def slot_set(self) -> set[int]:
         return {s for n in self._nodes() for s in n.value.tolist()}
 

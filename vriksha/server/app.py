@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -17,17 +18,20 @@ from vriksha.server.engine_client import EngineClient
 from vriksha.server.errors import install_error_handlers
 from vriksha.server.metrics import ServerMetrics
 from vriksha.server.profiler import ServerProfiler
+from vriksha.server.routes_fleet import router as fleet_router
 from vriksha.server.routes_native import router as native_router
 from vriksha.server.routes_openai import router as openai_router
+from vriksha.server.routes_render import router as render_router
 from vriksha.server.routes_weights import install as install_weight_routes
 from vriksha.server.state import ServerState
 
 logger = logging.getLogger(__name__)
 
 
-def create_app(engine: EngineProtocol, config: ServerConfig | None = None) -> FastAPI:
+def create_app(engine: EngineProtocol, config: ServerConfig | None = None, kv_events: Any = None) -> FastAPI:
     """An app serving `engine` (an `AsyncEngine`, or anything else of the `EngineProtocol`); the engine is
-    started and shut down with the app."""
+    started and shut down with the app. `kv_events` (a `KVEventPublisher` subscribed to the engine's cache)
+    enables /kv_events/snapshot."""
     config = config or ServerConfig()
     admission = Admission(config.max_waiting, config.retry_after_s)
     metrics = ServerMetrics(engine.stats, lambda: admission.waiting, lambda: admission.in_flight)
@@ -61,10 +65,13 @@ def create_app(engine: EngineProtocol, config: ServerConfig | None = None) -> Fa
     app = FastAPI(title="vriksha", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.vriksha = state
     app.state.startup_error = None
+    app.state.kv_events = kv_events
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(native_router)
     install_weight_routes(app, config.allow_multiple_weight_clients)
+    app.include_router(fleet_router)
+    app.include_router(render_router)
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=config.auth_exempt)
     return app

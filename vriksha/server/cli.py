@@ -75,11 +75,32 @@ def register(subparsers: Any) -> None:
         "directory, e.g. a run's output_dir/weights); versions without their COMPLETE marker are skipped",
     )
     EngineConfig.add_arguments(p)
+    k = p.add_argument_group("KV cache events (for a router)")
+    k.add_argument(
+        "--kv-events-endpoint",
+        default=None,
+        metavar="ZMQ_ENDPOINT",
+        help="publish the prefix cache's changes (token-granular, see docs/router.md) on a ZMQ PUB socket "
+        "bound here, e.g. tcp://127.0.0.1:5557; also enables GET /kv_events/snapshot (default: off)",
+    )
+    k.add_argument(
+        "--kv-events-vllm-endpoint",
+        default=None,
+        metavar="ZMQ_ENDPOINT",
+        help="also publish vLLM-format block events (BlockStored/BlockRemoved/AllBlocksCleared) here, for "
+        "vllm-router's kv_aware policy (needs --kv-events-endpoint; default: off)",
+    )
+    k.add_argument(
+        "--kv-events-block-size",
+        type=int,
+        default=16,
+        help="tokens per block of the vLLM-format stream; pass the same to vllm-router's "
+        "--kv-event-block-size (default: 16)",
+    )
     from vriksha.profiling import add_profile_args
 
-    add_profile_args(
-        p
-    )  # --profile: scheduled capture over engine steps; --profile-dir also for /start_profile
+    # --profile: scheduled capture over engine steps; --profile-dir also for /start_profile
+    add_profile_args(p)
     p.set_defaults(func=handler)
 
 
@@ -116,7 +137,12 @@ def handler(args: argparse.Namespace) -> int:
     )
     from vriksha.profiling import ProfileConfig, StepProfiler
 
-    engine = AsyncEngine(LLMEngine(EngineConfig.from_args(args)))
+    if args.kv_events_vllm_endpoint and not args.kv_events_endpoint:
+        raise ConfigError("--kv-events-vllm-endpoint needs --kv-events-endpoint as well")
+    if args.kv_events_block_size < 1:
+        raise ConfigError(f"--kv-events-block-size must be >= 1, got {args.kv_events_block_size}")
+    publisher = _kv_events(args)
+    engine = AsyncEngine(LLMEngine(EngineConfig.from_args(args), cache_events=publisher))
     if args.load_weights_dir:
         from vriksha.weights.fs import restore_latest
 
@@ -126,7 +152,7 @@ def handler(args: argparse.Namespace) -> int:
     if step_profiler.enabled:
         engine.step_hooks.append(step_profiler.step)
         step_profiler.start()
-    app = create_app(engine, config)
+    app = create_app(engine, config, kv_events=publisher)
     state = app.state.vriksha
 
     level = logging.getLogger().getEffectiveLevel()
@@ -146,6 +172,8 @@ def handler(args: argparse.Namespace) -> int:
     finally:
         for path in step_profiler.stop():
             logger.warning("trace: %s", path)
+        if publisher is not None:
+            publisher.close()
     if app.state.startup_error is not None:
         err = app.state.startup_error
         raise err if isinstance(err, VrikshaError) else ConfigError(f"the engine failed to start: {err}")
@@ -154,3 +182,26 @@ def handler(args: argparse.Namespace) -> int:
             f"the server did not start on {args.host}:{args.port}; is the port in use? pick another --port"
         )
     return 0
+
+
+def _kv_events(args: argparse.Namespace) -> Any:
+    """A publisher of the prefix cache's changes (the engine's cache event sink), when --kv-events-endpoint is
+    given."""
+    if not args.kv_events_endpoint:
+        return None
+    from vriksha.kv_events.publisher import KVEventPublisher, PublisherConfig
+
+    try:
+        publisher = KVEventPublisher(
+            PublisherConfig(
+                endpoint=args.kv_events_endpoint,
+                vllm_endpoint=args.kv_events_vllm_endpoint,
+                vllm_block_size=args.kv_events_block_size,
+            )
+        )
+    except Exception as exc:  # zmq.ZMQError: address in use, bad endpoint
+        raise ConfigError(
+            f"cannot bind the KV events socket {args.kv_events_endpoint}: {exc}; pick a free port "
+            "(tcp://127.0.0.1:PORT)"
+        ) from exc
+    return publisher

@@ -69,9 +69,18 @@ def render_chat(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
     kwargs = dict(req.chat_template_kwargs or {})
     if req.tools:
         kwargs["tools"] = req.tools
+    add_generation_prompt = req.add_generation_prompt
+    if req.continue_final_message:
+        if req.messages[-1].role != "assistant":
+            raise BadRequestError(
+                "continue_final_message=true needs an assistant message last, to continue",
+                param="continue_final_message",
+            )
+        kwargs["continue_final_message"] = True
+        add_generation_prompt = False
     try:
         text = tokenizer.apply_chat_template(
-            chat_messages(req), add_generation_prompt=req.add_generation_prompt, tokenize=False, **kwargs
+            chat_messages(req), add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
         )
     except BadRequestError:
         raise

@@ -39,6 +39,19 @@ class EngineExtras(Strict):
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
     repetition_penalty: FiniteFloat | None = None  # accepted for compatibility; only 1.0 is supported
+    # fields SGLang-style routers (vllm-router) add to every request, see docs/router.md
+    no_stop_trim: bool | None = None  # true: keep the matched stop string (= include_stop_str_in_output)
+    return_hidden_states: bool | None = None  # only false is supported
+
+
+class RouterChatExtras(Strict):
+    """Chat fields vllm-router adds. `continue_final_message` is honoured; the reasoning switches have no
+    effect because vriksha has no reasoning parser (the text comes back whole in `content`)."""
+
+    continue_final_message: bool | None = None
+    separate_reasoning: bool | None = None
+    stream_reasoning: bool | None = None
+    include_reasoning: bool | None = None
 
 
 class OpenAISampling(EngineExtras):
@@ -77,7 +90,7 @@ class ChatMessage(BaseModel):
     name: str | None = None
 
 
-class ChatCompletionRequest(OpenAISampling):
+class ChatCompletionRequest(OpenAISampling, RouterChatExtras):
     messages: list[ChatMessage] = Field(min_length=1)
     audio: dict[str, Any] | None = None
     function_call: str | dict[str, Any] | None = None

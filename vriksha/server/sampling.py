@@ -26,7 +26,13 @@ def _extras(req: EngineExtras) -> dict[str, Any]:
             f"repetition_penalty={req.repetition_penalty} is not supported; omit it or pass 1.0",
             param="repetition_penalty",
         )
+    if req.return_hidden_states:
+        raise BadRequestError(
+            "return_hidden_states=true is not supported; omit it or pass false", param="return_hidden_states"
+        )
     out: dict[str, Any] = {}
+    if req.no_stop_trim:
+        out["include_stop_str_in_output"] = True
     for name in (
         "top_k",
         "min_p",

@@ -1,0 +1,69 @@
+"""The token-granular event schema, shaped like vLLM's KV events (tagged, array-like msgspec structs).
+
+vLLM names fixed-size blocks by chained hashes; vriksha's radix tree is token-granular, so an event names
+the cached token path itself:
+
+- `PrefixStored(token_ids, num_cached)`: the whole path from the root is now cached; its first
+  `num_cached` tokens were cached before, the rest are new.
+- `PrefixRemoved(token_ids, num_tokens)`: the last `num_tokens` of this path (a leaf of the tree) are gone.
+- `AllCleared()`: the tree is empty (also the first event after a replica starts).
+
+Batches travel as ZMQ multipart `[topic, seq (8 bytes, big-endian signed), payload]`, as vLLM's do; the
+payload is `EventBatch(ts, events, instance)` where `instance` changes when the replica restarts.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class KVEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):
+    """Base of every token-granular event."""
+
+
+class PrefixStored(KVEvent):
+    token_ids: list[int]
+    num_cached: int
+
+
+class PrefixRemoved(KVEvent):
+    token_ids: list[int]
+    num_tokens: int
+
+
+class AllCleared(KVEvent):
+    pass
+
+
+class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[PrefixStored | PrefixRemoved | AllCleared]
+    instance: str = ""
+
+
+class CacheSnapshot(msgspec.Struct, omit_defaults=True, gc=False):
+    """The whole tree after every batch up to and including `seq` (-1: none yet): its leaves' token paths."""
+
+    instance: str
+    seq: int
+    paths: list[list[int]]
+
+
+_encoder = msgspec.msgpack.Encoder()
+_batch_decoder = msgspec.msgpack.Decoder(EventBatch)
+
+
+def encode_batch(batch: EventBatch) -> bytes:
+    return _encoder.encode(batch)
+
+
+def decode_batch(payload: bytes) -> EventBatch:
+    return _batch_decoder.decode(payload)
+
+
+def seq_bytes(seq: int) -> bytes:
+    return seq.to_bytes(8, "big", signed=True)
+
+
+def seq_from_bytes(raw: bytes) -> int:
+    return int.from_bytes(raw, "big", signed=True)

@@ -1,0 +1,84 @@
+"""The same tree changes as vLLM-format block events, for routers that speak vLLM's KV events (vllm-router's
+kv_aware policy): fixed-size blocks from the root, named by chained 63-bit hashes of their token ids.
+
+A block is announced when every one of its tokens is cached along one path, and removed when a removal cuts
+into it. Partial trailing blocks are never announced, as in vLLM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import msgspec
+
+
+class VLLMEvent(msgspec.Struct, gc=False, tag=True):
+    """Tagged maps ({"type": "BlockStored", ...}), as current vLLM and vllm-router exchange them."""
+
+
+class BlockStored(VLLMEvent):
+    block_hashes: list[int]
+    parent_block_hash: int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None = None
+    medium: str | None = None
+    lora_name: str | None = None
+
+
+class BlockRemoved(VLLMEvent):
+    block_hashes: list[int]
+    medium: str | None = None
+
+
+class AllBlocksCleared(VLLMEvent):
+    pass
+
+
+class VLLMEventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    ts: float
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+    data_parallel_rank: int | None = None
+
+
+def block_hash(parent: int | None, tokens: list[int]) -> int:
+    h = hashlib.blake2b(digest_size=8)
+    h.update((parent if parent is not None else -1).to_bytes(8, "little", signed=True))
+    h.update(b"".join(t.to_bytes(4, "little") for t in tokens))
+    return int.from_bytes(h.digest(), "little") >> 1
+
+
+def chain_hashes(token_ids: list[int], block_size: int, upto: int | None = None) -> list[int]:
+    """The hashes of the first `upto` complete blocks of `token_ids` (all of them by default)."""
+    n = len(token_ids) // block_size if upto is None else upto
+    out: list[int] = []
+    parent: int | None = None
+    for b in range(n):
+        parent = block_hash(parent, token_ids[b * block_size : (b + 1) * block_size])
+        out.append(parent)
+    return out
+
+
+def stored_blocks(token_ids: list[int], num_cached: int, block_size: int) -> BlockStored | None:
+    """The complete blocks that became cached when `token_ids[num_cached:]` were added."""
+    first = num_cached // block_size  # the block holding the first new token was not complete before
+    last = len(token_ids) // block_size  # exclusive
+    if last <= first:
+        return None
+    hashes = chain_hashes(token_ids, block_size, last)
+    return BlockStored(
+        block_hashes=hashes[first:],
+        parent_block_hash=hashes[first - 1] if first > 0 else None,
+        token_ids=token_ids[first * block_size : last * block_size],
+        block_size=block_size,
+    )
+
+
+def removed_blocks(token_ids: list[int], num_tokens: int, block_size: int) -> BlockRemoved | None:
+    """The complete blocks a removal of the last `num_tokens` of `token_ids` cut into."""
+    start = len(token_ids) - num_tokens
+    first = start // block_size
+    last = len(token_ids) // block_size
+    if last <= first:
+        return None
+    return BlockRemoved(block_hashes=chain_hashes(token_ids, block_size, last)[first:])

@@ -1,0 +1,137 @@
+"""The router's FastAPI app: the endpoints of `vriksha serve`, each parsed and validated as a replica would,
+tokenized for the policy, then forwarded; plus /health, /metrics and /router/replicas."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+
+from vriksha.router.config import RouterConfig
+from vriksha.router.pool import ReplicaPool
+from vriksha.router.proxy import Forwarder, NoReplicaError
+from vriksha.router.tokens import PromptTokens
+from vriksha.server.auth import APIKeyMiddleware
+from vriksha.server.errors import install_error_handlers
+from vriksha.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+
+logger = logging.getLogger(__name__)
+
+
+def _parse(model: type[BaseModel], body: bytes) -> Any:
+    if not body.strip():
+        raise RequestValidationError(
+            [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
+        )
+    try:
+        return model.model_validate_json(body)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors()) from exc
+
+
+def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) -> FastAPI:
+    tokens = tokens or PromptTokens.for_model(config.model)
+    http = httpx.AsyncClient(
+        timeout=httpx.Timeout(config.request_timeout_s, connect=config.connect_timeout_s),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+    )
+    pool = ReplicaPool(config, http)
+    forwarder = Forwarder(pool, http)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await pool.start()
+        logger.info("routing over %d replicas with %s", len(pool.replicas), pool.policy.name)
+        try:
+            yield
+        finally:
+            await pool.stop()
+            await http.aclose()
+
+    app = FastAPI(title="vriksha router", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.pool = pool
+    install_error_handlers(app)
+
+    async def route(request: Request, path: str, model: type[BaseModel], ids) -> Response:
+        arrived = time.perf_counter()
+        body = await request.body()
+        req = _parse(model, body)
+        return await forwarder.forward(request, path, body, ids(req), bool(req.stream), arrived)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await route(request, "/v1/completions", CompletionRequest, tokens.completion)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        return await route(request, "/v1/chat/completions", ChatCompletionRequest, tokens.chat)
+
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        return await route(request, "/generate", GenerateRequest, tokens.generate)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        for r in pool.healthy():
+            try:
+                resp = await http.get(f"{r.url}/v1/models", headers=dict(request.headers.items()))
+            except httpx.TransportError:
+                continue
+            return Response(resp.content, resp.status_code, media_type="application/json")
+        raise NoReplicaError("no replica is healthy; retry shortly", headers={"Retry-After": "1"})
+
+    @app.get("/health")
+    async def health() -> Response:
+        ok = bool(pool.healthy())
+        body = {"status": "ok" if ok else "no_healthy_replica", "healthy": len(pool.healthy())}
+        return JSONResponse(body, status_code=200 if ok else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        return Response(pool.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/router/replicas")
+    async def replicas() -> Response:
+        out = []
+        for r in pool.replicas:
+            ev = r.events
+            out.append(
+                {
+                    "url": r.url,
+                    "healthy": r.healthy,
+                    "in_flight": r.in_flight,
+                    "queue": r.queue,
+                    "kv_usage": r.load.kv_usage,
+                    "events": None
+                    if ev is None
+                    else {
+                        "synced": ev.synced,
+                        "instance": ev.instance,
+                        "seq": ev.seq,
+                        "tokens": ev.tree.size,
+                    },
+                }
+            )
+        return JSONResponse({"policy": pool.policy.name, "replicas": out})
+
+    @app.get("/router/mirror")
+    async def mirror(replica: int) -> Response:
+        """A replica's mirrored tree as leaf paths (for tests and debugging)."""
+        r = pool.replicas[replica]
+        if r.events is None:
+            raise NoReplicaError("this replica has no event stream (--replica URL,EVENTS)")
+        return JSONResponse({"seq": r.events.seq, "paths": sorted(list(p) for p in r.events.tree.paths())})
+
+    if config.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=config.auth_exempt)
+    return app

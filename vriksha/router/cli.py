@@ -1,0 +1,138 @@
+"""`vriksha router`: an OpenAI-compatible front over vriksha replicas."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from typing import Any
+
+from vriksha.errors import ConfigError
+from vriksha.router.config import POLICIES, ReplicaSpec, RouterConfig
+
+logger = logging.getLogger(__name__)
+_D = RouterConfig()
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "router",
+        help="route OpenAI requests over vriksha replicas (prefix-cache and load aware)",
+        description="An OpenAI-compatible router over `vriksha serve` replicas: /v1/completions, "
+        "/v1/chat/completions, /v1/models, /generate, /health, /metrics. See docs/router.md.",
+    )
+    p.add_argument(
+        "--replica",
+        action="append",
+        default=[],
+        metavar="URL[,EVENTS]",
+        help="a replica's base URL, optionally with its --kv-events-endpoint after a comma "
+        "(e.g. http://127.0.0.1:8001,tcp://127.0.0.1:5557); repeat per replica",
+    )
+    p.add_argument(
+        "--policy", choices=POLICIES, default=_D.policy, help=f"routing policy (default: {_D.policy})"
+    )
+    p.add_argument(
+        "--model", default=None, help="the replicas' model, for the tokenizer (default: the embedded one)"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port to bind (default: 8080)")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("VRIKSHA_API_KEY"),
+        help="require `Authorization: Bearer KEY` (default: $VRIKSHA_API_KEY, else none); it is passed on to "
+        "the replicas unchanged",
+    )
+    p.add_argument(
+        "--session-header",
+        default=_D.session_header,
+        help=f"requests with the same value of this header go to the same replica (default: {_D.session_header})",
+    )
+    p.add_argument(
+        "--health-interval", type=float, default=_D.health_interval_s, help="seconds between /health checks"
+    )
+    p.add_argument(
+        "--load-interval", type=float, default=_D.load_interval_s, help="seconds between /load polls"
+    )
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=_D.request_timeout_s,
+        help="seconds a replica may take per read",
+    )
+    g = p.add_argument_group("cache_aware")
+    g.add_argument(
+        "--cache-threshold", type=float, default=_D.cache_threshold, help="match rate to follow a prefix"
+    )
+    g.add_argument(
+        "--balance-abs-threshold", type=int, default=_D.balance_abs_threshold, help="load gap (requests)"
+    )
+    g.add_argument("--balance-rel-threshold", type=float, default=_D.balance_rel_threshold, help="load ratio")
+    g = p.add_argument_group("precise")
+    g.add_argument(
+        "--queue-cost", type=float, default=_D.queue_cost_tokens, help="token-equivalents per queued request"
+    )
+    g.add_argument(
+        "--kv-cost", type=float, default=_D.kv_cost_tokens, help="token-equivalents at a full KV pool"
+    )
+    g.add_argument(
+        "--affinity-bound",
+        type=float,
+        default=_D.affinity_bound_tokens,
+        help="keep the replica holding the prefix unless its estimate is worse by more than this (tokens)",
+    )
+    p.set_defaults(func=handler)
+
+
+def config_from_args(args: argparse.Namespace) -> RouterConfig:
+    if not args.replica:
+        raise ConfigError("give at least one --replica URL (the base URL of a `vriksha serve`)")
+    specs = []
+    for item in args.replica:
+        url, _, events = item.partition(",")
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"--replica {item!r}: the URL must start with http:// or https://")
+        if events and not events.startswith(("tcp://", "ipc://")):
+            raise ConfigError(
+                f"--replica {item!r}: the events endpoint must be tcp://HOST:PORT or ipc://PATH"
+            )
+        specs.append(ReplicaSpec(url.rstrip("/"), events or None))
+    if args.policy == "precise" and not any(s.events for s in specs):
+        logger.warning(
+            "--policy precise without event streams: it sees load only (add ,tcp://... to --replica)"
+        )
+    return RouterConfig(
+        replicas=specs,
+        policy=args.policy,
+        model=args.model,
+        api_key=args.api_key or None,
+        session_header=args.session_header.lower(),
+        health_interval_s=args.health_interval,
+        load_interval_s=args.load_interval,
+        request_timeout_s=args.request_timeout,
+        cache_threshold=args.cache_threshold,
+        balance_abs_threshold=args.balance_abs_threshold,
+        balance_rel_threshold=args.balance_rel_threshold,
+        queue_cost_tokens=args.queue_cost,
+        kv_cost_tokens=args.kv_cost,
+        affinity_bound_tokens=args.affinity_bound,
+    )
+
+
+def handler(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from vriksha.router.app import create_router_app
+
+    config = config_from_args(args)
+    app = create_router_app(config)
+    level = logging.getLogger().getEffectiveLevel()
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=max(level, logging.INFO) if level <= logging.INFO else level,
+        access_log=level <= logging.DEBUG,
+        timeout_graceful_shutdown=5,
+    )
+    return 0

@@ -1,0 +1,38 @@
+"""The router's options; `vriksha router` builds its flags from these defaults."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+POLICIES = ("round_robin", "least_load", "cache_aware", "precise")
+
+
+@dataclass(slots=True)
+class ReplicaSpec:
+    url: str
+    events: str | None = None  # ZMQ endpoint of its token-granular KV events
+
+
+@dataclass(slots=True)
+class RouterConfig:
+    replicas: list[ReplicaSpec] = field(default_factory=list)
+    policy: str = "precise"
+    model: str | None = None  # for the tokenizer; None: the embedded default
+    api_key: str | None = None
+    auth_exempt: frozenset[str] = frozenset({"/health", "/metrics"})
+    session_header: str = "x-session-id"
+    max_sessions: int = 100_000
+    health_interval_s: float = 1.0
+    load_interval_s: float = 0.25
+    connect_timeout_s: float = 2.0
+    request_timeout_s: float = 600.0
+    # cache_aware (SGLang's router): approximate trees of routed prompts
+    cache_threshold: float = 0.3
+    balance_abs_threshold: int = 32
+    balance_rel_threshold: float = 1.5
+    max_tree_tokens: int = 1 << 22
+    # precise: estimated time to first token in token-equivalents of prefill
+    queue_cost_tokens: float = 64.0  # per request a replica is already serving
+    kv_cost_tokens: float = 256.0  # times the replica's KV usage (0..1)
+    affinity_bound_tokens: float = 512.0  # keep the prefix holder unless it is worse than this
+    pending_ttl_s: float = 30.0  # routed prompts count as cached there until events confirm them

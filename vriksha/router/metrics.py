@@ -1,0 +1,95 @@
+"""The router's Prometheus metrics: requests, routing decisions, retries per replica; replica state at scrape."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from vriksha.router.replica import Replica
+
+P = "vriksha_router"
+_OVERHEAD_BUCKETS = (0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5)
+
+
+class _ReplicaCollector(Collector):
+    def __init__(self, replicas: Callable[[], list[Replica]]) -> None:
+        self._replicas = replicas
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        fams = {
+            "healthy": GaugeMetricFamily(
+                f"{P}_replica_healthy", "1 if the replica is in rotation", labels=["replica"]
+            ),
+            "in_flight": GaugeMetricFamily(
+                f"{P}_replica_in_flight", "requests the router has open on the replica", labels=["replica"]
+            ),
+            "queue": GaugeMetricFamily(
+                f"{P}_replica_queue", "running + waiting requests the replica reported", labels=["replica"]
+            ),
+            "kv": GaugeMetricFamily(
+                f"{P}_replica_kv_usage", "the replica's KV pool usage", labels=["replica"]
+            ),
+            "tokens": GaugeMetricFamily(
+                f"{P}_mirror_tokens",
+                "tokens in the router's mirror of the replica's cache",
+                labels=["replica"],
+            ),
+            "seq": GaugeMetricFamily(f"{P}_mirror_seq", "last KV event batch applied", labels=["replica"]),
+        }
+        for r in self._replicas():
+            fams["healthy"].add_metric([r.url], 1.0 if r.healthy else 0.0)
+            fams["in_flight"].add_metric([r.url], r.in_flight)
+            fams["queue"].add_metric([r.url], r.load.num_running + r.load.num_waiting)
+            fams["kv"].add_metric([r.url], r.load.kv_usage)
+            if r.events is not None:
+                fams["tokens"].add_metric([r.url], r.events.tree.size)
+                fams["seq"].add_metric([r.url], r.events.seq)
+        yield from fams.values()
+
+
+class RouterMetrics:
+    def __init__(self, replicas: Callable[[], list[Replica]]) -> None:
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter(
+            f"{P}_requests",
+            "requests by replica, endpoint and status",
+            ["replica", "endpoint", "status"],
+            registry=r,
+        )
+        self.decisions = Counter(
+            f"{P}_decisions",
+            "routing decisions by policy, replica and reason",
+            ["policy", "replica", "reason"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(f"{P}_prompt_tokens", "prompt tokens routed", ["replica"], registry=r)
+        self.predicted_cached = Counter(
+            f"{P}_predicted_cached_tokens",
+            "prompt tokens the policy expected cached",
+            ["replica"],
+            registry=r,
+        )
+        self.retries = Counter(f"{P}_retries", "requests moved off a failed replica", ["replica"], registry=r)
+        self.stream_errors = Counter(
+            f"{P}_stream_errors", "streams cut because their replica failed mid-way", ["replica"], registry=r
+        )
+        self.ejections = Counter(f"{P}_ejections", "replicas taken out of rotation", ["replica"], registry=r)
+        self.readmissions = Counter(
+            f"{P}_readmissions", "replicas put back in rotation", ["replica"], registry=r
+        )
+        self.resyncs = Counter(
+            f"{P}_resyncs", "mirror resyncs from a snapshot", ["replica", "reason"], registry=r
+        )
+        self.overhead = Histogram(
+            f"{P}_overhead_seconds",
+            "time from the request's arrival to its forwarding (parse, tokenize, choose)",
+            buckets=_OVERHEAD_BUCKETS,
+            registry=r,
+        )
+        r.register(_ReplicaCollector(replicas))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,157 @@
+"""Forwarding one request: to the chosen replica; to another one while nothing has reached the client yet
+(connection refused or reset, 503); once a stream has started, a failure ends it with an error event."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from vriksha.router.pool import ReplicaPool
+from vriksha.router.replica import Replica
+from vriksha.server.errors import ServerError
+from vriksha.server.sse import DONE, SSE_HEADERS, error_event
+
+logger = logging.getLogger(__name__)
+
+_FORWARDED = ("authorization", "x-api-key", "content-type", "x-request-id", "accept")
+_RETURNED = ("content-type", "retry-after", "x-request-id")
+_TRANSPORT_ERRORS = (httpx.TransportError,)
+REPLICA_HEADER = "x-vriksha-replica"  # which replica answered
+
+
+class NoReplicaError(ServerError):
+    status = 503
+    type = "server_overloaded"
+    code = "no_healthy_replica"
+
+
+class _Attempt(Exception):
+    """This replica failed before anything reached the client: try another."""
+
+
+def _headers(request: Request) -> dict[str, str]:
+    return {k: v for k, v in request.headers.items() if k.lower() in _FORWARDED}
+
+
+class Forwarder:
+    def __init__(self, pool: ReplicaPool, http: httpx.AsyncClient) -> None:
+        self.pool = pool
+        self.http = http
+
+    async def forward(
+        self, request: Request, path: str, body: bytes, tokens: list[int], stream: bool, arrived: float
+    ) -> Response:
+        header = self.pool.config.session_header
+        session = request.headers.get(header)
+        tried: set[int] = set()
+        last_error = "no replica is healthy"
+        while True:
+            decision = self.pool.choose(tokens, session, tried)
+            if decision is None:
+                raise NoReplicaError(
+                    f"no replica can take this request ({last_error}); retry shortly",
+                    headers={"Retry-After": "1"},
+                )
+            r = decision.replica
+            tried.add(r.index)
+            if not tried - {r.index}:
+                self.pool.metrics.overhead.observe(time.perf_counter() - arrived)
+            try:
+                return await self._attempt(r, request, path, body, tokens, stream)
+            except _Attempt as exc:
+                last_error = f"{r.url}: {exc}"
+                self.pool.metrics.retries.labels(r.url).inc()
+                logger.warning(
+                    "request to %s failed before any output (%s); trying another replica", r.url, exc
+                )
+
+    async def _attempt(
+        self, r: Replica, request: Request, path: str, body: bytes, tokens: list[int], stream: bool
+    ) -> Response:
+        r.in_flight += 1
+        upstream: httpx.Response | None = None
+        handed_over = False
+        try:
+            req = self.http.build_request("POST", f"{r.url}{path}", content=body, headers=_headers(request))
+            try:
+                upstream = await self.http.send(req, stream=True)
+            except _TRANSPORT_ERRORS as exc:
+                self.pool.eject(r, f"{type(exc).__name__}: {exc}")
+                raise _Attempt(type(exc).__name__) from exc
+            if upstream.status_code == 503:
+                await upstream.aclose()
+                raise _Attempt("503 (overloaded or shutting down)")
+            if not stream or upstream.status_code != 200:
+                try:
+                    content = await upstream.aread()
+                except _TRANSPORT_ERRORS as exc:
+                    self.pool.eject(r, f"{type(exc).__name__}: {exc}")
+                    raise _Attempt(type(exc).__name__) from exc
+                self._count(r, path, upstream.status_code)
+                return Response(content, upstream.status_code, headers=self._returned(upstream, r))
+            chunks = upstream.aiter_raw()
+            try:
+                first = await anext(chunks)
+            except StopAsyncIteration:
+                first = b""
+            except _TRANSPORT_ERRORS as exc:
+                self.pool.eject(r, f"{type(exc).__name__}: {exc}")
+                raise _Attempt(type(exc).__name__) from exc
+            handed_over = True
+            return StreamingResponse(
+                self._relay(r, path, upstream, first, chunks, tokens),
+                status_code=200,
+                media_type="text/event-stream",
+                headers={**SSE_HEADERS, REPLICA_HEADER: r.url},
+            )
+        finally:
+            if not handed_over:
+                r.in_flight -= 1
+                r.settle_pending(tokens)
+                if upstream is not None:
+                    await upstream.aclose()
+
+    async def _relay(
+        self,
+        r: Replica,
+        path: str,
+        upstream: httpx.Response,
+        first: bytes,
+        chunks: AsyncIterator[bytes],
+        tokens: list[int],
+    ) -> AsyncIterator[bytes]:
+        status = "200"
+        try:
+            if first:
+                yield first
+            async for chunk in chunks:
+                yield chunk
+        except _TRANSPORT_ERRORS as exc:
+            status = "stream_error"
+            self.pool.metrics.stream_errors.labels(r.url).inc()
+            self.pool.eject(r, f"{type(exc).__name__} mid-stream")
+            yield b"\n\n" + error_event(
+                f"the replica serving this request failed mid-stream ({type(exc).__name__}); the output above is "
+                "incomplete: retry the request",
+                "server_error",
+            )
+            yield DONE
+        finally:
+            r.in_flight -= 1
+            r.settle_pending(tokens)
+            self.pool.metrics.requests.labels(r.url, path, status).inc()
+            await upstream.aclose()
+
+    def _count(self, r: Replica, path: str, status: int) -> None:
+        self.pool.metrics.requests.labels(r.url, path, str(status)).inc()
+
+    @staticmethod
+    def _returned(upstream: httpx.Response, r: Replica) -> dict[str, str]:
+        out = {k: v for k, v in upstream.headers.items() if k.lower() in _RETURNED}
+        out[REPLICA_HEADER] = r.url
+        return out

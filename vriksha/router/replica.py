@@ -1,0 +1,63 @@
+"""One replica as the router sees it: health, load (polled from `/load`, plus the router's own in-flight
+count), its KV event mirror, and what was routed there but not yet confirmed by events."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+from vriksha.router.config import ReplicaSpec
+from vriksha.router.subscriber import EventSubscriber
+
+
+@dataclass(slots=True)
+class Load:
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_usage: float = 0.0
+
+
+@dataclass(slots=True)
+class Replica:
+    spec: ReplicaSpec
+    index: int
+    healthy: bool = False
+    in_flight: int = 0
+    load: Load = field(default_factory=Load)
+    events: EventSubscriber | None = None
+    # prompts routed here whose KV events have not arrived yet: (expiry, tokens)
+    pending: list[tuple[float, list[int]]] = field(default_factory=list)
+    failures: int = 0
+
+    @property
+    def url(self) -> str:
+        return self.spec.url
+
+    @property
+    def queue(self) -> int:
+        """Requests this replica is serving or holding, as fresh as the router knows."""
+        return max(self.in_flight, self.load.num_running + self.load.num_waiting)
+
+    def cached_prefix(self, tokens: list[int]) -> int:
+        """Tokens of `tokens` this replica holds (mirror) or will hold shortly (pending)."""
+        best = self.events.tree.match(tokens) if self.events is not None and self.events.synced else 0
+        if self.pending:
+            now = time.monotonic()
+            self.pending = [p for p in self.pending if p[0] > now]
+            for _, p in self.pending:
+                if len(p) > best:
+                    best = max(best, len(os.path.commonprefix([p, tokens])))
+        return best
+
+    def add_pending(self, tokens: list[int], ttl_s: float, cap: int = 256) -> None:
+        self.pending.append((time.monotonic() + ttl_s, tokens))
+        if len(self.pending) > cap:
+            del self.pending[0]
+
+    def settle_pending(self, tokens: list[int], grace_s: float = 0.5) -> None:
+        """The request for `tokens` ended: its KV events are due within moments, stop assuming them soon."""
+        for i, (expiry, p) in enumerate(self.pending):
+            if p is tokens:
+                self.pending[i] = (min(expiry, time.monotonic() + grace_s), p)
+                return
