@@ -3,6 +3,7 @@ tokenized for the policy, then forwarded; plus /health, /metrics and /router/rep
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -32,7 +33,12 @@ def _parse(model: type[BaseModel], body: bytes) -> Any:
             [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
         )
     try:
-        return model.model_validate_json(body)
+        obj = json.loads(body)
+    except json.JSONDecodeError as exc:  # as FastAPI parses a replica's body, so the error reads the same
+        err = {"type": "json_invalid", "loc": ("body", exc.pos), "msg": "JSON decode error", "input": {}}
+        raise RequestValidationError([{**err, "ctx": {"error": exc.msg}}]) from exc
+    try:
+        return model.model_validate(obj)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from exc
 

@@ -125,6 +125,7 @@ def handler(args: argparse.Namespace) -> int:
     from vriksha.router.app import create_router_app
 
     config = config_from_args(args)
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per forwarded request otherwise
     app = create_router_app(config)
     level = logging.getLogger().getEffectiveLevel()
     uvicorn.run(
