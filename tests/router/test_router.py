@@ -37,7 +37,9 @@ def model_name(replicas) -> str:
     return httpx.get(f"{replicas[0].url}/v1/models", timeout=10).json()["data"][0]["id"]
 
 
-def complete(url: str, model: str, prompt: str, headers: dict[str, str] | None = None, **kw) -> httpx.Response:
+def complete(
+    url: str, model: str, prompt: str, headers: dict[str, str] | None = None, **kw
+) -> httpx.Response:
     body = {"model": model, "prompt": prompt, "max_tokens": 2, "temperature": 0, **kw}
     resp = httpx.post(f"{url}/v1/completions", json=body, timeout=120, headers=headers or {})
     assert resp.status_code == 200, resp.text
