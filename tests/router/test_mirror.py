@@ -17,15 +17,14 @@ from vriksha.kv_events.schema import (
     decode_batch,
     encode_batch,
 )
+from vriksha.kv_events.token_tree import TokenTree
 from vriksha.kv_events.vllm_blocks import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
-    removed_blocks,
-    stored_blocks,
+    BlockView,
 )
 from vriksha.kv_events.vllm_blocks import chain_hashes as vllm_chain
-from vriksha.router.mirror import TokenTree
 
 BLOCK = 4
 
@@ -60,6 +59,7 @@ class MirrorMachine(RuleBasedStateMachine):
         self.cache.events = self.rec
         self.mirror = TokenTree()
         self.blocks: set[int] = set()
+        self.view = BlockView(BLOCK)
         self.locked: list = []
 
     def _sync(self) -> None:
@@ -70,19 +70,19 @@ class MirrorMachine(RuleBasedStateMachine):
         for ev in batch.events:
             if isinstance(ev, PrefixStored):
                 self.mirror.insert(ev.token_ids)
-                b = stored_blocks(ev.token_ids, ev.num_cached, BLOCK)
+                b = self.view.stored(ev.token_ids, ev.num_cached)
                 if b is not None:
                     assert isinstance(b, BlockStored) and len(b.token_ids) == BLOCK * len(b.block_hashes)
                     self.blocks |= set(b.block_hashes)
             elif isinstance(ev, PrefixRemoved):
                 self.mirror.remove(ev.token_ids, ev.num_tokens)
-                b = removed_blocks(ev.token_ids, ev.num_tokens, BLOCK)
+                b = self.view.removed(ev.token_ids, ev.num_tokens)
                 if b is not None:
                     assert isinstance(b, BlockRemoved)
                     self.blocks -= set(b.block_hashes)
             else:
                 self.mirror.clear()
-                assert AllBlocksCleared() is not None
+                assert isinstance(self.view.cleared(), AllBlocksCleared)
                 self.blocks.clear()
 
     @rule(t=tokens)
@@ -151,3 +151,17 @@ def test_evict_to_drops_least_recent_leaves() -> None:
     tree.match([1, 1, 1])  # touch the first
     tree.evict_to(3)
     assert tree.paths() == {(1, 1, 1)}
+
+
+def test_block_view_removes_every_block_below_a_cut() -> None:
+    view = BlockView(BLOCK)
+    a, b = [1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5, 0, 0, 0, 0, 0]
+    live: set[int] = set()
+    for path in (a, b):
+        stored = view.stored(path, view.tree.match(path))
+        live |= set(stored.block_hashes) if stored else set()
+    assert live == set(vllm_chain(a, BLOCK)) | set(vllm_chain(b, BLOCK))
+    removed = view.removed(a[:5], 2)  # tokens 3.. of the shared path, and both branches below them
+    assert removed is not None
+    live -= set(removed.block_hashes)
+    assert live == set() and view.tree.paths() == {(1, 2, 3)}

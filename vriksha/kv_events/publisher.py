@@ -25,12 +25,7 @@ from vriksha.kv_events.schema import (
     encode_batch,
     seq_bytes,
 )
-from vriksha.kv_events.vllm_blocks import (
-    AllBlocksCleared,
-    VLLMEventBatch,
-    removed_blocks,
-    stored_blocks,
-)
+from vriksha.kv_events.vllm_blocks import BlockView, VLLMEventBatch
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +53,7 @@ class KVEventPublisher:
         self._ctx = zmq.Context()
         self._pub = self._bind(zmq.PUB, config.endpoint)
         self._vllm_pub = self._bind(zmq.PUB, config.vllm_endpoint) if config.vllm_endpoint else None
+        self._blocks = BlockView(config.vllm_block_size)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vriksha-kv-events", daemon=True)
         self._thread.start()
@@ -113,15 +109,14 @@ class KVEventPublisher:
                 self._send_vllm(batch)
 
     def _send_vllm(self, batch: EventBatch) -> None:
-        bs = self.config.vllm_block_size
-        events = []
+        view, events = self._blocks, []
         for ev in batch.events:
             if isinstance(ev, PrefixStored):
-                block = stored_blocks(ev.token_ids, ev.num_cached, bs)
+                block = view.stored(ev.token_ids, ev.num_cached)
             elif isinstance(ev, PrefixRemoved):
-                block = removed_blocks(ev.token_ids, ev.num_tokens, bs)
+                block = view.removed(ev.token_ids, ev.num_tokens)
             else:
-                block = AllBlocksCleared()
+                block = view.cleared()
             if block is not None:
                 events.append(block)
         if events:

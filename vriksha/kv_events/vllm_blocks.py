@@ -2,7 +2,7 @@
 kv_aware policy): fixed-size blocks from the root, named by chained 63-bit hashes of their token ids.
 
 A block is announced when every one of its tokens is cached along one path, and removed when a removal cuts
-into it. Partial trailing blocks are never announced, as in vLLM.
+into it (or into the path above it). Partial trailing blocks are never announced, as in vLLM.
 """
 
 from __future__ import annotations
@@ -74,11 +74,35 @@ def stored_blocks(token_ids: list[int], num_cached: int, block_size: int) -> Blo
     )
 
 
-def removed_blocks(token_ids: list[int], num_tokens: int, block_size: int) -> BlockRemoved | None:
-    """The complete blocks a removal of the last `num_tokens` of `token_ids` cut into."""
-    start = len(token_ids) - num_tokens
+def removed_blocks(cut_paths: list[list[int]], start: int, block_size: int) -> BlockRemoved | None:
+    """The complete blocks lost when every token from position `start` on along `cut_paths` (the leaf paths
+    through the cut) left the cache."""
     first = start // block_size
-    last = len(token_ids) // block_size
-    if last <= first:
-        return None
-    return BlockRemoved(block_hashes=chain_hashes(token_ids, block_size, last)[first:])
+    hashes: dict[int, None] = {}
+    for path in cut_paths:
+        hashes.update(dict.fromkeys(chain_hashes(path, block_size)[first:]))
+    return BlockRemoved(block_hashes=list(hashes)) if hashes else None
+
+
+class BlockView:
+    """Turns token-path events into block events, keeping the token tree it needs to know what a removal cuts."""
+
+    def __init__(self, block_size: int) -> None:
+        from vriksha.kv_events.token_tree import TokenTree
+
+        self.block_size = block_size
+        self.tree = TokenTree()
+
+    def stored(self, token_ids: list[int], num_cached: int) -> BlockStored | None:
+        self.tree.insert(token_ids)
+        return stored_blocks(token_ids, num_cached, self.block_size)
+
+    def removed(self, token_ids: list[int], num_tokens: int) -> BlockRemoved | None:
+        start = len(token_ids) - num_tokens
+        cut = self.tree.paths_below(token_ids, start)
+        self.tree.remove(token_ids, num_tokens)
+        return removed_blocks(cut, start, self.block_size)
+
+    def cleared(self) -> AllBlocksCleared:
+        self.tree.clear()
+        return AllBlocksCleared()

@@ -15,8 +15,8 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
+from vriksha.kv_events.token_tree import TokenTree
 from vriksha.router.config import RouterConfig
-from vriksha.router.mirror import TokenTree
 from vriksha.router.replica import Replica
 
 

@@ -20,7 +20,7 @@ from vriksha.kv_events.schema import (
     decode_batch,
     seq_from_bytes,
 )
-from vriksha.router.mirror import TokenTree
+from vriksha.kv_events.token_tree import TokenTree
 
 logger = logging.getLogger(__name__)
 

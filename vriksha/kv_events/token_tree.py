@@ -1,5 +1,6 @@
-"""A token radix tree without KV: the router's copy of a replica's prefix cache (rebuilt from KV events), and
-the approximate per-replica tree of the `cache_aware` policy (LRU-trimmed to a size bound)."""
+"""A token radix tree without KV: the router's copy of a replica's prefix cache (rebuilt from KV events), the
+approximate per-replica tree of the `cache_aware` policy (LRU-trimmed to a size bound), and the publisher's
+view for translating removals into vLLM blocks."""
 
 from __future__ import annotations
 
@@ -101,6 +102,24 @@ class TokenTree:
         dropped = sum(len(n) for n in self._subtree(child))
         self.size -= dropped
         return dropped
+
+    def paths_below(self, tokens: Sequence[int], start: int) -> list[list[int]]:
+        """The leaf paths that `remove(tokens, len(tokens) - start)` would cut (those through `tokens[: start + 1]`)."""
+        if not 0 <= start < len(tokens):
+            return []
+        node, pos = self._walk(tokens[:start], split=True)
+        child = node.children.get(tokens[start]) if pos == start else None
+        if child is None:
+            return []
+        out: list[list[int]] = []
+        stack: list[tuple[_Node, list[int]]] = [(child, list(tokens[:start]))]
+        while stack:
+            n, pre = stack.pop()
+            path = pre + n.key
+            if not n.children:
+                out.append(path)
+            stack.extend((c, path) for c in n.children.values())
+        return out
 
     def evict_to(self, max_tokens: int) -> None:
         """Drop least recently used leaves until at most `max_tokens` remain."""
