@@ -1,0 +1,364 @@
+"""Routers over vriksha replicas, side by side: 2 replicas (1 thread each, pinned to a core each where
+`taskset` exists) behind `vriksha router` with each of its policies and behind vllm-router's cache_aware and
+kv_aware, on two workloads:
+
+- shared-prefix: groups of requests with a long common prefix, the groups arriving interleaved;
+- multi-turn: conversations whose next turn extends the last (prompt + answer + a new user line).
+
+Per policy and workload: prefix-cache hit rate (cached / prompt tokens, as the replicas report them) beside
+the rate one shared cache would reach, throughput, TTFT and ITL p50/p99; per router the latency it adds
+(a one-token request through it against the same request sent straight to a replica). Loopback only.
+
+    python benchmarks/router.py                                     # the embedded model, default sizes
+    python benchmarks/router.py --model /tmp/tiny --groups 2 --per-group 2 --prefix-words 40 \
+        --conversations 2 --turns 2 --max-tokens 4 --overhead-samples 5            # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from server_load import pct  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+POLICIES = ("round_robin", "least_load", "cache_aware", "precise", "vllm:cache_aware", "vllm:kv_aware")
+WORDS = "river stone field light harvest market winter bridge lantern forest signal garden copper".split()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass(slots=True)
+class Result:
+    ok: bool = False
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    output_tokens: int = 0
+    ttft: float = 0.0
+    e2e: float = 0.0
+    itl: list[float] = field(default_factory=list)
+    text: str = ""
+    error: str = ""
+
+
+class Fleet:
+    """The replicas and whichever router is running in front of them."""
+
+    def __init__(self, args: argparse.Namespace, log_dir: Path) -> None:
+        self.args, self.log_dir = args, log_dir
+        self.procs: list[subprocess.Popen] = []
+        self.replicas: list[dict] = []
+        ncpu = os.cpu_count() or 1
+        for i in range(args.replicas):
+            r = {"port": free_port(), "events": free_port(), "vllm": free_port()}
+            r["url"] = f"http://127.0.0.1:{r['port']}"
+            cmd = [sys.executable, "-m", "vriksha.cli", "serve", "--port", str(r["port"])]
+            cmd += ["--kv-events-endpoint", f"tcp://127.0.0.1:{r['events']}"]
+            cmd += ["--kv-events-vllm-endpoint", f"tcp://127.0.0.1:{r['vllm']}"]
+            cmd += ["--model", args.model] if args.model else []
+            if shutil.which("taskset"):
+                cores = range(i * args.threads, (i + 1) * args.threads)
+                cmd = ["taskset", "-c", ",".join(str(c % ncpu) for c in cores), *cmd]
+            self.replicas.append(r)
+            self.procs.append(self._spawn(cmd, f"replica{i}", {"OMP_NUM_THREADS": str(args.threads)}))
+        for r in self.replicas:
+            self._wait(f"{r['url']}/health")
+        self.model = httpx.get(f"{self.replicas[0]['url']}/v1/models").json()["data"][0]["id"]
+        self.router: subprocess.Popen | None = None
+
+    def _spawn(self, cmd: list[str], name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        e = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
+        log = open(self.log_dir / f"{name}.log", "ab")
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=e, cwd=str(REPO))
+
+    def _wait(self, url: str, timeout_s: float = 600.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise SystemExit(f"{url} not healthy after {timeout_s} s; see {self.log_dir}")
+
+    def start_router(self, policy: str) -> str:
+        port = free_port()
+        if policy.startswith("vllm:"):
+            binary = shutil.which("vllm-router")
+            if binary is None:
+                raise FileNotFoundError("vllm-router is not installed (pip install vllm-router)")
+            cmd = [binary, "--port", str(port), "--prometheus-port", str(free_port()), "--policy", policy[5:]]
+            cmd += ["--worker-urls", *(r["url"] for r in self.replicas)]
+            if policy == "vllm:kv_aware":
+                for r in self.replicas:
+                    cmd += ["--kv-event-source", f"{r['url']}=tcp://127.0.0.1:{r['vllm']}"]
+                model_dir = self._model_dir()
+                cmd += ["--kv-event-block-size", "16", "--kv-event-model", model_dir]
+        else:
+            cmd = [sys.executable, "-m", "vriksha.cli", "router", "--port", str(port), "--policy", policy]
+            cmd += ["--model", self.args.model] if self.args.model else []
+            for r in self.replicas:
+                cmd += ["--replica", f"{r['url']},tcp://127.0.0.1:{r['events']}"]
+        self.router = self._spawn(cmd, policy.replace(":", "-"))
+        self._wait(f"http://127.0.0.1:{port}/health")
+        time.sleep(1.0)  # event subscriptions connect, first load polls land
+        return f"http://127.0.0.1:{port}"
+
+    def _model_dir(self) -> str:
+        from vriksha.models.loader import resolve_model_path
+
+        return str(resolve_model_path(self.args.model))
+
+    def stop_router(self) -> None:
+        if self.router is not None:
+            self.router.terminate()
+            self.router.wait(30)
+            self.router = None
+
+    def flush(self) -> None:
+        for r in self.replicas:
+            httpx.post(f"{r['url']}/flush_cache", timeout=30)
+
+    def stop(self) -> None:
+        self.stop_router()
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            p.wait(60)
+
+
+async def request(client: httpx.AsyncClient, url: str, model: str, prompt: str, args) -> Result:
+    body = {"model": model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0, "stream": True}
+    body |= {"stream_options": {"include_usage": True}, "ignore_eos": True}
+    res, t0 = Result(), time.perf_counter()
+    last = t0
+    try:
+        async with client.stream("POST", f"{url}/v1/completions", json=body) as r:
+            if r.status_code != 200:
+                res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
+                return res
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    res.error = chunk["error"]["message"]
+                    return res
+                now = time.perf_counter()
+                if chunk.get("choices") and chunk["choices"][0]["text"]:
+                    res.text += chunk["choices"][0]["text"]
+                    if res.ttft == 0.0:
+                        res.ttft = now - t0
+                    else:
+                        res.itl.append(now - last)
+                    last = now
+                if chunk.get("usage"):
+                    u = chunk["usage"]
+                    res.prompt_tokens, res.output_tokens = u["prompt_tokens"], u["completion_tokens"]
+                    res.cached_tokens = (u.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+        res.e2e, res.ok = time.perf_counter() - t0, res.output_tokens > 0
+    except httpx.HTTPError as exc:
+        res.error = f"{type(exc).__name__}: {exc}"
+    return res
+
+
+def words(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+async def shared_prefix(url: str, model: str, args) -> list[Result]:
+    rng = random.Random(args.seed)
+    prefixes = [f"Group {g}: " + words(rng, args.prefix_words) for g in range(args.groups)]
+    prompts = [
+        f"{prefixes[g]} Question {i}: {words(rng, 8)}?"
+        for i in range(args.per_group)
+        for g in range(args.groups)
+    ]
+    sem = asyncio.Semaphore(args.concurrency)
+    async with httpx.AsyncClient(timeout=600) as client:
+
+        async def one(p: str) -> Result:
+            async with sem:
+                return await request(client, url, model, p, args)
+
+        return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+
+async def multi_turn(url: str, model: str, args) -> list[Result]:
+    rng = random.Random(args.seed + 1)
+    out: list[Result] = []
+    async with httpx.AsyncClient(timeout=600) as client:
+
+        async def conversation(c: int) -> None:
+            history = f"Conversation {c}. System: be brief. " + words(rng, args.prefix_words // 2)
+            for _ in range(args.turns):
+                history += f"\nUser: {words(rng, 10)}\nAssistant:"
+                res = await request(client, url, model, history, args)
+                out.append(res)
+                history += res.text
+
+        await asyncio.gather(*(conversation(c) for c in range(args.conversations)))
+    return out
+
+
+def summary(results: list[Result], duration: float) -> dict:
+    ok = [r for r in results if r.ok]
+    prompt = sum(r.prompt_tokens for r in ok)
+    itl = [x for r in ok for x in r.itl]
+    ms = 1000.0
+    return {
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if not r.ok})[:3],
+        "hit_rate": sum(r.cached_tokens for r in ok) / prompt if prompt else 0.0,
+        "req_per_s": len(ok) / duration,
+        "out_tok_per_s": sum(r.output_tokens for r in ok) / duration,
+        "ttft_p50_ms": pct([r.ttft for r in ok], 50) * ms,
+        "ttft_p99_ms": pct([r.ttft for r in ok], 99) * ms,
+        "itl_p50_ms": pct(itl, 50) * ms,
+        "itl_p99_ms": pct(itl, 99) * ms,
+    }
+
+
+def overhead(router_url: str, replica_url: str, model: str, n: int) -> dict:
+    """A one-token request, alternately direct and through the router: the difference of their latencies."""
+    body = {"model": model, "prompt": "Hi", "max_tokens": 1, "temperature": 0}
+    diffs = []
+    with httpx.Client(timeout=60) as c:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            c.post(f"{replica_url}/v1/completions", json=body)
+            t1 = time.perf_counter()
+            c.post(f"{router_url}/v1/completions", json=body)
+            diffs.append((time.perf_counter() - t1) - (t1 - t0))
+    return {"added_p50_ms": pct(diffs, 50) * 1000, "added_p99_ms": pct(diffs, 99) * 1000}
+
+
+WORKLOADS = {"shared-prefix": shared_prefix, "multi-turn": multi_turn}
+
+
+def run(args: argparse.Namespace, log_dir: Path) -> dict:
+    fleet = Fleet(args, log_dir)
+    rows: dict = {"ideal": {}, "policies": {}}
+    try:
+        for name, fn in WORKLOADS.items():  # one shared cache: everything on one replica
+            fleet.flush()
+            rows["ideal"][name] = summary(asyncio.run(fn(fleet.replicas[0]["url"], fleet.model, args)), 1.0)[
+                "hit_rate"
+            ]
+        for policy in args.policies:
+            try:
+                url = fleet.start_router(policy)
+            except FileNotFoundError as exc:
+                print(f"skipping {policy}: {exc}", file=sys.stderr)
+                continue
+            row: dict = {}
+            try:
+                for name, fn in WORKLOADS.items():
+                    fleet.flush()
+                    t0 = time.perf_counter()
+                    results = asyncio.run(fn(url, fleet.model, args))
+                    row[name] = summary(results, time.perf_counter() - t0)
+                row["overhead"] = overhead(url, fleet.replicas[0]["url"], fleet.model, args.overhead_samples)
+            finally:
+                fleet.stop_router()
+            rows["policies"][policy] = row
+    finally:
+        fleet.stop()
+    return rows
+
+
+def report(rows: dict) -> str:
+    lines = []
+    head = f"{'policy':<18}{'workload':<15}{'hit':>7}{'ideal':>7}{'req/s':>8}{'tok/s':>8}"
+    head += f"{'TTFT p50':>10}{'p99':>8}{'ITL p50':>9}{'p99':>8}{'added p50':>11}{'p99':>7}"
+    lines.append(head)
+    for policy, row in rows["policies"].items():
+        for name in WORKLOADS:
+            s = row[name]
+            o = row["overhead"]
+            lines.append(
+                f"{policy:<18}{name:<15}{s['hit_rate']:>7.1%}{rows['ideal'][name]:>7.1%}{s['req_per_s']:>8.2f}"
+                f"{s['out_tok_per_s']:>8.1f}{s['ttft_p50_ms']:>10.1f}{s['ttft_p99_ms']:>8.1f}{s['itl_p50_ms']:>9.1f}"
+                f"{s['itl_p99_ms']:>8.1f}{o['added_p50_ms']:>11.2f}{o['added_p99_ms']:>7.2f}"
+                + (f"  failed {s['failed']}: {s['errors']}" if s["failed"] else "")
+            )
+    lines += ["", *targets(rows)]
+    return "\n".join(lines)
+
+
+def targets(rows: dict) -> list[str]:
+    p, out = rows["policies"], []
+    if "precise" not in p:
+        return out
+    for name in WORKLOADS:
+        hit = p["precise"][name]["hit_rate"]
+        checks = [
+            (
+                f"precise >= 95% of one shared cache ({rows['ideal'][name]:.1%})",
+                hit >= 0.95 * rows["ideal"][name],
+            )
+        ]
+        if "round_robin" in p:
+            checks.append(("precise >= 2x round_robin", hit >= 2 * p["round_robin"][name]["hit_rate"]))
+        for peer in ("vllm:cache_aware", "vllm:kv_aware"):
+            if peer in p:
+                checks.append((f"precise hit >= {peer}", hit >= p[peer][name]["hit_rate"]))
+                checks.append(
+                    (
+                        f"precise req/s >= {peer}",
+                        p["precise"][name]["req_per_s"] >= p[peer][name]["req_per_s"],
+                    )
+                )
+        out += [f"{'MET ' if ok else 'MISS'}  {name}: {what}" for what, ok in checks]
+    added = p["precise"]["overhead"]["added_p50_ms"]
+    out.append(f"{'MET ' if added < 2.0 else 'MISS'}  router adds < 2 ms p50 ({added:.2f} ms)")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default=None, help="the replicas' model (default: the embedded one)")
+    ap.add_argument("--replicas", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=1, help="threads (and pinned cores) per replica")
+    ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    ap.add_argument("--groups", type=int, default=4)
+    ap.add_argument("--per-group", type=int, default=8)
+    ap.add_argument("--prefix-words", type=int, default=300, help="words of each group's shared prefix")
+    ap.add_argument("--conversations", type=int, default=4)
+    ap.add_argument("--turns", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=16)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--overhead-samples", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--output-json", type=Path, default=None)
+    ap.add_argument("--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "vriksha-bench-router")
+    args = ap.parse_args()
+    args.log_dir.mkdir(parents=True, exist_ok=True)
+    rows = run(args, args.log_dir)
+    print(report(rows))
+    if args.output_json:
+        args.output_json.write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()
