@@ -14,6 +14,7 @@ SUBCOMMANDS: dict[str, str] = {
     "generate": "vriksha.engine.cli",
     "serve": "vriksha.server.cli",
     "router": "vriksha.router.cli",
+    "fleet": "vriksha.router.fleet",
     "env": "vriksha.envs.cli",
     "repo2env": "vriksha.repo2env.cli",
     "train": "vriksha.train.cli",

@@ -123,17 +123,25 @@ def handler(args: argparse.Namespace) -> int:
     import uvicorn
 
     from vriksha.router.app import create_router_app
+    from vriksha.server.shutdown import GracefulServer
 
     config = config_from_args(args)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per forwarded request otherwise
     app = create_router_app(config)
     level = logging.getLogger().getEffectiveLevel()
-    uvicorn.run(
+    uv_config = uvicorn.Config(
         app,
         host=args.host,
         port=args.port,
         log_level=max(level, logging.INFO) if level <= logging.INFO else level,
         access_log=level <= logging.DEBUG,
         timeout_graceful_shutdown=5,
+        lifespan="on",
     )
+    server = GracefulServer(uv_config)
+    server.run()
+    if not server.started:
+        raise ConfigError(
+            f"the router did not start on {args.host}:{args.port}; is the port in use? pick another --port"
+        )
     return 0
