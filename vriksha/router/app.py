@@ -21,7 +21,7 @@ from vriksha.router.pool import ReplicaPool
 from vriksha.router.proxy import Forwarder, NoReplicaError
 from vriksha.router.tokens import PromptTokens
 from vriksha.server.auth import APIKeyMiddleware
-from vriksha.server.errors import install_error_handlers
+from vriksha.server.errors import BadRequestError, install_error_handlers
 from vriksha.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 logger = logging.getLogger(__name__)
@@ -133,6 +133,10 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
     @app.get("/router/mirror")
     async def mirror(replica: int) -> Response:
         """A replica's mirrored tree as leaf paths (for tests and debugging)."""
+        if not 0 <= replica < len(pool.replicas):
+            raise BadRequestError(
+                f"replica must be in 0..{len(pool.replicas) - 1}, got {replica}", param="replica"
+            )
         r = pool.replicas[replica]
         if r.events is None:
             raise NoReplicaError("this replica has no event stream (--replica URL,EVENTS)")
