@@ -186,3 +186,23 @@ def test_metrics_count_per_replica(router, replicas) -> None:
         assert metric(text, "vriksha_router_replica_healthy", replica=r.url) == 1.0
     assert metric(text, "vriksha_router_requests_total") >= 1
     assert metric(text, "vriksha_router_overhead_seconds_count") >= 1
+
+
+def test_api_key_as_vriksha_serve(replicas, router_model_dir, model_name, tmp_path) -> None:
+    r = Router(router_model_dir, tmp_path, replicas, "--api-key", "sesame", name="router-auth")
+    try:
+        r.start()
+        body = {"model": model_name, "prompt": "Hi", "max_tokens": 1}
+        denied = httpx.post(f"{r.url}/v1/completions", json=body, timeout=30)
+        assert denied.status_code == 401 and denied.json()["error"]["code"] == "invalid_api_key"
+        wrong = httpx.post(
+            f"{r.url}/v1/completions", json=body, headers={"Authorization": "Bearer x"}, timeout=30
+        )
+        assert wrong.status_code == 401
+        ok = httpx.post(
+            f"{r.url}/v1/completions", json=body, headers={"Authorization": "Bearer sesame"}, timeout=60
+        )
+        assert ok.status_code == 200, ok.text
+        assert httpx.get(f"{r.url}/health", timeout=10).status_code == 200  # exempt, as on a replica
+    finally:
+        r.stop()
