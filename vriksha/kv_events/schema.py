@@ -6,7 +6,7 @@ the cached token path itself:
 - `PrefixStored(token_ids, num_cached)`: the whole path from the root is now cached; its first
   `num_cached` tokens were cached before, the rest are new.
 - `PrefixRemoved(token_ids, num_tokens)`: the last `num_tokens` of this path are gone, and with them every
-  longer path through them (today's engine removes leaves, so nothing is below them).
+  longer path through them (eviction removes leaves; a flush removes whole subtrees).
 - `AllCleared()`: the tree is empty (also the first event after a replica starts).
 
 Batches travel as ZMQ multipart `[topic, seq (8 bytes, big-endian signed), payload]`, as vLLM's do; the
