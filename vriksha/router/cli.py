@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 from typing import Any
 
 from vriksha.errors import ConfigError
@@ -60,6 +61,9 @@ def register(subparsers: Any) -> None:
         default=_D.request_timeout_s,
         help="seconds a replica may take per read",
     )
+    from vriksha.net import FrontConfig, add_flags
+
+    add_flags(p, FrontConfig, "HTTP front (connection limits)")
     g = p.add_argument_group("cache_aware")
     g.add_argument(
         "--cache-threshold", type=float, default=_D.cache_threshold, help="match rate to follow a prefix"
@@ -120,28 +124,45 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
 
 
 def handler(args: argparse.Namespace) -> int:
-    import uvicorn
-
+    from vriksha.net import FrontConfig, from_args, front_config
     from vriksha.router.app import create_router_app
-    from vriksha.server.shutdown import GracefulServer
 
+    if not 0 <= args.port < 65536:
+        raise ConfigError(f"--port must be in 0..65535, got {args.port}")
+    front = from_args(FrontConfig, args)
+    front.validate()
     config = config_from_args(args)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per forwarded request otherwise
     app = create_router_app(config)
     level = logging.getLogger().getEffectiveLevel()
-    uv_config = uvicorn.Config(
+    uv_config = front_config(
         app,
-        host=args.host,
-        port=args.port,
+        args.host,
+        args.port,
+        front,
         log_level=max(level, logging.INFO) if level <= logging.INFO else level,
         access_log=level <= logging.DEBUG,
         timeout_graceful_shutdown=5,
         lifespan="on",
     )
-    server = GracefulServer(uv_config)
+    server = _server_class()(uv_config, front)
     server.run()
     if not server.started:
         raise ConfigError(
             f"the router did not start on {args.host}:{args.port}; is the port in use? pick another --port"
         )
     return 0
+
+
+def _server_class():
+    from vriksha.net import FrontServer
+
+    class RouterServer(FrontServer):
+        """Exits 0 after a SIGTERM/SIGINT shutdown (uvicorn re-raises the signal: status 143)."""
+
+        def handle_exit(self, sig, frame) -> None:
+            if sig == signal.SIGINT and self.should_exit:
+                self.force_exit = True
+            self.should_exit = True
+
+    return RouterServer
