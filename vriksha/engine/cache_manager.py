@@ -16,6 +16,7 @@ import torch
 
 from vriksha.engine.cache_events import CacheEventSink
 from vriksha.engine.kv_pool import ReqToTokenTable, SlotAllocator
+from vriksha.engine.prompt_logprobs import wants_prompt_logprobs
 from vriksha.engine.radix_cache import RadixCache, TreeNode
 from vriksha.engine.request import Request
 from vriksha.profiling import phase
@@ -57,7 +58,8 @@ class CacheManager(ABC):
             return False
         req.row = row
         tokens = req.all_token_ids
-        slots, node = self._match(tokens[: len(tokens) - 1])
+        # keep >= 1 token to compute; a request scoring its prompt (prompt_logprobs) computes all of it
+        slots, node = self._match(tokens[: 0 if wants_prompt_logprobs(req) else len(tokens) - 1])
         self.table.write(row, 0, slots)
         req.num_computed = req.cached_len = slots.numel()
         self._lock(req, node)

@@ -18,6 +18,7 @@ from vriksha.engine.kv_layout import probe_kv_layout
 from vriksha.engine.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
 from vriksha.engine.model_runner import ModelRunner
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
+from vriksha.engine.prompt_logprobs import prompt_logprobs_list, record_prompt_logprobs
 from vriksha.engine.request import Request
 from vriksha.engine.sampler import Sampler
 from vriksha.engine.sampling_params import SamplingParams
@@ -102,6 +103,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.cache)
         self.runner = ModelRunner(model, self.pool, self.table, config)
         self.sampler = Sampler(config.seed)
+        self._grammar = None  # GrammarEngine, built on the first constrained request
         self._groups: dict[str, _Group] = {}
         self._closed = False
         self.step_hooks: list = []  # called after every step (profilers)
@@ -178,6 +180,8 @@ class LLMEngine:
         tokenized = [tokenize_prompt(self.tokenizer, p) for p in prompts]
         for (_, ids), p in zip(tokenized, params_list, strict=True):
             check_request(ids, p, self.vocab_size, self.max_model_len, self.allocator.capacity)
+            if p.structured_outputs is not None:
+                self.grammar_engine().compile(p.structured_outputs)  # an invalid grammar fails here
         given = [rid for rid in ids_list if rid is not None]
         taken = [rid for rid in given if rid in self._groups]
         if taken or len(set(given)) != len(given):
@@ -196,12 +200,20 @@ class LLMEngine:
     def _add(
         self, request_id: str, text: str | None, ids: list[int], params: SamplingParams, stream: bool
     ) -> None:
+        bad_words = self._bad_word_ids(params.bad_words) if params.bad_words else []
+        grammar = self.grammar_engine() if params.structured_outputs is not None else None
         sequences = []
         for i in range(params.n):
             req = Request(request_id, i, ids, params, self.eos_token_ids, prompt=text)
             if params.seed is not None:
                 req.generator = torch.Generator().manual_seed(params.seed + i)
+            req.bad_word_ids = bad_words
+            if grammar is not None:
+                req.grammar = grammar.matcher(params.structured_outputs)
             sequences.append(req)
+        if grammar is not None:
+            grammar.prefetch([r.grammar for r in sequences])
+        for req in sequences:
             self.scheduler.add(req)
         self._groups[request_id] = _Group(
             request_id, text, ids, sequences, stream, weight_version=self.weight_version
@@ -227,6 +239,24 @@ class LLMEngine:
         self.abort_all()
         self.runner.close()
         self._closed = True
+
+    def grammar_engine(self):
+        """The structured-output engine (llguidance over this tokenizer), built on first use."""
+        if self._grammar is None:
+            from vriksha.engine.grammar import GrammarEngine
+
+            self._grammar = GrammarEngine(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        return self._grammar
+
+    def _bad_word_ids(self, words: list[str]) -> list[list[int]]:
+        """Each word's tokens, alone and after a space (as vLLM bans them)."""
+        out: list[list[int]] = []
+        for word in words:
+            for form in (word, " " + word.lstrip()):
+                ids = self.tokenizer.encode(form, add_special_tokens=False)
+                if ids and ids not in out:
+                    out.append(ids)
+        return out
 
     def abort(self, request_id: str) -> bool:
         group = self._groups.pop(request_id, None)
@@ -256,12 +286,20 @@ class LLMEngine:
             return []
         logits = self.runner.forward(batch)
         sampled = batch.sampled_requests
+        if logits.shape[0] > len(sampled):  # rows past the sampled ones: prompt positions (prompt_logprobs)
+            record_prompt_logprobs(batch, logits[len(sampled) :])
+            logits = logits[: len(sampled)]
         finished: list[Request] = []
         touched: set[str] = set()
         if sampled:
             self._suppress_early_stop(logits, sampled)
+            bitmask = None
+            constrained = [i for i, r in enumerate(sampled) if r.grammar is not None]
+            if constrained:
+                with phase("engine.grammar_mask"):
+                    bitmask = (constrained, self._grammar.masks([sampled[i].grammar for i in constrained]))
             with phase("engine.sample"):
-                result = self.sampler(logits, sampled)
+                result = self.sampler(logits, sampled, bitmask)
             now = time.monotonic()
             with phase("engine.detokenize"):
                 for i, req in enumerate(sampled):
@@ -270,6 +308,8 @@ class LLMEngine:
                     ):
                         finished.append(req)
                     touched.add(req.request_id)
+            if constrained:  # the next masks are computed while the next forward runs
+                self._grammar.prefetch([sampled[i].grammar for i in constrained if not sampled[i].is_finished])
         self.scheduler.postprocess(batch, finished)
         return self._collect(touched)
 
@@ -292,12 +332,16 @@ class LLMEngine:
         self._generation_tokens += 1
         params = req.params
         n_out = len(req.output_token_ids)
+        if req.grammar is not None and not req.grammar.advance(token):
+            logger.warning("request %s: token %d outside its grammar: %s", req.request_id, token, req.grammar.error)
         if token in params.stop_token_ids and n_out >= params.min_tokens:
             self._finish(req, "stop", token)
         elif not params.ignore_eos and token in req.eos_token_ids and n_out >= params.min_tokens:
             self._finish(req, "stop", token)
         elif params.stop and self._hit_stop_string(req):
             pass
+        elif req.grammar is not None and req.grammar.done:
+            self._finish(req, "stop", None)
         elif n_out >= params.max_tokens or req.num_tokens >= self.max_model_len:
             self._finish(req, "length", None)
         else:
@@ -368,6 +412,7 @@ class LLMEngine:
             outputs=completions,
             finished=finished,
             num_cached_tokens=max(s.num_cached_prompt_tokens for s in group.sequences),
+            prompt_logprobs=prompt_logprobs_list(first) if first.params.prompt_logprobs is not None else None,
             metrics=metrics,
             weight_version=group.weight_version,
         )

@@ -14,6 +14,7 @@ from vriksha.engine.config import EngineConfig
 from vriksha.engine.fast_forward import FastForward
 from vriksha.engine.installation import ModuleInstallation
 from vriksha.engine.kv_pool import KVPool, ReqToTokenTable
+from vriksha.engine.prompt_logprobs import extra_rows
 from vriksha.profiling import phase
 
 logger = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ class ModelRunner:
             offset += chunk.end - chunk.start
             if chunk.sample:
                 sample_index.append(offset - 1)
+        sample_index.extend(extra_rows(batch))  # prompt positions of requests asking for prompt_logprobs
         input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)[None]
         position_ids = torch.tensor(positions, dtype=torch.int64, device=self.device)[None]
         return (
@@ -104,7 +106,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits [num_sampled, vocab] for the requests that sample a token this step."""
+        """Logits [num_sampled, vocab] for the requests that sample a token this step, followed by the rows of
+        prompt positions whose log-probabilities were asked for (`prompt_logprobs.extra_rows`)."""
         with phase("engine.prepare_batch"):
             input_ids, position_ids, attn, sample_index = self._build(batch)
         routed = self.fast_linear.engaged() if self.fast_linear is not None else contextlib.nullcontext()

@@ -16,7 +16,9 @@ class CompletionOutput:
     token_logprobs: list[float]
     # per step, {token_id: logprob} for the sampled token plus the top-k alternatives; None unless asked
     logprobs: list[dict[int, float]] | None
-    finish_reason: str | None  # "stop" (eos, stop string or stop token), "length", "abort", or None while running
+    finish_reason: (
+        str | None
+    )  # "stop" (eos, stop string or stop token), "length", "abort", or None while running
     stop_reason: int | str | None = None
 
     @property
@@ -33,6 +35,8 @@ class RequestOutput:
     finished: bool
     # prompt tokens whose KV came from the prefix cache instead of being computed
     num_cached_tokens: int = 0
+    # per prompt position, {token_id: logprob} for the prompt token plus the top-k; None at position 0
+    prompt_logprobs: list[dict[int, float] | None] | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     # the weight version the request was computed under (0: the weights loaded at start)
     weight_version: int = 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -46,6 +46,9 @@ class Request:
     num_cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     admitted_once: bool = False
     generator: torch.Generator | None = None
+    bad_word_ids: list[list[int]] = field(default_factory=list)  # token sequences never to complete
+    grammar: Any = None  # a structured-output matcher (vriksha.engine.grammar.Matcher) when constrained
+    prompt_logprobs: dict[int, dict[int, float]] = field(default_factory=dict)  # position -> {token: lp}
     first_token_time: float | None = None
     # detokenisation state
     text: str = ""

@@ -1,4 +1,8 @@
-"""Logits -> sampled token ids and their log-probabilities (greedy, temperature, top-k, top-p, min-p, seeds)."""
+"""Logits -> sampled token ids and their log-probabilities (greedy, temperature, top-k, top-p, min-p, seeds).
+
+Penalties, logit bias, token restrictions and grammar masks (`logits_processing`) shape what is sampled; the
+log-probabilities returned are those of the model's distribution before them.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vriksha.engine.logits_processing import apply_bitmask, apply_penalties, apply_restrictions
 from vriksha.engine.request import Request
 
 
@@ -20,9 +25,21 @@ class Sampler:
     def __init__(self, seed: int = 0) -> None:
         self.generator = torch.Generator().manual_seed(seed)
 
-    def __call__(self, logits: torch.Tensor, requests: list[Request]) -> SampleResult:
+    def __call__(
+        self,
+        logits: torch.Tensor,
+        requests: list[Request],
+        bitmask: tuple[list[int], torch.Tensor] | None = None,
+    ) -> SampleResult:
+        """`bitmask`: (rows, int32 masks) of the requests constrained by a grammar this step."""
         logits = logits.float()
         logprobs = torch.log_softmax(logits, dim=-1)
+        if bitmask is not None or any(_shaped(r) for r in requests):
+            logits = logits.clone()
+            apply_restrictions(logits, requests)
+            apply_penalties(logits, requests)
+            if bitmask is not None:
+                apply_bitmask(logits, *bitmask)
         greedy = [r.params.greedy for r in requests]
         if all(greedy):
             token_ids = logits.argmax(dim=-1)
@@ -41,7 +58,7 @@ class Sampler:
         tops: list[dict[int, float] | None] = [None] * len(requests)
         k_max = max((r.params.logprobs or 0) for r in requests)
         if k_max > 0 or any(r.params.logprobs is not None for r in requests):
-            top_v, top_i = (logprobs.topk(k_max, dim=-1) if k_max > 0 else (None, None))
+            top_v, top_i = logprobs.topk(k_max, dim=-1) if k_max > 0 else (None, None)
             for i, req in enumerate(requests):
                 k = req.params.logprobs
                 if k is None:
@@ -78,3 +95,8 @@ class Sampler:
             probs = probs.masked_fill(probs < threshold, 0.0)
             probs = probs / probs.sum(dim=-1, keepdim=True)
         return probs
+
+
+def _shaped(req: Request) -> bool:
+    p = req.params
+    return bool(p.penalized or p.logit_bias or p.allowed_token_ids or req.bad_word_ids)

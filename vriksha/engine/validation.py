@@ -41,6 +41,12 @@ def check_request(
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
         raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+    bad = [t for t in params.token_ids_used() if not 0 <= t < vocab_size]
+    if bad:
+        raise InvalidRequestError(
+            f"invalid sampling parameter: token id {bad[0]} (in logit_bias, allowed_token_ids or "
+            f"stop_token_ids) is outside the vocabulary [0, {vocab_size})"
+        )
     if len(ids) >= max_model_len:
         raise PromptTooLongError(
             f"the prompt has {len(ids)} tokens but the model's context is {max_model_len} tokens; "

@@ -1,0 +1,100 @@
+"""What a request asks of the logits before sampling, batched on the logits' device: allowed tokens, bad
+words, logit bias, repetition / presence / frequency penalties, and grammar token masks.
+
+Order as in vLLM: token restrictions and bias first, then the penalties, then the grammar's mask (which
+only removes tokens, so it never lets a banned token back in).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vriksha.engine.request import Request
+
+NEG_INF = float("-inf")
+
+
+def _padded(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """[R, L] token ids padded with 0, and the mask of real entries."""
+    width = max(1, max(len(r) for r in rows))
+    ids = torch.zeros(len(rows), width, dtype=torch.int64)
+    real = torch.zeros(len(rows), width, dtype=torch.bool)
+    for i, r in enumerate(rows):
+        if r:
+            ids[i, : len(r)] = torch.tensor(r, dtype=torch.int64)
+            real[i, : len(r)] = True
+    return ids.to(device), real.to(device)
+
+
+def _counts(rows: list[list[int]], vocab: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    ids, real = _padded(rows, device)
+    counts = torch.zeros(len(rows), vocab, dtype=dtype, device=device)
+    return counts.scatter_add_(1, ids, real.to(dtype))
+
+
+def apply_restrictions(logits: torch.Tensor, requests: list[Request]) -> None:
+    """allowed_token_ids, bad_words and logit_bias, in place."""
+    device, vocab = logits.device, logits.shape[-1]
+    allowed = [(i, r.params.allowed_token_ids) for i, r in enumerate(requests) if r.params.allowed_token_ids]
+    if allowed:
+        keep = torch.zeros(len(allowed), vocab, dtype=torch.bool)
+        for j, (_, ids) in enumerate(allowed):
+            keep[j, ids] = True
+        rows = torch.tensor([i for i, _ in allowed], device=device)
+        logits[rows] = logits[rows].masked_fill(~keep.to(device), NEG_INF)
+    ban_rows: list[int] = []
+    ban_cols: list[int] = []
+    for i, r in enumerate(requests):
+        for word in r.bad_word_ids:
+            prefix = word[:-1]
+            if not prefix or r.output_token_ids[-len(prefix) :] == prefix:
+                ban_rows.append(i)
+                ban_cols.append(word[-1])
+    if ban_rows:
+        logits[torch.tensor(ban_rows, device=device), torch.tensor(ban_cols, device=device)] = NEG_INF
+    bias_rows: list[int] = []
+    bias_cols: list[int] = []
+    bias_vals: list[float] = []
+    for i, r in enumerate(requests):
+        for token, value in (r.params.logit_bias or {}).items():
+            bias_rows.append(i)
+            bias_cols.append(token)
+            bias_vals.append(value)
+    if bias_rows:
+        index = (torch.tensor(bias_rows, device=device), torch.tensor(bias_cols, device=device))
+        logits.index_put_(index, torch.tensor(bias_vals, dtype=logits.dtype, device=device), accumulate=True)
+
+
+def apply_penalties(logits: torch.Tensor, requests: list[Request]) -> None:
+    """Repetition (prompt + output), presence and frequency (output only) penalties, in place."""
+    which = [i for i, r in enumerate(requests) if r.params.penalized]
+    if not which:
+        return
+    device, vocab, dtype = logits.device, logits.shape[-1], logits.dtype
+    sub = [requests[i] for i in which]
+    rows = torch.tensor(which, device=device)
+    x = logits[rows]
+    out_counts = _counts([r.output_token_ids for r in sub], vocab, device, dtype)
+    rep = torch.tensor([r.params.repetition_penalty for r in sub], dtype=dtype, device=device)[:, None]
+    if bool((rep != 1.0).any()):
+        seen = _counts([r.prompt_token_ids for r in sub], vocab, device, dtype) + out_counts > 0
+        penalised = torch.where(x > 0, x / rep, x * rep)
+        x = torch.where(seen, penalised, x)
+    freq = torch.tensor([r.params.frequency_penalty for r in sub], dtype=dtype, device=device)[:, None]
+    pres = torch.tensor([r.params.presence_penalty for r in sub], dtype=dtype, device=device)[:, None]
+    x = x - freq * out_counts - pres * (out_counts > 0).to(dtype)
+    logits[rows] = x
+
+
+def apply_bitmask(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
+    """Keep only tokens whose bit is set: `bitmask` is int32 [len(rows), ceil(vocab / 32)] (llguidance's)."""
+    if not rows:
+        return
+    device, vocab = logits.device, logits.shape[-1]
+    bits = torch.arange(32, dtype=torch.int32, device=device)
+    m = bitmask.to(device)
+    allowed = ((m[:, :, None] >> bits) & 1).bool().view(len(rows), -1)[:, :vocab]
+    if allowed.shape[1] < vocab:
+        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
+    index = torch.tensor(rows, device=device)
+    logits[index] = logits[index].masked_fill(~allowed, NEG_INF)
