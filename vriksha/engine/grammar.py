@@ -54,6 +54,13 @@ def grammar_text(spec: StructuredOutputsParams) -> str:
         raise InvalidRequestError(f"invalid structured_outputs.{spec.kind}: {e}") from None
 
 
+def check_grammar(spec: StructuredOutputsParams) -> None:
+    """Raise InvalidRequestError with llguidance's reason when the spec cannot be compiled (no tokenizer needed)."""
+    error = _llguidance().LLMatcher.validate_grammar(grammar_text(spec))
+    if error:
+        raise InvalidRequestError(f"invalid structured_outputs.{spec.kind}: {error}")
+
+
 class Matcher:
     """One sequence's grammar state and its next token mask."""
 

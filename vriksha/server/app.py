@@ -22,6 +22,7 @@ from vriksha.server.routes_fleet import router as fleet_router
 from vriksha.server.routes_native import router as native_router
 from vriksha.server.routes_openai import router as openai_router
 from vriksha.server.routes_render import router as render_router
+from vriksha.server.routes_tokenize import router as tokenize_router
 from vriksha.server.routes_weights import install as install_weight_routes
 from vriksha.server.state import ServerState
 
@@ -72,6 +73,7 @@ def create_app(engine: EngineProtocol, config: ServerConfig | None = None, kv_ev
     install_weight_routes(app, config.allow_multiple_weight_clients)
     app.include_router(fleet_router)
     app.include_router(render_router)
+    app.include_router(tokenize_router)
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=config.auth_exempt)
     return app

@@ -9,6 +9,7 @@ from typing import Any
 
 from vriksha.engine.config import EngineConfig
 from vriksha.errors import ConfigError, VrikshaError
+from vriksha.toolcalls import PARSERS
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +58,13 @@ def register(subparsers: Any) -> None:
         default=30.0,
         help="on SIGTERM, seconds in-flight requests may run before they are answered with 503 (or an error "
         "event in a stream) and aborted; meanwhile /health says draining (default: 30)",
+    )
+    p.add_argument(
+        "--tool-call-parser",
+        default=None,
+        choices=sorted(PARSERS),
+        help="how the model writes tool calls (default: chosen from the chat template; hermes when it says "
+        "nothing)",
     )
     from vriksha.net import FrontConfig, add_flags
 
@@ -132,6 +140,7 @@ def handler(args: argparse.Namespace) -> int:
         max_waiting=args.max_waiting,
         profile_dir=args.profile_dir,
         shutdown_timeout_s=args.shutdown_timeout,
+        tool_call_parser=args.tool_call_parser,
         front=front,
         allow_multiple_weight_clients=args.allow_multiple_weight_clients,
     )

@@ -26,3 +26,5 @@ class ServerConfig:
     front: FrontConfig = field(default_factory=FrontConfig)
     # let more than one trainer update this server's weights (they must take turns: one update at a time)
     allow_multiple_weight_clients: bool = False
+    # tool-call convention (vriksha.toolcalls); None: chosen from the chat template
+    tool_call_parser: str | None = None

@@ -67,3 +67,45 @@ def chat_logprobs(
         lp = token_lps[i] if i < len(token_lps) else float("nan")
         content.append(TokenLogprob(token=tok, logprob=lp, bytes=list(tok.encode()), top_logprobs=top))
     return ChoiceLogprobs(content=content)
+
+
+def prompt_completion_logprobs(
+    text_of: TokenText, prompt_ids: list[int], steps: list[dict[int, float] | None], k: int
+) -> CompletionLogprobs:
+    """The prompt's part of `echo` with `logprobs`: the first token has none, as in OpenAI's answers."""
+    lps: list[float | None] = [None] + [
+        s[t] if s else None for t, s in zip(prompt_ids[1:], steps[1:], strict=True)
+    ]
+    out = CompletionLogprobs()
+    offset = 0
+    for i, tid in enumerate(prompt_ids):
+        tok = text_of(tid)
+        out.tokens.append(tok)
+        out.token_logprobs.append(lps[i])
+        out.top_logprobs.append(
+            {text_of(t): lp for t, lp in _top(steps[i], k)} if steps[i] and k > 0 else None
+        )
+        out.text_offset.append(offset)
+        offset += len(tok)
+    return out
+
+
+def vllm_prompt_logprobs(
+    text_of: TokenText, prompt_ids: list[int], steps: list[dict[int, float] | None] | None
+) -> list[dict[str, dict[str, Any]] | None] | None:
+    """vLLM's `prompt_logprobs` shape: per position None or {token id: {logprob, rank, decoded_token}}."""
+    if steps is None:
+        return None
+    out: list[dict[str, dict[str, Any]] | None] = []
+    for step in steps:
+        if step is None:
+            out.append(None)
+            continue
+        ranked = sorted(step.items(), key=lambda kv: kv[1], reverse=True)
+        out.append(
+            {
+                str(t): {"logprob": lp, "rank": r + 1, "decoded_token": text_of(t)}
+                for r, (t, lp) in enumerate(ranked)
+            }
+        )
+    return out

@@ -6,6 +6,8 @@ from typing import Any
 
 from vriksha.server.errors import BadRequestError
 from vriksha.server.protocol import ChatCompletionRequest, CompletionRequest
+from vriksha.server.tools import ToolPlan, prompt_messages
+from vriksha.toolcalls import template_renders_tools
 
 
 def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
@@ -41,6 +43,7 @@ def _text_content(content: str | list[dict[str, Any]] | None, index: int) -> str
 
 
 def chat_messages(req: ChatCompletionRequest) -> list[dict[str, Any]]:
+    """The request's messages as dicts: text content only, `developer` as `system`."""
     out = []
     for i, m in enumerate(req.messages):
         d = m.model_dump(exclude_none=True)
@@ -59,16 +62,21 @@ def _bos_added(tokenizer: Any) -> bool:
     return bool(ids) and ids[0] == bos
 
 
-def render_chat(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
+def render_chat(tokenizer: Any, req: ChatCompletionRequest, plan: ToolPlan | None = None) -> list[int]:
     """Chat template -> text -> token ids. The template writes its own special tokens, so encode adds none,
-    except a BOS the tokenizer always adds and the template left out."""
+    except a BOS the tokenizer always adds and the template left out. Tools reach the template when it renders
+    them, else the system message (`server/tools.py`)."""
     if not getattr(tokenizer, "chat_template", None):
         raise BadRequestError(
             "this model's tokenizer has no chat template; use /v1/completions with a plain prompt"
         )
     kwargs = dict(req.chat_template_kwargs or {})
-    if req.tools:
-        kwargs["tools"] = req.tools
+    messages = chat_messages(req)
+    if plan is not None:
+        renders = template_renders_tools(tokenizer.chat_template)
+        messages = prompt_messages(plan, messages, renders)
+        if plan.in_prompt and renders:
+            kwargs["tools"] = plan.tools
     add_generation_prompt = req.add_generation_prompt
     if req.continue_final_message:
         if req.messages[-1].role != "assistant":
@@ -80,7 +88,7 @@ def render_chat(tokenizer: Any, req: ChatCompletionRequest) -> list[int]:
         add_generation_prompt = False
     try:
         text = tokenizer.apply_chat_template(
-            chat_messages(req), add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
+            messages, add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs
         )
     except BadRequestError:
         raise

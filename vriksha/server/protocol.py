@@ -1,7 +1,8 @@
 """Request bodies of the OpenAI-compatible endpoints, as pydantic models.
 
-Every parameter OpenAI defines is declared, so a field OpenAI accepts is accepted here too (those we do
-not implement are ignored, see docs/server.md); any other field is rejected with 400, as OpenAI does.
+Every parameter OpenAI defines is declared, so a field OpenAI accepts is parsed here too; one the server
+cannot honour is refused with a 400 naming it (`server/sampling.py`, the table in docs/server.md); any other
+field is rejected with 400, as OpenAI does.
 A few vLLM-style extensions (`top_k`, `min_p`, `ignore_eos`, ...) are declared as well, for clients that
 send them through `extra_body`.
 """
@@ -28,6 +29,16 @@ class StreamOptions(Strict):
     include_obfuscation: bool | None = None
 
 
+class StructuredOutputsRequest(Strict):
+    """vLLM's `structured_outputs` extra: exactly one of these."""
+
+    json: str | dict[str, Any] | None = None
+    json_object: bool | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+
 class EngineExtras(Strict):
     """Sampling extensions beyond OpenAI's, named as in vLLM's server."""
 
@@ -38,7 +49,16 @@ class EngineExtras(Strict):
     stop_token_ids: list[TokenId] | None = None
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
-    repetition_penalty: FiniteFloat | None = None  # accepted for compatibility; only 1.0 is supported
+    repetition_penalty: FiniteFloat | None = None
+    allowed_token_ids: list[TokenId] | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: Int32 | None = None
+    # structured outputs, vLLM's names: one object, or the older guided_* fields
+    structured_outputs: StructuredOutputsRequest | None = None
+    guided_json: str | dict[str, Any] | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     # fields SGLang-style routers (vllm-router) add to every request, see docs/router.md
     no_stop_trim: bool | None = None  # true: keep the matched stop string (= include_stop_str_in_output)
     return_hidden_states: bool | None = None  # only false is supported
@@ -60,7 +80,7 @@ class OpenAISampling(EngineExtras):
     model: str
     frequency_penalty: FiniteFloat | None = None
     presence_penalty: FiniteFloat | None = None
-    logit_bias: dict[str, Int32] | None = None
+    logit_bias: dict[str, FiniteFloat] | None = None
     max_tokens: Int32 | None = None
     n: N | None = None
     seed: Seed | None = None
@@ -131,6 +151,9 @@ class NativeSamplingParams(EngineExtras):
     max_new_tokens: Int32 | None = None  # SGLang's name for max_tokens
     stop: str | list[str] | None = None
     logprobs: Int32 | None = None
+    presence_penalty: FiniteFloat | None = None
+    frequency_penalty: FiniteFloat | None = None
+    logit_bias: dict[str, FiniteFloat] | None = None
 
 
 class GenerateRequest(Strict):

@@ -1,4 +1,4 @@
-"""Request bodies -> the engine's `SamplingParams`."""
+"""Request bodies -> the engine's `SamplingParams`. A parameter the server cannot honour is refused by name."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import logging
 from typing import Any
 
 from vriksha.engine.sampling_params import SamplingParams
+from vriksha.engine.structured_outputs import StructuredOutputsParams
+from vriksha.errors import InvalidRequestError
 from vriksha.server.errors import BadRequestError
 from vriksha.server.protocol import (
     ChatCompletionRequest,
@@ -19,13 +21,63 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_COMPLETION_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 
+_EXTRAS = (
+    "top_k",
+    "min_p",
+    "min_tokens",
+    "ignore_eos",
+    "stop_token_ids",
+    "skip_special_tokens",
+    "include_stop_str_in_output",
+    "repetition_penalty",
+    "allowed_token_ids",
+    "bad_words",
+    "prompt_logprobs",
+)
+_GUIDED = {
+    "guided_json": "json",
+    "guided_regex": "regex",
+    "guided_choice": "choice",
+    "guided_grammar": "grammar",
+}
+
+
+def refuse(param: str, why: str) -> BadRequestError:
+    return BadRequestError(f"{param} is not supported by this server: {why}", param=param)
+
+
+def _structured(req: EngineExtras) -> StructuredOutputsParams | None:
+    given: dict[str, Any] = {}
+    if req.structured_outputs is not None:
+        given.update(req.structured_outputs.model_dump(exclude_none=True))
+    for field, kind in _GUIDED.items():
+        value = getattr(req, field)
+        if value is not None:
+            given[kind] = value
+    if not given:
+        return None
+    try:
+        return check_structured(StructuredOutputsParams(**given), "structured_outputs")
+    except InvalidRequestError as e:
+        raise BadRequestError(str(e), param="structured_outputs") from None
+
+
+def logit_bias(raw: dict[str, float] | None) -> dict[int, float] | None:
+    if not raw:
+        return None
+    out: dict[int, float] = {}
+    for key, value in raw.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise BadRequestError(
+                f"logit_bias keys must be token ids (integers as strings), got {key!r}", param="logit_bias"
+            ) from None
+        out[token] = float(value)
+    return out
+
 
 def _extras(req: EngineExtras) -> dict[str, Any]:
-    if req.repetition_penalty not in (None, 1.0):
-        raise BadRequestError(
-            f"repetition_penalty={req.repetition_penalty} is not supported; omit it or pass 1.0",
-            param="repetition_penalty",
-        )
     if req.return_hidden_states:
         raise BadRequestError(
             "return_hidden_states=true is not supported; omit it or pass false", param="return_hidden_states"
@@ -33,28 +85,29 @@ def _extras(req: EngineExtras) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if req.no_stop_trim:
         out["include_stop_str_in_output"] = True
-    for name in (
-        "top_k",
-        "min_p",
-        "min_tokens",
-        "ignore_eos",
-        "stop_token_ids",
-        "skip_special_tokens",
-        "include_stop_str_in_output",
-    ):
+    for name in _EXTRAS:
         value = getattr(req, name)
         if value is not None:
             out[name] = value
+    so = _structured(req)
+    if so is not None:
+        out["structured_outputs"] = so
     return out
 
 
+def _penalties(req: OpenAISampling | NativeSamplingParams, out: dict[str, Any]) -> None:
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(req, name)
+        if value is not None:
+            out[name] = float(value)
+    bias = logit_bias(req.logit_bias)
+    if bias:
+        out["logit_bias"] = bias
+
+
 def _openai_common(req: OpenAISampling) -> dict[str, Any]:
-    ignored = [
-        name for name in ("frequency_penalty", "presence_penalty") if getattr(req, name) not in (None, 0, 0.0)
-    ] + (["logit_bias"] if req.logit_bias else [])
-    if ignored:
-        logger.debug("ignoring unimplemented parameters %s", ignored)
     out = _extras(req)
+    _penalties(req, out)
     if req.n is not None:
         out["n"] = req.n
     if req.temperature is not None:
@@ -73,25 +126,96 @@ def _check_positive(value: int | None, name: str) -> None:
         raise BadRequestError(f"invalid value for {name}: must be an integer >= 1, got {value}", param=name)
 
 
+def check_structured(spec: StructuredOutputsParams, param: str) -> StructuredOutputsParams:
+    """An invalid or unsatisfiable schema/grammar: a 400 naming `param`, before the request reaches the engine."""
+    from vriksha.engine.grammar import check_grammar
+
+    try:
+        check_grammar(spec)
+    except InvalidRequestError as e:
+        raise BadRequestError(str(e), param=param) from None
+    return spec
+
+
+def build(kw: dict[str, Any]) -> SamplingParams:
+    """SamplingParams(**kw); its validation errors become 400s naming the field."""
+    try:
+        return SamplingParams(**kw)
+    except InvalidRequestError as e:
+        field = next((k for k in kw if k in str(e)), None)
+        raise BadRequestError(str(e), param=field) from None
+
+
 def completion_params(req: CompletionRequest) -> SamplingParams:
     _check_positive(req.max_tokens, "max_tokens")
     if req.best_of is not None and req.best_of != (req.n or 1):
         raise BadRequestError(
             f"best_of={req.best_of} is not supported; omit it or set it equal to n", param="best_of"
         )
-    if req.echo and req.logprobs is not None:
-        raise BadRequestError(
-            "echo with logprobs needs prompt log-probabilities, which are not supported; drop one of them",
-            param="echo",
-        )
+    if req.suffix:
+        raise refuse("suffix", "insertion (fill-in-the-middle) is not implemented; omit suffix")
     kw = _openai_common(req)
     kw["max_tokens"] = req.max_tokens if req.max_tokens is not None else DEFAULT_COMPLETION_MAX_TOKENS
     if req.logprobs is not None:
         kw["logprobs"] = req.logprobs
-    return SamplingParams(**kw)
+        if req.echo:  # the prompt's tokens are scored too
+            kw["prompt_logprobs"] = max(req.logprobs, kw.get("prompt_logprobs") or 0)
+    return build(kw)
+
+
+_CHAT_REFUSED = {
+    "audio": "audio output is not implemented",
+    "prediction": "predicted outputs are not implemented",
+    "web_search_options": "there is no web search",
+    "functions": "the deprecated functions API is not implemented; send tools instead",
+    "function_call": "the deprecated functions API is not implemented; send tool_choice instead",
+    "moderation": "there is no moderation",
+}
+
+
+def check_chat_support(req: ChatCompletionRequest) -> None:
+    """Refuse, by name, the chat parameters this server cannot honour."""
+    for name, why in _CHAT_REFUSED.items():
+        if getattr(req, name) is not None:
+            raise refuse(name, why)
+    if req.modalities is not None and list(req.modalities) != ["text"]:
+        raise refuse("modalities", "this server outputs text only; omit modalities or send ['text']")
+    if req.store:
+        raise refuse("store", "completions are not stored; omit store or send false")
+    if req.reasoning_effort is not None:
+        raise refuse("reasoning_effort", "the model has no reasoning mode; omit reasoning_effort")
+    if req.verbosity not in (None, "medium"):
+        raise refuse("verbosity", "output verbosity cannot be steered; omit verbosity")
+    if req.service_tier not in (None, "auto", "default"):
+        raise refuse("service_tier", "there is one service tier; omit it or send 'auto'")
+
+
+def response_format(req: ChatCompletionRequest) -> StructuredOutputsParams | None:
+    """OpenAI's response_format: text, json_object or json_schema (strict or not, always enforced)."""
+    rf = req.response_format
+    if rf is None:
+        return None
+    kind = rf.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return check_structured(StructuredOutputsParams(json_object=True), "response_format")
+    if kind == "json_schema":
+        spec = rf.get("json_schema")
+        schema = spec.get("schema") if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise BadRequestError(
+                "response_format.json_schema.schema must be a JSON Schema object", param="response_format"
+            )
+        return check_structured(StructuredOutputsParams(json=schema), "response_format")
+    raise BadRequestError(
+        f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+        param="response_format",
+    )
 
 
 def chat_params(req: ChatCompletionRequest, prompt_len: int, max_model_len: int) -> SamplingParams:
+    check_chat_support(req)
     _check_positive(req.max_completion_tokens, "max_completion_tokens")
     _check_positive(req.max_tokens, "max_tokens")
     if req.top_logprobs is not None and not req.logprobs:
@@ -100,16 +224,24 @@ def chat_params(req: ChatCompletionRequest, prompt_len: int, max_model_len: int)
             param="top_logprobs",
         )
     kw = _openai_common(req)
+    rf = response_format(req)
+    if rf is not None:
+        if "structured_outputs" in kw:
+            raise BadRequestError(
+                "send either response_format or structured_outputs, not both", param="response_format"
+            )
+        kw["structured_outputs"] = rf
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     # default: whatever the context leaves (the engine rejects the request when nothing is left)
     kw["max_tokens"] = max_tokens if max_tokens is not None else max(1, max_model_len - prompt_len)
     if req.logprobs:
         kw["logprobs"] = req.top_logprobs or 0
-    return SamplingParams(**kw)
+    return build(kw)
 
 
 def native_params(sp: NativeSamplingParams) -> SamplingParams:
     kw = _extras(sp)
+    _penalties(sp, kw)
     max_tokens = sp.max_tokens if sp.max_tokens is not None else sp.max_new_tokens
     _check_positive(max_tokens, "max_tokens")
     kw.update(
@@ -122,4 +254,4 @@ def native_params(sp: NativeSamplingParams) -> SamplingParams:
     )
     if max_tokens is not None:
         kw["max_tokens"] = max_tokens
-    return SamplingParams(**kw)
+    return build(kw)

@@ -11,8 +11,8 @@ from vriksha.engine.outputs import CompletionOutput, RequestOutput
 from vriksha.profiling import phase
 from vriksha.server.deltas import DeltaTracker
 from vriksha.server.engine_client import RequestStream
-from vriksha.server.errors import to_response
-from vriksha.server.logprobs import chat_logprobs
+from vriksha.server.errors import BadRequestError, to_response
+from vriksha.server.logprobs import chat_logprobs, vllm_prompt_logprobs
 from vriksha.server.prompts import render_chat
 from vriksha.server.protocol import ChatCompletionRequest
 from vriksha.server.responses import (
@@ -30,6 +30,8 @@ from vriksha.server.responses import (
 from vriksha.server.sampling import chat_params
 from vriksha.server.sse import DONE, error_event, event, sse_response, unless_disconnected
 from vriksha.server.state import ServerState
+from vriksha.server.tools import ToolPlan, forced_call_grammar, message_fields, plan_tools
+from vriksha.toolcalls import ContentDelta, ToolCallStream
 
 
 def _usage(out: RequestOutput) -> Usage:
@@ -54,8 +56,17 @@ async def create_chat_completion(
 ) -> Response:
     with phase("server.parse"):
         model = state.check_model(req.model)
-        prompt_ids = render_chat(state.tokenizer, req)
+        plan = plan_tools(req, state.tool_parser_name)
+        prompt_ids = render_chat(state.tokenizer, req, plan)
         params = chat_params(req, len(prompt_ids), state.max_model_len)
+        if plan.forced is not None:
+            if params.structured_outputs is not None:
+                raise BadRequestError(
+                    "tool_choice forces a call, which cannot be combined with response_format or "
+                    "structured_outputs; drop one of them",
+                    param="tool_choice",
+                )
+            params.structured_outputs = forced_call_grammar(plan)
     stream = state.client.open(prompt_ids, params, "chat")
     try:
         await unless_disconnected(request, stream.start(), state.drain)
@@ -63,28 +74,61 @@ async def create_chat_completion(
         await stream.aclose()
         raise
     if req.stream:
-        return sse_response(_stream(req, state, model, stream), [stream], state.drain)
+        return sse_response(_stream(req, state, model, stream, plan), [stream], state.drain)
     final = await unless_disconnected(request, stream.final(), state.drain)
-    choices = [
-        ChatChoice(
-            index=c.index,
-            message=AssistantMessage(content=c.text),
-            logprobs=_logprobs(state, req, c),
-            finish_reason=c.finish_reason,
+    choices = []
+    for c in final.outputs:
+        content, calls, finish = message_fields(plan, c.text, c.finish_reason)
+        choices.append(
+            ChatChoice(
+                index=c.index,
+                message=AssistantMessage(content=content, tool_calls=calls),
+                logprobs=_logprobs(state, req, c),
+                finish_reason=finish,
+            )
         )
-        for c in final.outputs
-    ]
     body = ChatCompletionResponse(id=new_id("chatcmpl"), model=model, choices=choices, usage=_usage(final))
+    if req.prompt_logprobs is not None:
+        body.prompt_logprobs = vllm_prompt_logprobs(
+            state.text_of, final.prompt_token_ids, final.prompt_logprobs
+        )
     return JSONResponse(body.model_dump())
 
 
+class _ToolDeltas:
+    """One choice's streamed text through the tool-call parser: content deltas and OpenAI tool_calls deltas."""
+
+    def __init__(self, plan: ToolPlan) -> None:
+        assert plan.parser is not None
+        self.stream: ToolCallStream = plan.parser.stream()
+        self.parallel = plan.parallel
+        self.calls = 0
+
+    def delta(self, text: str, final: bool) -> dict:
+        pieces = self.stream.feed(text) + (self.stream.finish() if final else [])
+        content = "".join(p.text for p in pieces if isinstance(p, ContentDelta))
+        calls = [
+            p.to_openai()
+            for p in pieces
+            if not isinstance(p, ContentDelta) and (self.parallel or p.index == 0)
+        ]
+        self.calls = max(self.calls, *(c["index"] + 1 for c in calls)) if calls else self.calls
+        out: dict = {}
+        if content:
+            out["content"] = content
+        if calls:
+            out["tool_calls"] = calls
+        return out
+
+
 async def _stream(
-    req: ChatCompletionRequest, state: ServerState, model: str, stream: RequestStream
+    req: ChatCompletionRequest, state: ServerState, model: str, stream: RequestStream, plan: ToolPlan
 ) -> AsyncIterator[bytes]:
     rid, created = new_id("chatcmpl"), now()
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     tracker = DeltaTracker()
     last: RequestOutput | None = None
+    tools: dict[int, _ToolDeltas] = {}
 
     def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> bytes:
         body = ChatCompletionChunk(id=rid, created=created, model=model, choices=choices, usage=usage)
@@ -98,15 +142,25 @@ async def _stream(
             choices = []
             for c in out.outputs:
                 d = tracker.advance(c.index, c)
-                if d is not None:
-                    choices.append(
-                        ChatChunkChoice(
-                            index=c.index,
-                            delta=Delta(content=d.text or None),
-                            logprobs=_logprobs(state, req, c, d.token_start),
-                            finish_reason=d.finish_reason,
-                        )
+                if d is None:
+                    continue
+                finish = d.finish_reason
+                if plan.parser is not None:
+                    parsed = tools.setdefault(c.index, _ToolDeltas(plan))
+                    body = parsed.delta(d.text or "", finish is not None)
+                    delta = Delta(content=body.get("content"), tool_calls=body.get("tool_calls"))
+                    if parsed.calls and finish == "stop":
+                        finish = "tool_calls"
+                else:
+                    delta = Delta(content=d.text or None)
+                choices.append(
+                    ChatChunkChoice(
+                        index=c.index,
+                        delta=delta,
+                        logprobs=_logprobs(state, req, c, d.token_start),
+                        finish_reason=finish,
                     )
+                )
             if choices:
                 yield chunk(choices)
         if include_usage and last is not None:

@@ -11,8 +11,8 @@ from vriksha.engine.outputs import CompletionOutput, RequestOutput
 from vriksha.profiling import phase
 from vriksha.server.deltas import DeltaTracker
 from vriksha.server.engine_client import RequestStream, merge, start_all
-from vriksha.server.errors import to_response
-from vriksha.server.logprobs import completion_logprobs
+from vriksha.server.errors import BadRequestError, to_response
+from vriksha.server.logprobs import completion_logprobs, prompt_completion_logprobs, vllm_prompt_logprobs
 from vriksha.server.prompts import completion_prompts
 from vriksha.server.protocol import CompletionRequest
 from vriksha.server.responses import CompletionChoice, CompletionResponse, Usage, new_id, now
@@ -34,6 +34,11 @@ async def create_completion(req: CompletionRequest, state: ServerState, request:
         model = state.check_model(req.model)
         prompts = completion_prompts(req)
         params = completion_params(req)
+        if req.stream and req.echo and req.logprobs is not None:
+            raise BadRequestError(
+                "echo with logprobs is answered whole; send stream=false for the prompt's log-probabilities",
+                param="echo",
+            )
     streams: list[RequestStream] = []
     try:
         for p in prompts:
@@ -81,15 +86,33 @@ def _response(
                 prefix = (
                     out.prompt if out.prompt is not None else state.tokenizer.decode(out.prompt_token_ids)
                 )
+            logprobs = _choice_logprobs(state, c, req.logprobs, 0, len(prefix))
+            if req.echo and logprobs is not None and out.prompt_logprobs is not None:
+                logprobs = _echoed(state, out, req.logprobs or 0, logprobs, len(prefix))
             choices.append(
                 CompletionChoice(
                     index=i * n + c.index,
                     text=prefix + c.text,
-                    logprobs=_choice_logprobs(state, c, req.logprobs, 0, len(prefix)),
+                    logprobs=logprobs,
                     finish_reason=c.finish_reason,
+                    prompt_logprobs=vllm_prompt_logprobs(
+                        state.text_of, out.prompt_token_ids, out.prompt_logprobs
+                    )
+                    if req.prompt_logprobs is not None
+                    else None,
                 )
             )
     return CompletionResponse(id=new_id("cmpl"), model=model, choices=choices, usage=_usage(finals))
+
+
+def _echoed(state: ServerState, out: RequestOutput, k: int, completion, prefix_len: int):
+    """The prompt's log-probabilities followed by the completion's (text offsets past the echoed prompt)."""
+    head = prompt_completion_logprobs(state.text_of, out.prompt_token_ids, out.prompt_logprobs, k)
+    head.tokens += completion.tokens
+    head.token_logprobs += completion.token_logprobs
+    head.top_logprobs += completion.top_logprobs
+    head.text_offset += completion.text_offset
+    return head
 
 
 async def _stream(

@@ -28,6 +28,7 @@ class ServerState:
     profiler: ServerProfiler
     drain: Drain
     _text_of: TokenText | None = None
+    _tool_parser: str | None = None
 
     @property
     def model_names(self) -> list[str]:
@@ -50,6 +51,18 @@ class ServerState:
         if self._text_of is None:
             self._text_of = TokenText(self.tokenizer)
         return self._text_of
+
+    @property
+    def tool_parser_name(self) -> str:
+        """The tool-call convention: the --tool-call-parser flag, else the one the chat template writes."""
+        if self._tool_parser is None:
+            from vriksha.toolcalls import parser_for_template
+
+            template = getattr(self.tokenizer, "chat_template", None)
+            self._tool_parser = parser_for_template(
+                template if isinstance(template, str) else None, self.config.tool_call_parser
+            )
+        return self._tool_parser
 
     def check_model(self, name: str) -> str:
         if name not in self.model_names:
