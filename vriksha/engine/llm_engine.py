@@ -317,7 +317,8 @@ class LLMEngine:
         for i, req in enumerate(requests):
             if len(req.output_token_ids) < req.params.min_tokens:
                 stop_ids = list(req.eos_token_ids | set(req.params.stop_token_ids))
-                logits[i, stop_ids] = float("-inf")
+                with torch.inference_mode():  # the logits are an inference tensor
+                    logits[i, stop_ids] = float("-inf")
 
     def _append(self, req: Request, token: int, logprob: float, top: dict | None, now: float) -> bool:
         """Record a sampled token; True when it ends the sequence."""
