@@ -38,7 +38,10 @@ ADD = {
         "name": "add",
         "parameters": {
             "type": "object",
-            "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99}, "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+            "properties": {
+                "a": {"type": "integer", "minimum": 0, "maximum": 99},
+                "b": {"type": "integer", "minimum": 0, "maximum": 99},
+            },
             "required": ["a", "b"],
             "additionalProperties": False,
         },
@@ -50,7 +53,9 @@ SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
 
 @pytest.fixture(scope="module")
 def server(server_factory, tiny_model_dir):
-    return server_factory(["--model", str(tiny_model_dir), "--kv-cache-memory-gb", "0.05", "--served-model-name", MODEL])
+    return server_factory(
+        ["--model", str(tiny_model_dir), "--kv-cache-memory-gb", "0.05", "--served-model-name", MODEL]
+    )
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +75,13 @@ def _check_calls(calls, names):
 def test_tool_choice_required_always_returns_valid_calls(client):
     for seed in range(3):
         r = client.chat.completions.create(
-            model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", temperature=1.0, seed=seed, max_tokens=120
+            model=MODEL,
+            messages=MESSAGES,
+            tools=TOOLS,
+            tool_choice="required",
+            temperature=1.0,
+            seed=seed,
+            max_tokens=120,
         )
         choice = r.choices[0]
         assert choice.finish_reason == "tool_calls", choice
@@ -97,10 +108,16 @@ def test_named_function_and_no_parallel_calls(client):
 
 def test_auto_parses_a_call_the_model_writes(client):
     # the tiny model writes what the regex allows: a Hermes call block, which `auto` must parse
-    written = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>'
+    written = (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}\n</tool_call>'
+    )
     regex = written.replace("{", "\\{").replace("}", "\\}")
     r = client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, tools=TOOLS, max_tokens=60, temperature=0,
+        model=MODEL,
+        messages=MESSAGES,
+        tools=TOOLS,
+        max_tokens=60,
+        temperature=0,
         extra_body={"structured_outputs": {"regex": regex}},
     )
     msg = r.choices[0].message
@@ -110,14 +127,27 @@ def test_auto_parses_a_call_the_model_writes(client):
         ("get_weather", {"city": "Paris", "unit": "c"})
     ]
     none = client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="none", max_tokens=60, temperature=0,
+        model=MODEL,
+        messages=MESSAGES,
+        tools=TOOLS,
+        tool_choice="none",
+        max_tokens=60,
+        temperature=0,
         extra_body={"structured_outputs": {"regex": regex}},
     )
     assert none.choices[0].message.tool_calls is None and none.choices[0].message.content == written
 
 
 def test_streamed_tool_calls_reassemble_to_the_whole_answer(client):
-    kw = dict(model=MODEL, messages=MESSAGES, tools=TOOLS, tool_choice="required", temperature=1.0, seed=11, max_tokens=120)
+    kw = dict(
+        model=MODEL,
+        messages=MESSAGES,
+        tools=TOOLS,
+        tool_choice="required",
+        temperature=1.0,
+        seed=11,
+        max_tokens=120,
+    )
     whole = client.chat.completions.create(**kw).choices[0]
     calls: dict[int, dict] = {}
     finish = None
@@ -147,14 +177,24 @@ def test_streamed_tool_calls_reassemble_to_the_whole_answer(client):
 def test_tool_results_go_through_the_chat_template(server):
     messages = [
         *MESSAGES,
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'}}
-        ]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "c"}'},
+                }
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees, sunny"},
     ]
     r = httpx.post(server.base_url + "/tokenize", json={"messages": messages, "tools": TOOLS}, timeout=60)
     assert r.status_code == 200, r.text
-    text = httpx.post(server.base_url + "/detokenize", json={"tokens": r.json()["tokens"]}, timeout=60).json()["prompt"]
+    text = httpx.post(
+        server.base_url + "/detokenize", json={"tokens": r.json()["tokens"]}, timeout=60
+    ).json()["prompt"]
     assert '"name": "get_weather"' in text  # the tool list in the system message
     assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}}' in text
     assert "<tool_response>\n18 degrees, sunny\n</tool_response>" in text
@@ -168,8 +208,12 @@ class Person(BaseModel):
 
 def test_parse_with_a_pydantic_model(client):
     r = client.chat.completions.parse(
-        model=MODEL, messages=[{"role": "user", "content": "A person"}], response_format=Person, temperature=0.7,
-        seed=1, max_tokens=200,
+        model=MODEL,
+        messages=[{"role": "user", "content": "A person"}],
+        response_format=Person,
+        temperature=0.7,
+        seed=1,
+        max_tokens=200,
         extra_body={"bad_words": ["\\"]},  # a random model may write long escapes; the test wants it short
     )
     choice = r.choices[0]
@@ -204,10 +248,22 @@ def test_fifty_random_json_schemas_at_temperature_one(client):
     rng = random.Random(0)
     done = 0
     for i in range(50):
-        schema = {"type": "object", "properties": {"v": _random_schema(rng)}, "required": ["v"], "additionalProperties": False}
+        schema = {
+            "type": "object",
+            "properties": {"v": _random_schema(rng)},
+            "required": ["v"],
+            "additionalProperties": False,
+        }
         r = client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "JSON please"}], temperature=1.0, seed=i, max_tokens=150,
-            response_format={"type": "json_schema", "json_schema": {"name": f"s{i}", "schema": schema, "strict": True}},
+            model=MODEL,
+            messages=[{"role": "user", "content": "JSON please"}],
+            temperature=1.0,
+            seed=i,
+            max_tokens=150,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": f"s{i}", "schema": schema, "strict": True},
+            },
             extra_body={"bad_words": ["\\"]},
         )
         c = r.choices[0]
@@ -221,7 +277,13 @@ def test_schema_streams_with_n_two(client):
     schema = WEATHER["function"]["parameters"]
     texts: dict[int, str] = {}
     for chunk in client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, temperature=1.0, seed=3, max_tokens=150, stream=True, n=2,
+        model=MODEL,
+        messages=MESSAGES,
+        temperature=1.0,
+        seed=3,
+        max_tokens=150,
+        stream=True,
+        n=2,
         response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": schema}},
     ):
         for c in chunk.choices:
@@ -236,21 +298,41 @@ A, B = 1000, 2000
 
 def test_logit_bias_over_the_openai_client(client, server):
     r = client.completions.create(
-        model=MODEL, prompt="Hello", max_tokens=8, temperature=1.0, seed=0, logit_bias={"1234": 100}, logprobs=0,
+        model=MODEL,
+        prompt="Hello",
+        max_tokens=8,
+        temperature=1.0,
+        seed=0,
+        logit_bias={"1234": 100},
+        logprobs=0,
         extra_body={"ignore_eos": True},
     )
     token = httpx.post(server.base_url + "/detokenize", json={"tokens": [1234]}, timeout=30).json()["prompt"]
     assert r.choices[0].logprobs.tokens == [token] * 8
     r = client.chat.completions.create(
-        model=MODEL, messages=MESSAGES, max_tokens=4, temperature=1.0, seed=0, logit_bias={"1234": 100}, logprobs=True
+        model=MODEL,
+        messages=MESSAGES,
+        max_tokens=4,
+        temperature=1.0,
+        seed=0,
+        logit_bias={"1234": 100},
+        logprobs=True,
     )
     assert [t.token for t in r.choices[0].logprobs.content] == [token] * 4
 
 
 def _native(server, **sampling) -> list[int]:
-    body = {"text": "Hello there, how are you", "sampling_params": {
-        "temperature": 0, "max_tokens": 12, "ignore_eos": True, "allowed_token_ids": [A, B],
-        "logit_bias": {str(A): 21.5, str(B): 20.0}, **sampling}}
+    body = {
+        "text": "Hello there, how are you",
+        "sampling_params": {
+            "temperature": 0,
+            "max_tokens": 12,
+            "ignore_eos": True,
+            "allowed_token_ids": [A, B],
+            "logit_bias": {str(A): 21.5, str(B): 20.0},
+            **sampling,
+        },
+    }
     r = httpx.post(server.base_url + "/generate", json=body, timeout=60)
     assert r.status_code == 200, r.text
     return r.json()["outputs"][0]["token_ids"]
@@ -264,23 +346,52 @@ def test_each_penalty_over_http_changes_the_output(server):
 
 
 def test_echo_logprobs_and_prompt_logprobs(client, server):
-    r = client.completions.create(model=MODEL, prompt="The quick brown fox", max_tokens=2, temperature=0, echo=True, logprobs=1)
+    r = client.completions.create(
+        model=MODEL, prompt="The quick brown fox", max_tokens=2, temperature=0, echo=True, logprobs=1
+    )
     lp = r.choices[0].logprobs
     n_prompt = r.usage.prompt_tokens
     assert r.choices[0].text.startswith("The quick brown fox")
     assert lp.token_logprobs[0] is None and all(isinstance(x, float) for x in lp.token_logprobs[1:])
     assert len(lp.tokens) == n_prompt + 2
-    body = httpx.post(server.base_url + "/v1/completions", json={"model": MODEL, "prompt": "The quick brown fox", "max_tokens": 1, "prompt_logprobs": 0}, timeout=60).json()
+    body = httpx.post(
+        server.base_url + "/v1/completions",
+        json={"model": MODEL, "prompt": "The quick brown fox", "max_tokens": 1, "prompt_logprobs": 0},
+        timeout=60,
+    ).json()
     plp = body["choices"][0]["prompt_logprobs"]
     assert plp[0] is None and len(plp) == n_prompt
-    assert [round(next(iter(e.values()))["logprob"], 4) for e in plp[1:]] == [round(x, 4) for x in lp.token_logprobs[1:n_prompt]]
+    assert [round(next(iter(e.values()))["logprob"], 4) for e in plp[1:]] == [
+        round(x, 4) for x in lp.token_logprobs[1:n_prompt]
+    ]
 
 
 @pytest.mark.parametrize(
     "body,param",
     [
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}}, "response_format"),
-        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": 5}}}}}]}, "tools[0].function.parameters"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "strin"}},
+                }
+            },
+            "response_format",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {
+                            "name": "f",
+                            "parameters": {"type": "object", "properties": {"a": {"type": 5}}},
+                        },
+                    }
+                ]
+            },
+            "tools[0].function.parameters",
+        ),
         ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
         ({"presence_penalty": 3.0}, "presence_penalty"),
         ({"frequency_penalty": -2.5}, "frequency_penalty"),
@@ -289,11 +400,30 @@ def test_echo_logprobs_and_prompt_logprobs(client, server):
         ({"extra": 1}, None),
         ({"audio": {"voice": "alloy"}}, "audio"),
         ({"functions": [{"name": "f"}]}, "functions"),
-        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "integer", "minimum": 3, "maximum": 1}}, "required": ["a"]}}}}, "response_format"),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {
+                        "name": "x",
+                        "schema": {
+                            "type": "object",
+                            "properties": {"a": {"type": "integer", "minimum": 3, "maximum": 1}},
+                            "required": ["a"],
+                        },
+                    },
+                }
+            },
+            "response_format",
+        ),
     ],
 )
 def test_bad_input_is_a_400_naming_the_field(server, body, param):
-    r = httpx.post(server.base_url + "/v1/chat/completions", json={"model": MODEL, "messages": MESSAGES, "max_tokens": 4, **body}, timeout=60)
+    r = httpx.post(
+        server.base_url + "/v1/chat/completions",
+        json={"model": MODEL, "messages": MESSAGES, "max_tokens": 4, **body},
+        timeout=60,
+    )
     assert r.status_code == 400, r.text
     err = r.json()["error"]
     if param is not None:
