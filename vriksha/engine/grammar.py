@@ -1,9 +1,9 @@
 """Structured outputs through llguidance: a grammar per request, a token bitmask per step.
 
-llguidance was picked over xgrammar because it installs alone (xgrammar pulls triton and a TVM runtime),
-compiles JSON schemas lazily (no up-front cost on a new schema: the first mask comes in well under a
-millisecond on this model's 49k vocabulary, where xgrammar compiles the schema first) and takes Lark, GBNF,
-regexes and JSON schemas through one entry point. Masks for the next step are computed on a worker thread
+llguidance was picked over xgrammar because it installs alone (xgrammar pulls triton and a TVM runtime) and
+takes Lark, GBNF, regexes and JSON schemas through one entry point; on this model's 49k vocabulary the two
+measured alike (one sequence's mask about 0.02 ms each; a new JSON schema's compile plus first mask 43 ms
+against 55 ms for xgrammar, on a shared 2-core CPU). Masks for the next step are computed on a worker thread
 while the model's forward pass runs (llguidance drops the GIL), so at the next sampling they are ready.
 """
 
