@@ -4,7 +4,8 @@ llguidance was picked over xgrammar because it installs alone (xgrammar pulls tr
 takes Lark, GBNF, regexes and JSON schemas through one entry point; on this model's 49k vocabulary the two
 measured alike (one sequence's mask about 0.02 ms each; a new JSON schema's compile plus first mask 43 ms
 against 55 ms for xgrammar, on a shared 2-core CPU). Masks for the next step are computed on a worker thread
-while the model's forward pass runs (llguidance drops the GIL), so at the next sampling they are ready.
+while the model's forward pass runs (torch's operators release the GIL), so at the next sampling they are
+usually ready.
 """
 
 from __future__ import annotations
