@@ -309,7 +309,9 @@ class LLMEngine:
                         finished.append(req)
                     touched.add(req.request_id)
             if constrained:  # the next masks are computed while the next forward runs
-                self._grammar.prefetch([sampled[i].grammar for i in constrained if not sampled[i].is_finished])
+                self._grammar.prefetch(
+                    [sampled[i].grammar for i in constrained if not sampled[i].is_finished]
+                )
         self.scheduler.postprocess(batch, finished)
         return self._collect(touched)
 
@@ -334,7 +336,9 @@ class LLMEngine:
         params = req.params
         n_out = len(req.output_token_ids)
         if req.grammar is not None and not req.grammar.advance(token):
-            logger.warning("request %s: token %d outside its grammar: %s", req.request_id, token, req.grammar.error)
+            logger.warning(
+                "request %s: token %d outside its grammar: %s", req.request_id, token, req.grammar.error
+            )
         if token in params.stop_token_ids and n_out >= params.min_tokens:
             self._finish(req, "stop", token)
         elif not params.ignore_eos and token in req.eos_token_ids and n_out >= params.min_tokens:
