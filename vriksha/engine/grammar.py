@@ -3,9 +3,11 @@
 llguidance was picked over xgrammar because it installs alone (xgrammar pulls triton and a TVM runtime) and
 takes Lark, GBNF, regexes and JSON schemas through one entry point; on this model's 49k vocabulary the two
 measured alike (one sequence's mask about 0.02 ms each; a new JSON schema's compile plus first mask 43 ms
-against 55 ms for xgrammar, on a shared 2-core CPU). Masks for the next step are computed on a worker thread
-while the model's forward pass runs (torch's operators release the GIL), so at the next sampling they are
-usually ready.
+against 55 ms for xgrammar, on a shared 2-core CPU). When the forward pass runs on an accelerator, the masks for
+the next step are computed on a worker thread while it runs (torch releases the GIL), so at the next sampling
+they are ready. On the CPU the forward already uses every core: a concurrent mask computation only slows it
+(measured: twice the step time at batch 16 on 2 cores), so there the masks are computed just before sampling,
+on one thread.
 """
 
 from __future__ import annotations
@@ -87,13 +89,16 @@ class Matcher:
 class GrammarEngine:
     """Compiles request grammars once per distinct spec and computes masks for a batch off the main thread."""
 
-    def __init__(self, tokenizer, vocab_size: int, eos_token_ids: frozenset[int]) -> None:
+    def __init__(
+        self, tokenizer, vocab_size: int, eos_token_ids: frozenset[int], overlap: bool = False
+    ) -> None:
         llg = _llguidance()
         self._llg = llg
         self.tokenizer = llg.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=sorted(eos_token_ids))
         self.words = (vocab_size + 31) // 32
-        self.executor = llg.LLExecutor()
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
+        self.overlap = overlap  # compute next masks during the forward (an accelerator's forward)
+        self.executor = llg.LLExecutor() if overlap else llg.LLExecutor(num_threads=1)
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask") if overlap else None
         self._grammars: dict[str, str] = {}
 
     def compile(self, spec: StructuredOutputsParams) -> str:
@@ -116,7 +121,13 @@ class GrammarEngine:
         return Matcher(inner, self.words)
 
     def prefetch(self, matchers: list[Matcher]) -> None:
-        """Start computing the next masks of `matchers` (call right after they took their tokens)."""
+        """Start computing the next masks of `matchers` (call right after they took their tokens); without
+        overlap, `masks` computes them when they are needed."""
+        if self.pool is None:
+            return
+        self._submit(matchers)
+
+    def _submit(self, matchers: list[Matcher]) -> None:
         live = [m for m in matchers if not m.done and m.error is None]
         if not live:
             return
@@ -126,7 +137,7 @@ class GrammarEngine:
         def run() -> None:
             self.executor.unsafe_compute_mask_ptr(pairs, buf.data_ptr(), self.words * 4, len(live))
 
-        future = self.pool.submit(run)
+        future: Future = self.pool.submit(run) if self.pool is not None else _done(run)
         for i, m in enumerate(live):
             m.mask, m.pending = buf[i], future
 
@@ -134,7 +145,7 @@ class GrammarEngine:
         """The current masks of `matchers` as int32 [len, words], waiting for any still being computed."""
         missing = [m for m in matchers if m.pending is None]
         if missing:
-            self.prefetch(missing)
+            self._submit(missing)
         for m in matchers:
             if m.pending is not None:
                 m.pending.result()
@@ -142,4 +153,13 @@ class GrammarEngine:
         return torch.stack([m.mask for m in matchers])
 
     def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        if self.pool is not None:
+            self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _done(fn) -> Future:
+    """Run `fn` now; its result as a completed future."""
+    future: Future = Future()
+    fn()
+    future.set_result(None)
+    return future

@@ -245,7 +245,8 @@ class LLMEngine:
         if self._grammar is None:
             from vriksha.engine.grammar import GrammarEngine
 
-            self._grammar = GrammarEngine(self.tokenizer, self.vocab_size, self.eos_token_ids)
+            overlap = self.device.type != "cpu"  # a CPU forward already uses every core
+            self._grammar = GrammarEngine(self.tokenizer, self.vocab_size, self.eos_token_ids, overlap)
         return self._grammar
 
     def _bad_word_ids(self, words: list[str]) -> list[list[int]]:

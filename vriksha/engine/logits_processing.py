@@ -86,14 +86,26 @@ def apply_penalties(logits: torch.Tensor, requests: list[Request]) -> None:
     logits[rows] = x
 
 
+_BIT_TABLES: dict[torch.device, torch.Tensor] = {}
+
+
+def _bit_table(device: torch.device) -> torch.Tensor:
+    """[256, 8] bool: bit j of byte value b (least significant first, as llguidance packs its masks)."""
+    t = _BIT_TABLES.get(device)
+    if t is None:
+        b = torch.arange(256, dtype=torch.int32)[:, None]
+        t = _BIT_TABLES[device] = ((b >> torch.arange(8, dtype=torch.int32)) & 1).bool().to(device)
+    return t
+
+
 def apply_bitmask(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
     """Keep only tokens whose bit is set: `bitmask` is int32 [len(rows), ceil(vocab / 32)] (llguidance's)."""
     if not rows:
         return
     device, vocab = logits.device, logits.shape[-1]
-    bits = torch.arange(32, dtype=torch.int32, device=device)
-    m = bitmask.to(device)
-    allowed = ((m[:, :, None] >> bits) & 1).bool().view(len(rows), -1)[:, :vocab]
+    # the int32 words as little-endian bytes, each byte unpacked to 8 booleans by a 256-entry table
+    table = _bit_table(device)
+    allowed = table[bitmask.contiguous().view(torch.uint8).to(device).long()].view(len(rows), -1)[:, :vocab]
     if allowed.shape[1] < vocab:
         allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
     index = torch.tensor(rows, device=device)
