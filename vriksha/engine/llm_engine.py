@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+import vriksha.device as devices
 from vriksha.engine.cache_events import CacheEventSink
 from vriksha.engine.cache_manager import make_cache_manager
 from vriksha.engine.config import EngineConfig
@@ -56,10 +57,7 @@ class _Group:
 
 
 def pick_device(device: str | None) -> torch.device:
-    if device:
-        return torch.device(device)
-    accel = torch.accelerator.current_accelerator() if torch.accelerator.is_available() else None
-    return accel if accel is not None else torch.device("cpu")
+    return devices.resolve(device)
 
 
 class LLMEngine:
@@ -143,10 +141,10 @@ class LLMEngine:
     def _kv_budget_bytes(self) -> int:
         if self.config.kv_cache_memory_gb is not None:
             return int(self.config.kv_cache_memory_gb * 2**30)
-        if self.device.type == "cpu":
+        if devices.is_host(self.device):
             return int(_DEFAULT_CPU_KV_GB * 2**30)
-        free, _ = torch.cuda.mem_get_info(self.device) if self.device.type == "cuda" else (2 * 2**30, 0)
-        return int(free * _DEFAULT_ACCEL_KV_FRACTION)
+        free = devices.free_memory_bytes(self.device)
+        return int((free if free is not None else 2 * 2**30) * _DEFAULT_ACCEL_KV_FRACTION)
 
     # ---- requests ----------------------------------------------------------------------------------
     def add_request(
@@ -245,7 +243,7 @@ class LLMEngine:
         if self._grammar is None:
             from vriksha.engine.grammar import GrammarEngine
 
-            overlap = self.device.type != "cpu"  # a CPU forward already uses every core
+            overlap = not devices.is_host(self.device)  # a CPU forward already uses every core
             self._grammar = GrammarEngine(self.tokenizer, self.vocab_size, self.eos_token_ids, overlap)
         return self._grammar
 

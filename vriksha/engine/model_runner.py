@@ -7,6 +7,7 @@ import logging
 
 import torch
 
+import vriksha.device as devices
 from vriksha.engine import fast_linear, native
 from vriksha.engine.attention import AttentionBatch, PrefillSegment, forward_context, register_attention
 from vriksha.engine.batch import ForwardBatch
@@ -32,7 +33,7 @@ class ModelRunner:
         self.device = pool.device
         self.installation = ModuleInstallation(model)
         self.installation.set_attn_implementation(register_attention())
-        cpu = self.device.type == "cpu"
+        cpu = devices.is_host(self.device)
         fp32_cpu = cpu and pool.dtype == torch.float32  # the kernels' only case
         self.native = native.kernels() if config.native_kernels and fp32_cpu else None
         self.fast_linear: fast_linear.FastLinear | None = None
@@ -73,11 +74,12 @@ class ModelRunner:
             native=self.native,
         )
         if batch.decodes:
-            rows = torch.tensor([r.row for r in batch.decodes], dtype=torch.int64)
-            lens = torch.tensor([r.num_computed + 1 for r in batch.decodes], dtype=torch.int64)
-            max_len = int(lens.max())
+            rows = torch.tensor([r.row for r in batch.decodes], dtype=torch.int64, device=self.device)
+            lengths = [r.num_computed + 1 for r in batch.decodes]
+            lens = torch.tensor(lengths, dtype=torch.int64, device=self.device)
+            max_len = max(lengths)
             kv = table[rows, :max_len]
-            cols = torch.arange(max_len)
+            cols = torch.arange(max_len, device=self.device)
             attn.decode_kv_slots = kv.masked_fill(cols[None, :] >= lens[:, None], 0)
             attn.decode_kv_lens = lens
             slot_parts.append(kv.gather(1, (lens - 1)[:, None]).view(-1))

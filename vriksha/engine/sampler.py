@@ -46,13 +46,16 @@ class Sampler:
         else:
             probs = self._filtered_probs(logits, requests)
             # exponential race: argmax(p / E) with E ~ Exp(1) draws from p (and is far cheaper than multinomial)
-            noise = torch.empty_like(probs)
+            # the noise is drawn on the host from each request's own generator, so a seed gives the same
+            # samples on every device
+            noise = torch.empty(probs.shape, dtype=probs.dtype)
             for i, req in enumerate(requests):
                 gen = req.generator if req.generator is not None else self.generator
                 noise[i].exponential_(generator=gen)
-            token_ids = (probs / noise).argmax(dim=-1)
+            token_ids = (probs / noise.to(probs.device)).argmax(dim=-1)
             if any(greedy):
-                token_ids = torch.where(torch.tensor(greedy), logits.argmax(dim=-1), token_ids)
+                chosen = torch.tensor(greedy, device=logits.device)
+                token_ids = torch.where(chosen, logits.argmax(dim=-1), token_ids)
         ids = token_ids.tolist()
         sampled_lp = logprobs.gather(1, token_ids.view(-1, 1)).view(-1).tolist()
         tops: list[dict[int, float] | None] = [None] * len(requests)
@@ -71,7 +74,8 @@ class Sampler:
 
     @staticmethod
     def _filtered_probs(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
-        temps = torch.tensor([max(r.params.temperature, 1e-5) for r in requests], dtype=logits.dtype)
+        device = logits.device
+        temps = torch.tensor([max(r.params.temperature, 1e-5) for r in requests], dtype=logits.dtype, device=device)
         scaled = logits / temps[:, None]
         top_k = [r.params.top_k for r in requests]
         top_p = [r.params.top_p for r in requests]
@@ -80,17 +84,17 @@ class Sampler:
             sorted_logits, sorted_idx = scaled.sort(dim=-1, descending=True)
             remove = torch.zeros_like(sorted_logits, dtype=torch.bool)
             vocab = logits.shape[-1]
-            ks = torch.tensor([k if k > 0 else vocab for k in top_k])
-            remove |= torch.arange(vocab)[None, :] >= ks[:, None]
+            ks = torch.tensor([k if k > 0 else vocab for k in top_k], device=device)
+            remove |= torch.arange(vocab, device=device)[None, :] >= ks[:, None]
             sorted_probs = sorted_logits.softmax(dim=-1)
             cum = sorted_probs.cumsum(dim=-1)
-            ps = torch.tensor(top_p, dtype=cum.dtype)
+            ps = torch.tensor(top_p, dtype=cum.dtype, device=device)
             remove |= (cum - sorted_probs) > ps[:, None]  # keep the smallest set whose mass reaches top_p
             sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
             scaled = torch.empty_like(scaled).scatter_(1, sorted_idx, sorted_logits)
         probs = scaled.softmax(dim=-1)
         if any(p > 0 for p in min_p):
-            mp = torch.tensor(min_p, dtype=probs.dtype)
+            mp = torch.tensor(min_p, dtype=probs.dtype, device=device)
             threshold = probs.max(dim=-1, keepdim=True).values * mp[:, None]
             probs = probs.masked_fill(probs < threshold, 0.0)
             probs = probs / probs.sum(dim=-1, keepdim=True)

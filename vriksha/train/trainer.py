@@ -25,6 +25,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+import vriksha.device as devices
 from vriksha.engine.config import EngineConfig
 from vriksha.errors import ConfigError
 from vriksha.profiling import phase
@@ -83,8 +84,9 @@ def _gather(obj: Any) -> list[Any]:
 def _peak_memory_gb(device: torch.device) -> dict[str, float]:
     """This process's peak resident memory so far (and the accelerator's peak allocation), in GiB."""
     out = {"peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}  # Linux: KiB
-    if device.type == "cuda":
-        out["cuda_peak_gb"] = torch.cuda.max_memory_allocated(device) / 2**30
+    peak = devices.peak_memory_bytes(device)
+    if peak is not None:
+        out["device_peak_gb"] = peak / 2**30
     return out
 
 
