@@ -169,7 +169,17 @@ class GRPOTrainer:
     # -- pieces of a step ----------------------------------------------------
 
     def _sync_engine(self) -> float:
+        """Bring the engine up to date before it plays: new weights, or else an empty prefix cache.
+
+        Either way every rollout and evaluation starts from a cold cache, so what it plays depends
+        on the weights and seeds alone, not on what this process played before: a prefix reused
+        from an earlier play (an evaluation before an unchanged-weights step) gives KV that differs
+        in the last bits from a fresh prefill, and a resumed process has no such entries, so it
+        would not repeat the uninterrupted run bit for bit.
+        """
         if not self._engine_stale:
+            if not self.llm.flush_cache():
+                logger.warning("prefix cache not fully flushed: requests still hold entries")
             return 0.0
         t0 = time.perf_counter()
         with phase("train.weight_sync"):
