@@ -297,7 +297,7 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
 
-    from vriksha.models import resolve_model_path
+    from vriksha.loading import resolve_model_path
 
     path = resolve_model_path(args.model)
     from transformers import AutoConfig

@@ -56,7 +56,7 @@ def run_trl(args: argparse.Namespace, out: Path) -> list[dict]:
     from trl import GRPOConfig, GRPOTrainer
 
     from vriksha.envs.trl_adapter import build_dataset, make_reward_func
-    from vriksha.models import load_model
+    from vriksha.loading import load_model
 
     loaded = load_model(None, dtype=torch.float32)
     completions = args.prompts * args.group

@@ -28,7 +28,7 @@ from engine_throughput import make_workloads, run_hf_generate, run_vriksha  # no
 def build_model(out: Path) -> Path:
     from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
-    from vriksha.models import load_tokenizer, resolve_model_path
+    from vriksha.loading import load_tokenizer, resolve_model_path
 
     if (out / "config.json").is_file():
         return out

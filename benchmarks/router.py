@@ -124,7 +124,7 @@ class Fleet:
         return f"http://127.0.0.1:{port}"
 
     def _model_dir(self) -> str:
-        from vriksha.models.loader import resolve_model_path
+        from vriksha.loading.loader import resolve_model_path
 
         return str(resolve_model_path(self.args.model))
 

@@ -64,7 +64,7 @@ def build(name: str, out: Path) -> tuple[torch.nn.Module, Path | None]:
     """The trainer's model and a directory a server can load (None: the server's embedded default)."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from vriksha.models import load_model, load_tokenizer, resolve_model_path
+    from vriksha.loading import load_model, load_tokenizer, resolve_model_path
 
     if name == "embedded":
         return load_model(None, dtype=torch.float32).model.eval(), None
@@ -130,7 +130,7 @@ def run_plane(plane: str, model, model_dir, args, tmp: Path) -> dict:
 
 def reload_plane(model, server_args, args, tmp: Path) -> dict:
     from tests.server.conftest import ServerProcess
-    from vriksha.models import load_tokenizer, resolve_model_path
+    from vriksha.loading import load_tokenizer, resolve_model_path
     from vriksha.weights import WeightSyncClient
 
     tok = load_tokenizer(resolve_model_path(None))

@@ -8,7 +8,7 @@ import torch
 
 
 def embedded_tokenizer():
-    from vriksha.models import load_tokenizer, resolve_model_path
+    from vriksha.loading import load_tokenizer, resolve_model_path
 
     return load_tokenizer(resolve_model_path(None))
 

@@ -3,7 +3,7 @@ import copy
 import pytest
 import torch
 
-from vriksha.models import load_tokenizer, resolve_model_path
+from vriksha.loading import load_tokenizer, resolve_model_path
 
 
 @pytest.fixture(scope="session")

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vriksha import LLM, SamplingParams
-from vriksha.models import load_model
+from vriksha.loading import load_model
 
 pytestmark = pytest.mark.slow
 

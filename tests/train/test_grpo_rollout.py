@@ -11,7 +11,7 @@ from vriksha.train.rollout import RolloutWorker
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from vriksha.models import load_tokenizer, resolve_model_path
+    from vriksha.loading import load_tokenizer, resolve_model_path
 
     return load_tokenizer(resolve_model_path(None))
 

@@ -13,7 +13,7 @@ from vriksha.train.server_rollout import ServerRollout
 
 def test_server_episodes_equal_colocated(weight_server, tiny_model_dir, tmp_path):
     from vriksha.engine.llm import LLM
-    from vriksha.models import load_tokenizer
+    from vriksha.loading import load_tokenizer
 
     tok = load_tokenizer(tiny_model_dir)
     model = _trainer_model(tiny_model_dir, seed=31)

@@ -16,7 +16,7 @@ from vriksha.weights import WeightSyncClient, digest
 
 
 def test_server_ahead_or_behind_is_resynced(weight_server, tiny_model_dir, tmp_path):
-    from vriksha.models import load_tokenizer
+    from vriksha.loading import load_tokenizer
 
     url = weight_server.base_url
     model = _trainer_model(tiny_model_dir, seed=11)

@@ -70,7 +70,7 @@ class LLMEngine:
     ) -> None:
         self.config = config = config or EngineConfig()
         if model is None:
-            from vriksha.models import load_model
+            from vriksha.loading import load_model
 
             loaded = load_model(config.model, dtype=config.dtype, device=pick_device(config.device))
             model, tokenizer = loaded.model, loaded.tokenizer

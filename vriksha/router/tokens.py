@@ -15,7 +15,7 @@ class PromptTokens:
 
     @classmethod
     def for_model(cls, model: str | None) -> PromptTokens:
-        from vriksha.models.loader import load_tokenizer, resolve_model_path
+        from vriksha.loading.loader import load_tokenizer, resolve_model_path
 
         return cls(load_tokenizer(resolve_model_path(model)))
 

@@ -18,7 +18,7 @@ __all__ = ["load_policy"]
 
 def load_policy(cfg: ModelConfig, seed: int) -> tuple[nn.Module, Any]:
     """The policy and its tokenizer. Every rank builds identical weights (same seed)."""
-    from vriksha.models import load_model, load_tokenizer, resolve_model_path
+    from vriksha.loading import load_model, load_tokenizer, resolve_model_path
 
     dtype = getattr(torch, cfg.dtype)
     if cfg.random_init is None:

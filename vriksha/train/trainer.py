@@ -111,7 +111,7 @@ class GRPOTrainer:
             self.out_dir.mkdir(parents=True, exist_ok=True)
             (self.out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
         if pd.is_main and cfg.model.random_init is None:
-            from vriksha.models import resolve_model_path
+            from vriksha.loading import resolve_model_path
 
             resolve_model_path(cfg.model.path)  # convert a GGUF once, before the other ranks look
         dist.barrier()

