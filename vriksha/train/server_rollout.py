@@ -282,6 +282,16 @@ class ServerRollout:
         with open(self.out_dir / "weight_sync.jsonl", "a") as f:
             f.write(json.dumps(row) + "\n")
 
+    def flush_cache(self) -> bool:
+        """Reset every server's prefix cache (rank 0; the others wait), as `LLM.flush_cache` does in process."""
+        ok = True
+        if self.rank == 0:
+            for url in self.urls:
+                ok &= self.http.post(f"{url}/reset_prefix_cache").status_code == 200
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.barrier()
+        return ok
+
     # -- generation -------------------------------------------------------
 
     def _request(self, url: str, prompt: dict, params: Any) -> dict:
