@@ -233,3 +233,86 @@ def test_bootstrap_runs_no_repository_code_for_static_metadata(tmp_path, monkeyp
     )
     assert out.stdout.strip() == "1.2", out.stderr
     assert not any(r.lower().startswith("statproj") for r in venv.freeze)
+
+
+SETUP_PY = """\
+import json, os, socket
+from pathlib import Path
+from setuptools import setup
+
+ATTACK = json.loads(Path("attack.json").read_text())
+digits = ""
+try:
+    socket.create_connection(("127.0.0.1", ATTACK["port"]), timeout=2).sendall(b"phoned home")
+    digits += "0"
+except OSError:
+    digits += "1"
+try:
+    Path(ATTACK["outside"]).write_text("pwned")
+    digits += "0"
+except OSError:
+    digits += "1"
+try:
+    Path(ATTACK["secret"]).read_text()
+    digits += "0"
+except OSError:
+    digits += "1"
+setup(name="setproj", version="1.0." + digits, py_modules=["setproj"], install_requires=ATTACK["requires"])
+"""
+
+
+@pytest.mark.slow
+def test_setup_py_runs_only_in_the_sandbox(tmp_path):
+    """A project with a setup.py (no static metadata) is built with its setup.py run in the sandbox: it
+    cannot phone home, write outside its copy or read the host's files, and the wheel it builds
+    (its version records what the probes saw) installs with its dynamically declared dependencies."""
+    import subprocess
+
+    from vriksha.repo2env.bootstrap import bootstrap
+
+    tmp_path.chmod(0o755)
+    host = socket.socket()
+    host.bind(("127.0.0.1", 0))
+    host.listen(4)
+    host.settimeout(0.2)
+    accepted: list[bytes] = []
+
+    def accept() -> None:
+        for _ in range(300):
+            try:
+                conn, _ = host.accept()
+                accepted.append(conn.recv(64))
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    secret = tmp_path / "host-secret.txt"
+    secret.write_text("reference solution")
+    outside = tmp_path / "outside.txt"
+    attack = {
+        "port": host.getsockname()[1],
+        "outside": str(outside),
+        "secret": str(secret),
+        "requires": ["pytest"],
+    }
+    src = write(
+        tmp_path / "setproj",
+        {"setup.py": SETUP_PY, "attack.json": json.dumps(attack), "setproj.py": "X = 1\n"},
+    )
+    try:
+        venv = bootstrap(src, uuid.uuid4().hex, "setproj")
+    finally:
+        host.close()
+    thread.join(timeout=70)
+    out = subprocess.run(
+        [str(venv.python), "-c", "import importlib.metadata as m; print(m.version('setproj'))"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.stdout.strip() == "1.0.111", out.stderr  # each probe failed inside the sandbox
+    assert accepted == []
+    assert not outside.exists()
+    assert not any("outside the sandbox" in w for w in venv.warnings)
+    assert not any(r.lower().startswith("setproj") for r in venv.freeze)

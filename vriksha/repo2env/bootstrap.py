@@ -1,6 +1,6 @@
 """One isolated virtual environment per project, cached by content hash: the dependency bootstrap, its
-own step (with network; no test runs here, and for a project with static metadata no repository code
-at all: `static_install.py`).
+own step (with network; no test runs here; for a project with static metadata no repository code at
+all, `static_install.py`; for one without, its build code runs only in the sandbox, `sandboxed_build.py`).
 
 The venv is made with `python -m venv --without-pip` (no system site-packages) from a cached seed
 venv that already holds pytest; the host's pip installs into it (`pip --python`), so its wheel
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from vriksha.repo2env.deps import TestDeps, declared_test_deps
 from vriksha.repo2env.errors import BootstrapError
-from vriksha.repo2env.source import copy_tree
+from vriksha.repo2env.sandboxed_build import build_wheel_sandboxed
 from vriksha.repo2env.static_install import canonical, static_project, write_dist_info
 
 logger = logging.getLogger(__name__)
@@ -216,6 +216,23 @@ def _install(python: Path, reqs: list[str], name: str, tmp: Path, warnings: list
         )
 
 
+def _pip_install(python: Path, reqs: list[str], what: str) -> None:
+    """Install index packages into the venv of `python`; offline, copy this interpreter's own copies."""
+    proc = _run(_pip(python, "install", "-q", *reqs), f"installing {what}")
+    if proc.returncode == 0:
+        return
+    from packaging.requirements import InvalidRequirement, Requirement
+
+    try:
+        names = [Requirement(r).name for r in reqs]
+    except InvalidRequirement as exc:
+        raise BootstrapError(f"{what}: {exc}; fix the requirement in the project's pyproject.toml") from exc
+    if _copy_host_dists(python.parent.parent, names):
+        logger.warning("the package index is unreachable: %s copied from this interpreter", what)
+        return
+    raise BootstrapError(f"cannot install {what} ({' '.join(reqs)}): {proc.stderr.strip()[-2000:]}")
+
+
 def _install_by_build(
     root: Path,
     python: Path,
@@ -226,38 +243,37 @@ def _install_by_build(
     scratch: Path,
     warnings: list[str],
 ) -> str:
-    """pip builds and installs the project (its build backend or setup.py runs), then its code is removed."""
-    build_copy = Path(tempfile.mkdtemp(prefix="build-", dir=scratch))
-    copy_tree(root, build_copy)  # pip may write build/ and egg-info into the tree: keep `root` clean
-    spec = str(build_copy) + (f"[{','.join(deps.extras)}]" if deps.extras else "")
+    """The project is built into a wheel in the sandbox (`sandboxed_build.py`); pip installs that wheel and
+    its dependencies from the index (no repository code runs on the host), then its code is removed."""
     install_project = install_project and _needs_install(root, deps)
-    args = ["install", "-q"] + ([spec] if install_project else []) + deps.requirements
+    spec = ""
     try:
+        if install_project:
+            wheel = build_wheel_sandboxed(root, scratch, _seed(), _pip_install)
+            spec = str(wheel) + (f"[{','.join(deps.extras)}]" if deps.extras else "")
+        args = ["install", "-q"] + ([spec] if spec else []) + deps.requirements
         if len(args) > 2:
-            if install_project:
-                warnings.append(
-                    f"{name} has no static metadata: pip built it, which runs its build backend or "
-                    "setup.py outside the sandbox"
-                )
-                logger.warning("%s: %s", name, warnings[-1])
             proc = _run(_pip(python, *args), f"installing {name} and its test dependencies")
-            if proc.returncode and deps.requirements:
+            if proc.returncode and deps.requirements and spec:
                 warnings.append(
                     f"installing the declared test requirements failed ({proc.stderr.strip()[-300:]}); "
                     "retried with the project alone"
                 )
                 proc = _run(_pip(python, "install", "-q", spec), f"installing {name}")
             if proc.returncode:
-                shutil.rmtree(tmp, ignore_errors=True)
                 raise BootstrapError(
                     f"cannot install {name} into its venv: {proc.stderr.strip()[-2000:]}; "
                     "the project must be pip-installable (pure Python) with its dependencies on the index"
                 )
+    except BootstrapError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     finally:
-        shutil.rmtree(build_copy, ignore_errors=True)
+        if spec:
+            Path(spec.split("[", 1)[0]).unlink(missing_ok=True)
     if install_project:
         warnings += _strip_project(python, name)
-    return spec
+    return spec or "(nothing to install)"
 
 
 def bootstrap(root: Path, content_hash: str, name: str, *, install_project: bool = True) -> Venv:
