@@ -77,6 +77,16 @@ def _conflict(exc: WeightClientConflict) -> ConflictError:
     return ConflictError(str(exc))
 
 
+def _owned_control(request: Request, client_id: str) -> WeightControl:
+    """The control, after checking that `client_id` holds the transfer (a 409 otherwise)."""
+    ctl = _control(request)
+    try:
+        ctl.updater.check_owner(client_id)
+    except WeightClientConflict as exc:
+        raise _conflict(exc) from None
+    return ctl
+
+
 async def _wait_idle(state: Any, wait_s: float) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
@@ -109,11 +119,7 @@ async def init_transfer(body: InitRequest, request: Request, state: StateDep) ->
 
 @router.post("/start_weight_update")
 async def start_update(body: StartRequest, request: Request, state: StateDep) -> Response:
-    ctl = _control(request)
-    try:
-        ctl.updater.check_owner(body.client_id)
-    except WeightClientConflict as exc:
-        raise _conflict(exc) from None
+    ctl = _owned_control(request, body.client_id)
     if ctl.resumed.is_set():
         ctl.pause()
         ctl.paused_by_update = True
@@ -128,22 +134,14 @@ async def start_update(body: StartRequest, request: Request, state: StateDep) ->
 
 @router.post("/update_weights")
 async def update_weights(body: UpdateRequest, request: Request, state: StateDep) -> Response:
-    ctl = _control(request)
-    try:
-        ctl.updater.check_owner(body.client_id)
-    except WeightClientConflict as exc:
-        raise _conflict(exc) from None
+    ctl = _owned_control(request, body.client_id)
     counts = await state.engine.call(lambda e: ctl.updater.update(e, body.update_info))
     return JSONResponse({"receiver": counts})
 
 
 @router.post("/finish_weight_update")
 async def finish_update(body: ClientRequest, request: Request, state: StateDep) -> Response:
-    ctl = _control(request)
-    try:
-        ctl.updater.check_owner(body.client_id)
-    except WeightClientConflict as exc:
-        raise _conflict(exc) from None
+    ctl = _owned_control(request, body.client_id)
     try:
         result = await state.engine.call(ctl.updater.finish)
     finally:
@@ -160,11 +158,7 @@ def _resume_after_update(ctl: WeightControl) -> None:
 
 @router.post("/close_communicator")
 async def close_transfer(body: ClientRequest, request: Request, state: StateDep) -> Response:
-    ctl = _control(request)
-    try:
-        ctl.updater.check_owner(body.client_id)
-    except WeightClientConflict as exc:
-        raise _conflict(exc) from None
+    ctl = _owned_control(request, body.client_id)
     await state.engine.call(lambda _e: ctl.updater.release())
     _resume_after_update(ctl)
     return JSONResponse({"closed": True})
