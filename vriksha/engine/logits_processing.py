@@ -7,6 +7,7 @@ only removes tokens, so it never lets a banned token back in).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from vriksha.engine.request import Request
@@ -86,27 +87,21 @@ def apply_penalties(logits: torch.Tensor, requests: list[Request]) -> None:
     logits[rows] = x
 
 
-_BIT_TABLES: dict[torch.device, torch.Tensor] = {}
-
-
-def _bit_table(device: torch.device) -> torch.Tensor:
-    """[256, 8] bool: bit j of byte value b (least significant first, as llguidance packs its masks)."""
-    t = _BIT_TABLES.get(device)
-    if t is None:
-        b = torch.arange(256, dtype=torch.int32)[:, None]
-        t = _BIT_TABLES[device] = ((b >> torch.arange(8, dtype=torch.int32)) & 1).bool().to(device)
-    return t
-
-
 def apply_bitmask(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
-    """Keep only tokens whose bit is set: `bitmask` is int32 [len(rows), ceil(vocab / 32)] (llguidance's)."""
+    """Keep only tokens whose bit is set: `bitmask` is int32 [len(rows), ceil(vocab / 32)] (llguidance's).
+
+    The words are unpacked on the host (where llguidance writes them) as little-endian bits, one byte per
+    token, and the disallowed logits are filled in place: no per-row gather and scatter copies."""
     if not rows:
         return
-    device, vocab = logits.device, logits.shape[-1]
-    # the int32 words as little-endian bytes, each byte unpacked to 8 booleans by a 256-entry table
-    table = _bit_table(device)
-    allowed = table[bitmask.contiguous().view(torch.uint8).to(device).long()].view(len(rows), -1)[:, :vocab]
-    if allowed.shape[1] < vocab:
-        allowed = torch.nn.functional.pad(allowed, (0, vocab - allowed.shape[1]), value=False)
-    index = torch.tensor(rows, device=device)
-    logits[index] = logits[index].masked_fill(~allowed, NEG_INF)
+    vocab = logits.shape[-1]
+    words = np.invert(bitmask.contiguous().cpu().numpy().view(np.uint8))  # set bits = blocked tokens
+    bits = np.unpackbits(words, axis=1, bitorder="little", count=min(vocab, words.shape[1] * 8))
+    blocked = torch.from_numpy(bits).view(torch.bool).to(logits.device)
+    if blocked.shape[1] < vocab:  # tokens past the mask's words are never allowed
+        blocked = torch.nn.functional.pad(blocked, (0, vocab - blocked.shape[1]), value=True)
+    if rows == list(range(logits.shape[0])):
+        logits.masked_fill_(blocked, NEG_INF)
+        return
+    index = torch.tensor(rows, device=logits.device)
+    logits[index] = logits[index].masked_fill(blocked, NEG_INF)
