@@ -85,10 +85,11 @@ def test_engine_with_native_kernels_equals_engine_without(name, default_tokenize
     assert_same_samples(fast, plain, vocab, seed=4, n=2, atol=1e-4)
 
 
-def test_engine_without_fp32_on_the_cpu_keeps_torchs_kernels(default_tokenizer):
-    model = tiny_model("llama", 512).to(torch.bfloat16)
+def test_engine_in_a_dtype_without_native_kernels_keeps_torchs(default_tokenizer):
+    model = tiny_model("llama", 512).to(torch.float16)
     llm = LLM.from_module(model, default_tokenizer, kv_cache_memory_gb=0.01, max_model_len=128)
-    assert llm.engine.runner.native is None and llm.engine.runner.fast_forward.kernels is None
+    runner = llm.engine.runner
+    assert runner.native is None and runner.kernels.name == "torch" and runner.decode_kernel is None
     out = llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == 4
 

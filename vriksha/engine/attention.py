@@ -2,8 +2,8 @@
 
 The model runs one flattened ragged batch ([1, T] tokens, no padding computed). For each layer this function
 writes the new tokens' K/V into the pool, then attends each request's queries over that request's cached
-tokens: decode tokens (one query each) in one call (on the CPU in fp32 a native kernel reading the pool in
-place, else one padded SDPA over gathered K/V), prefill chunks one SDPA call per request. Layers with terms SDPA cannot express (logit soft-capping, attention
+tokens: decode tokens (one query each) in one call (the kernel set's decode attention reading the pool in
+place where it has one for the pool's dtype, else one padded SDPA over gathered K/V), prefill chunks one SDPA call per request. Layers with terms SDPA cannot express (logit soft-capping, attention
 sinks) take an explicit softmax over the same K/V. The batch layout is published by the model runner through `forward_context` before the forward pass.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -19,7 +19,6 @@ import torch.nn.functional as F
 
 from vriksha.engine.kv_layout import LayoutProbe
 from vriksha.engine.kv_pool import KVPool
-from vriksha.engine.native import Kernels
 
 ATTENTION_NAME = "vriksha_paged"
 
@@ -40,7 +39,7 @@ class AttentionBatch:
     decode_kv_slots: torch.Tensor | None = None  # [B, Lmax], padded with slot 0
     decode_kv_lens: torch.Tensor | None = None  # [B]
     prefills: list[PrefillSegment] = field(default_factory=list)
-    native: Kernels | None = None  # decode attention reads the pool in place (CPU, fp32)
+    decode_kernel: Callable | None = None  # the kernel set's decode attention over the pool in place
     _masks: dict = field(default_factory=dict)
 
     def decode_mask(self, window: int | None) -> torch.Tensor:
@@ -120,11 +119,11 @@ def paged_attention(
     out = query.new_empty(total, num_heads, v_dim)
     k_pool, v_pool = pool.k[layer], pool.v[layer]
 
-    if batch.num_decode and batch.native is not None and extras is None:
+    if batch.num_decode and batch.decode_kernel is not None and extras is None:
         b = batch.num_decode
-        q = query[0, :, :b].transpose(0, 1).contiguous()  # [B, H, D]
+        q = query[0, :, :b].transpose(0, 1).to(k_pool.dtype).contiguous()  # [B, H, D]
         scale = scaling if scaling is not None else head_dim**-0.5
-        out[:b] = batch.native.decode_attention(
+        out[:b] = batch.decode_kernel(
             q, k_pool, v_pool, batch.decode_kv_slots, batch.decode_kv_lens, scale, window
         )
     elif batch.num_decode:

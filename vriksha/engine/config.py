@@ -51,8 +51,16 @@ class EngineConfig:
         "Llama/Qwen2/Qwen3: the engine's lean loop over the model's modules instead of the Transformers forward",
     )
     native_kernels: bool = option(
-        True, "compile and use the engine's C kernels (CPU fp32 decode attention over the KV pool in place, "
-        "bandwidth-bound linear layers); off: torch's kernels only"
+        True, "compile and use the engine's C kernels (CPU fp32/bf16 decode attention over the KV pool in "
+        "place, bandwidth-bound linear layers, fused norms); off: torch's kernels only"
+    )  # fmt: skip
+    kernels: str = option(
+        "auto", "kernel set bound to the engine's layers (RMSNorm, SiLU gating, rotary, decode attention, "
+        "linear): auto (the best this device and dtype have), torch, native, native-<isa> (docs/kernels.md)"
+    )  # fmt: skip
+    kernel_layers: str | None = option(
+        None, "layers from local kernel repositories in the `kernels` package's format, bound in place of "
+        "the model's: NAME=DIR[:LAYER],... e.g. RMSNorm=/opt/kernels/rmsnorm (no hub access)"
     )  # fmt: skip
     lpm_max_queue: int = option(
         128,

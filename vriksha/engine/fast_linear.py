@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import vriksha.device as devices
 from vriksha.cache import cache_dir
 from vriksha.engine.installation import ModuleInstallation
-from vriksha.engine.native import Kernels
+from vriksha.engine.native import DTYPES, Kernels
 
 logger = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def _choose(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: K
     native kernel (no copy) and that derived path.
     """
     derived = ["transposed"] + (["mkldnn"] if _mkldnn_available(dtype) else [])
-    free = ["linear"] + (["native"] if native is not None and dtype == torch.float32 else [])
+    free = ["linear"] + (["native"] if native is not None and dtype in DTYPES else [])
     weight_bytes = out_f * in_f * torch.empty((), dtype=dtype).element_size()
     copies = max(1, min(64, COLD_BYTES // max(weight_bytes, 1)))
     layouts = [
@@ -145,10 +145,10 @@ def _choose(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: K
     return [best_of(t, [*free, kept]) for t in times]
 
 
-def _profile_key(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: bool) -> str:
+def _profile_key(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: str) -> str:
     return (
-        f"v5:{out_f}x{in_f}:{dtype}:{'b' if has_bias else 'nb'}:t{torch.get_num_threads()}:"
-        f"{torch.__version__}:{'native' if native else 'torch'}"
+        f"v6:{out_f}x{in_f}:{dtype}:{'b' if has_bias else 'nb'}:t{torch.get_num_threads()}:"
+        f"{torch.__version__}:{native}"
     )
 
 
@@ -179,7 +179,7 @@ class FastLinear:
             linear.in_features,
             linear.weight.dtype,
             linear.bias is not None,
-            self.native is not None,
+            f"native-{self.native.variant.name}" if self.native is not None else "torch",
         )
 
     def _plan(self, linears: list[torch.nn.Linear]) -> dict[str, list[str]]:

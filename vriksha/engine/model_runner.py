@@ -8,10 +8,12 @@ import logging
 import torch
 
 import vriksha.device as devices
-from vriksha.engine import fast_linear, native
+from vriksha.engine import fast_linear, kernel_sets
 from vriksha.engine.attention import AttentionBatch, PrefillSegment, forward_context, register_attention
 from vriksha.engine.batch import ForwardBatch
 from vriksha.engine.config import EngineConfig
+from vriksha.engine import hub_layers
+from vriksha.engine import native as native_lib
 from vriksha.engine.fast_forward import FastForward
 from vriksha.engine.installation import ModuleInstallation
 from vriksha.engine.kv_pool import KVPool, ReqToTokenTable
@@ -34,17 +36,26 @@ class ModelRunner:
         self.installation = ModuleInstallation(model)
         self.installation.set_attn_implementation(register_attention())
         cpu = devices.is_host(self.device)
-        fp32_cpu = cpu and pool.dtype == torch.float32  # the kernels' only case
-        self.native = native.kernels() if config.native_kernels and fp32_cpu else None
+        self.kernels = kernel_sets.select(config.kernels, self.device, pool.dtype, config.native_kernels)
+        if config.kernel_layers:
+            self.kernels = hub_layers.bind(model, config.kernel_layers, self.installation, self.kernels)
+        logger.info("kernel set for %s on %s: %s", pool.dtype, self.device, self.kernels.describe())
+        self.decode_kernel = self.kernels.decode_attention_for(pool.dtype)
         self.fast_linear: fast_linear.FastLinear | None = None
         if config.fast_linear and cpu:
-            self.fast_linear = fast_linear.FastLinear(model, self.installation, self.native)
+            linear_kernels = self.kernels.linear_for(pool.dtype)
+            self.fast_linear = fast_linear.FastLinear(model, self.installation, linear_kernels)
         self.fast_forward: FastForward | None = None
         if config.fast_forward:
             try:
-                self.fast_forward = FastForward(model, self.native)
+                self.fast_forward = FastForward(model, self.kernels)
             except ValueError as exc:
                 logger.info("Transformers forward for every step: %s", exc)
+
+    @property
+    def native(self) -> native_lib.Kernels | None:
+        """The native C kernels when the kernel set is a native one, else None."""
+        return getattr(self.kernels, "lib", None)
 
     def close(self) -> None:
         """Hand the model back as it came: its attention implementation and linear layers restored."""
@@ -71,7 +82,7 @@ class ModelRunner:
             pool=self.pool,
             slot_mapping=torch.empty(0),
             num_decode=len(batch.decodes),
-            native=self.native,
+            decode_kernel=self.decode_kernel,
         )
         if batch.decodes:
             rows = torch.tensor([r.row for r in batch.decodes], dtype=torch.int64, device=self.device)

@@ -1,8 +1,11 @@
-"""The engine's native CPU kernels (`kernels.c`), compiled on first use with the system C compiler.
+"""The engine's native CPU kernels (`kernels.c`, `kernels_bf16.c`), compiled on first use with the system C compiler.
 
-The shared library is built once per source, compiler and CPU into `$VRIKSHA_CACHE/native/` and loaded with
-ctypes; it links the OpenMP runtime torch has already loaded, so both share one thread pool. Without a C
-compiler, or with `VRIKSHA_NATIVE=0`, `kernels()` returns None and the engine keeps its torch paths.
+The sources are compiled once per instruction-set variant (`isa.py`: scalar, AVX2/FMA, AVX-512, AVX-512
+BF16), source, compiler and CPU into `$VRIKSHA_CACHE/native/`, and the widest variant the CPU's flags allow
+is loaded with ctypes; the library links the OpenMP runtime torch has already loaded, so both share one
+thread pool. Without a C compiler, or with `VRIKSHA_NATIVE=0`, `kernels()` returns None and the engine keeps
+its torch paths. Every entry point takes float32 or bfloat16 tensors (one dtype per call), on the CPU and
+contiguous.
 """
 
 from __future__ import annotations
@@ -21,21 +24,15 @@ from pathlib import Path
 import torch
 
 from vriksha.cache import cache_dir
+from vriksha.engine.native import isa
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("kernels.c")
+HERE = Path(__file__).parent
+SOURCES = (HERE / "kernels.c", HERE / "kernels_bf16.c")
+HEADERS = (HERE / "simd.h",)
+DTYPES = (torch.float32, torch.bfloat16)
 _I64, _F32, _PTR, _INT = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int
-
-
-def _cpu_signature() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _compiler() -> str | None:
@@ -45,15 +42,20 @@ def _compiler() -> str | None:
     return None
 
 
-def _build(compiler: str) -> Path:
-    source = SOURCE.read_bytes()
+def build(compiler: str, variant: isa.Variant) -> Path:
+    """The shared library of `variant`, compiled unless this source, compiler and CPU already have it.
+
+    A variant compiles on any x86 machine whose compiler knows its flags, whether or not the CPU runs it.
+    """
+    source = b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS))
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(source + version.encode() + _cpu_signature().encode() + platform.machine().encode())
-    target = cache_dir() / "native" / f"kernels-{key.hexdigest()[:16]}.so"
+    cpu = " ".join(sorted(isa.cpu_flags())) or platform.processor()
+    key = hashlib.sha256(source + version.encode() + cpu.encode() + platform.machine().encode())
+    target = cache_dir() / "native" / f"kernels-{variant.name}-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    base = [compiler, "-O3", "-march=native", "-shared", "-fPIC", str(SOURCE)]
+    base = [compiler, "-O3", *variant.cflags, "-shared", "-fPIC", *map(str, SOURCES)]
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
         errors = ""
@@ -63,33 +65,49 @@ def _build(compiler: str) -> Path:
                 os.replace(out, target)  # atomic: processes building at once all end with one whole file
                 return target
             errors = done.stderr
-        raise RuntimeError(f"{compiler} could not build {SOURCE.name}: {errors.strip()[-2000:]}")
+        raise RuntimeError(
+            f"{compiler} could not build the {variant.name} kernels: {errors.strip()[-2000:]}"
+        )
+
+
+_SIGNATURES = {
+    "linear": [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT],
+    "decode_attention": [_PTR] * 6 + [_I64] * 6 + [_F32, _I64, _INT],
+    "rms_norm": [_PTR] * 4 + [_I64, _I64, _F32, _INT],
+    "rope": [_PTR] * 3 + [_I64] * 3 + [_INT],
+    "silu_mul": [_PTR] * 3 + [_I64, _INT],
+}
+_SUFFIX = {torch.float32: "f32", torch.bfloat16: "bf16"}
 
 
 class Kernels:
-    """Typed entry points of the loaded library; inputs must be fp32, on the CPU and contiguous."""
+    """Typed entry points of one loaded variant; inputs float32 or bfloat16, on the CPU and contiguous."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, variant: isa.Variant) -> None:
         lib = ctypes.CDLL(str(path))
-        lib.linear_f32.argtypes = [_PTR, _PTR, _PTR, _PTR, _I64, _I64, _I64, _INT]
-        lib.linear_f32.restype = None
-        lib.decode_attention_f32.argtypes = [_PTR] * 6 + [_I64] * 6 + [_F32, _I64, _INT]
-        lib.decode_attention_f32.restype = None
-        lib.rms_norm_f32.argtypes = [_PTR] * 4 + [_I64, _I64, _F32, _INT]
-        lib.rms_norm_f32.restype = None
-        lib.rope_f32.argtypes = [_PTR] * 3 + [_I64] * 3 + [_INT]
-        lib.rope_f32.restype = None
-        lib.silu_mul_f32.argtypes = [_PTR] * 3 + [_I64, _INT]
-        lib.silu_mul_f32.restype = None
+        self._fns: dict[tuple[str, torch.dtype], ctypes._CFuncPtr] = {}
+        for name, argtypes in _SIGNATURES.items():
+            for dtype, suffix in _SUFFIX.items():
+                fn = getattr(lib, f"{name}_{suffix}")
+                fn.argtypes = argtypes
+                fn.restype = None
+                self._fns[name, dtype] = fn
         self._lib = lib
         self.path = path
+        self.variant = variant
+
+    def _fn(self, name: str, dtype: torch.dtype):
+        try:
+            return self._fns[name, dtype]
+        except KeyError:
+            raise TypeError(f"native {name} takes float32 or bfloat16 tensors, got {dtype}") from None
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, in] @ weight[out, in].T (+ bias): the weight is read in place, once per call."""
         rows, in_f = x.shape
         out_f = weight.shape[0]
-        y = torch.empty(rows, out_f, dtype=torch.float32)
-        self._lib.linear_f32(
+        y = torch.empty(rows, out_f, dtype=weight.dtype)
+        self._fn("linear", weight.dtype)(
             weight.data_ptr(),
             bias.data_ptr() if bias is not None else None,
             x.data_ptr(),
@@ -107,7 +125,7 @@ class Kernels:
         """RMSNorm of x [..., dim] times weight; with `residual`, x += residual first (x is updated in place)."""
         dim = x.shape[-1]
         out = torch.empty_like(x)
-        self._lib.rms_norm_f32(
+        self._fn("rms_norm", x.dtype)(
             x.data_ptr(),
             residual.data_ptr() if residual is not None else None,
             weight.data_ptr(),
@@ -122,21 +140,21 @@ class Kernels:
     def rope_(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """Rotary embedding in place: x [tokens, heads, dim]; cos, sin [tokens, dim]."""
         tokens, heads, dim = x.shape
-        self._lib.rope_f32(
+        self._fn("rope", x.dtype)(
             x.data_ptr(), cos.data_ptr(), sin.data_ptr(), tokens, heads, dim, torch.get_num_threads()
         )
         return x
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         out = torch.empty_like(gate)
-        self._lib.silu_mul_f32(
+        self._fn("silu_mul", gate.dtype)(
             gate.data_ptr(), up.data_ptr(), out.data_ptr(), gate.numel(), torch.get_num_threads()
         )
         return out
 
     def decode_attention(
         self,
-        q: torch.Tensor,  # [B, H, D]
+        q: torch.Tensor,  # [B, H, D], the pool's dtype
         k_pool: torch.Tensor,  # [S, Hkv, D]
         v_pool: torch.Tensor,  # [S, Hkv, Dv]
         slots: torch.Tensor,  # [B, max_len] int64
@@ -144,11 +162,12 @@ class Kernels:
         scale: float,
         window: int | None,
     ) -> torch.Tensor:
-        """Softmax attention of one query per request over its KV slots, read from the pool in place."""
+        """Softmax attention of one query per request over its KV slots, read from the pool in place;
+        float32 out [B, H, Dv] (sums in float32 for a bf16 pool too)."""
         batch, heads, d = q.shape
         kv_heads, dv = v_pool.shape[1], v_pool.shape[2]
         out = torch.empty(batch, heads, dv, dtype=torch.float32)
-        self._lib.decode_attention_f32(
+        self._fn("decode_attention", k_pool.dtype)(
             q.data_ptr(),
             k_pool.data_ptr(),
             v_pool.data_ptr(),
@@ -169,16 +188,21 @@ class Kernels:
 
 
 @functools.cache
-def kernels() -> Kernels | None:
-    """The native kernels, built on first call; None where they cannot run (the reason is logged once)."""
+def kernels(variant: str | None = None) -> Kernels | None:
+    """The native kernels of `variant` (default: the widest this CPU runs), built on first call; None where
+    they cannot run (the reason is logged once)."""
     if os.environ.get("VRIKSHA_NATIVE", "1") == "0":
         return None
     compiler = _compiler()
     if compiler is None:
         logger.info("no C compiler found (set CC): the engine uses torch's CPU kernels only")
         return None
+    chosen = isa.variant(variant) if variant is not None else isa.best_variant()
+    if not isa.runnable(chosen):
+        logger.warning("native %s kernels need CPU flags %s", chosen.name, ", ".join(isa.missing_flags(chosen)))
+        return None
     try:
-        return Kernels(_build(compiler))
+        return Kernels(build(compiler, chosen), chosen)
     except (OSError, RuntimeError) as exc:
         logger.warning("native CPU kernels unavailable, using torch's: %s", exc)
         return None

@@ -1,87 +1,17 @@
-/* CPU kernels for the engine's decode path, fp32, called through ctypes.
+/* CPU kernels for the engine's decode path, fp32, called through ctypes (bf16 ones: kernels_bf16.c).
  *
  * linear_f32: y[m, o] = sum_i W[o, i] x[m, i] (+ b[o]) on the weight as nn.Linear stores it, read once per
  *   call; at decode batch sizes this is bound by memory bandwidth, which these loops reach and MKL's GEMV
  *   does not on small cores.
  * decode_attention_f32: one query token per request attending over that request's KV slots, read in place
  *   from the pool (no gather copy), with grouped-query heads and an optional sliding window.
+ * Compiled once per instruction set (simd.h): AVX2/FMA paths, AVX-512 ones where the variant has them,
+ * scalar loops otherwise.
  * Threads: OpenMP, sharing the runtime torch already loaded; the caller passes its thread count.
  */
-#include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define VRIKSHA_AVX2 1
-#endif
 
-#ifdef VRIKSHA_AVX2
-static inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_hadd_ps(s, s);
-  s = _mm_hadd_ps(s, s);
-  return _mm_cvtss_f32(s);
-}
-
-/* The four horizontal sums of a0..a3, in order. */
-static inline __m128 hsum8x4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-  __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-
-/* e^x, Cephes-style range reduction and polynomial: relative error about 2e-7 over the float range. */
-static inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-87.3f)), _mm256_set1_ps(88.3f));
-  __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
-  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
-  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.f)));
-  __m256i n = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
-}
-#endif
-
-/* x[i] = e^(x[i] - shift) for i < n; returns their sum. */
-static inline float exp_shifted_sum(float* x, int64_t n, float shift) {
-  int64_t i = 0;
-  float total = 0.f;
-#ifdef VRIKSHA_AVX2
-  __m256 acc = _mm256_setzero_ps(), sh = _mm256_set1_ps(shift);
-  for (; i + 8 <= n; i += 8) {
-    __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), sh));
-    _mm256_storeu_ps(x + i, e);
-    acc = _mm256_add_ps(acc, e);
-  }
-  total = hsum8(acc);
-#endif
-  for (; i < n; i++) {
-    x[i] = expf(x[i] - shift);
-    total += x[i];
-  }
-  return total;
-}
-
-static inline float dot(const float* a, const float* b, int64_t n) {
-  int64_t i = 0;
-  float s = 0.f;
-#ifdef VRIKSHA_AVX2
-  __m256 a0 = _mm256_setzero_ps(), a1 = _mm256_setzero_ps();
-  for (; i + 16 <= n; i += 16) {
-    a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
-    a1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), a1);
-  }
-  for (; i + 8 <= n; i += 8) a0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), a0);
-  s = hsum8(_mm256_add_ps(a0, a1));
-#endif
-  for (; i < n; i++) s += a[i] * b[i];
-  return s;
-}
+#include "simd.h"
 
 /* Four weight rows against one input row: each weight element is loaded once per input row. */
 static inline void dot4(const float* w, int64_t in, const float* x, float* out4) {
@@ -109,6 +39,23 @@ static inline void dot4(const float* w, int64_t in, const float* x, float* out4)
 /* Four weight rows against two input rows: eight dot products sharing every load. */
 static inline void dot4x2(const float* w, int64_t in, const float* x0, const float* x1, float* y0, float* y1) {
   const float *w0 = w, *w1 = w + in, *w2 = w + 2 * in, *w3 = w + 3 * in;
+#ifdef VRIKSHA_AVX512
+  if (in % 16 == 0) {
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int64_t i = 0; i < in; i += 16) {
+      __m512 u = _mm512_loadu_ps(x0 + i), v = _mm512_loadu_ps(x1 + i), k;
+      k = _mm512_loadu_ps(w0 + i); a0 = _mm512_fmadd_ps(k, u, a0); b0 = _mm512_fmadd_ps(k, v, b0);
+      k = _mm512_loadu_ps(w1 + i); a1 = _mm512_fmadd_ps(k, u, a1); b1 = _mm512_fmadd_ps(k, v, b1);
+      k = _mm512_loadu_ps(w2 + i); a2 = _mm512_fmadd_ps(k, u, a2); b2 = _mm512_fmadd_ps(k, v, b2);
+      k = _mm512_loadu_ps(w3 + i); a3 = _mm512_fmadd_ps(k, u, a3); b3 = _mm512_fmadd_ps(k, v, b3);
+    }
+    y0[0] = _mm512_reduce_add_ps(a0); y0[1] = _mm512_reduce_add_ps(a1);
+    y0[2] = _mm512_reduce_add_ps(a2); y0[3] = _mm512_reduce_add_ps(a3);
+    y1[0] = _mm512_reduce_add_ps(b0); y1[1] = _mm512_reduce_add_ps(b1);
+    y1[2] = _mm512_reduce_add_ps(b2); y1[3] = _mm512_reduce_add_ps(b3);
+    return;
+  }
+#endif
   __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
   for (int64_t i = 0; i < in; i += 8) {
     __m256 u = _mm256_loadu_ps(x0 + i), v = _mm256_loadu_ps(x1 + i), k;
@@ -152,31 +99,15 @@ void linear_f32(const float* w, const float* bias, const float* x, float* y,
         dot4(w + o * in, in, xr, s);
         for (int k = 0; k < 4; k++) yr[o + k] = s[k] + (bias ? bias[o + k] : 0.f);
       } else {
-        for (int64_t k = o; k < out; k++) yr[k] = dot(w + k * in, xr, in) + (bias ? bias[k] : 0.f);
+        for (int64_t k = o; k < out; k++) yr[k] = dot_f32(w + k * in, xr, in) + (bias ? bias[k] : 0.f);
       }
     }
   }
 }
 
-static inline void axpy(float* acc, float p, const float* v, int64_t n) {
-  int64_t e = 0;
-#ifdef VRIKSHA_AVX2
-  __m256 pv = _mm256_set1_ps(p);
-  for (; e + 8 <= n; e += 8) _mm256_storeu_ps(acc + e, _mm256_fmadd_ps(pv, _mm256_loadu_ps(v + e), _mm256_loadu_ps(acc + e)));
-#endif
-  for (; e < n; e++) acc[e] += p * v[e];
-}
-
 static inline void prefetch_row(const float* p, int64_t n) {
   for (int64_t e = 0; e < n; e += 16) __builtin_prefetch(p + e);
 }
-
-#if defined(__GNUC__) && !defined(__clang__)
-/* auto-vectorising the loops over KV positions turns them into gathers, several times slower than these */
-#define NO_AUTO_VECTORIZE __attribute__((optimize("no-tree-vectorize")))
-#else
-#define NO_AUTO_VECTORIZE
-#endif
 
 /* One request, one KV head: `group` query heads over n KV slots. scores [group * n], acc [group * dv]. */
 NO_AUTO_VECTORIZE
@@ -184,6 +115,7 @@ static void attend(const float* qh, const float* k_pool, const float* v_pool, co
                    int64_t kv_heads, int64_t h, int64_t d, int64_t dv, int64_t group, float scale,
                    float* scores, float* acc, float* out) {
   const int64_t ahead = 4;
+  (void)ahead;
   int64_t j = 0;
 #ifdef VRIKSHA_AVX2
   if (d % 8 == 0) {
@@ -219,7 +151,7 @@ static void attend(const float* qh, const float* k_pool, const float* v_pool, co
 #endif
   for (; j < n; j++) {
     const float* kj = k_pool + (row[j] * kv_heads + h) * d;
-    for (int64_t g = 0; g < group; g++) scores[g * n + j] = dot(qh + g * d, kj, d) * scale;
+    for (int64_t g = 0; g < group; g++) scores[g * n + j] = dot_f32(qh + g * d, kj, d) * scale;
   }
   for (int64_t g = 0; g < group; g++) {
     float* sg = scores + g * n;
@@ -270,7 +202,7 @@ static void attend(const float* qh, const float* k_pool, const float* v_pool, co
     for (int64_t e = 0; e < group * rest; e++) acc[e] = 0.f;
     for (int64_t j = 0; j < n; j++) {
       const float* vj = v_pool + (row[j] * kv_heads + h) * dv + e0;
-      for (int64_t g = 0; g < group; g++) axpy(acc + g * rest, scores[g * n + j], vj, rest);
+      for (int64_t g = 0; g < group; g++) axpy_f32(acc + g * rest, scores[g * n + j], vj, rest);
     }
     for (int64_t g = 0; g < group; g++)
       for (int64_t e = 0; e < rest; e++) out[g * dv + e0 + e] = acc[g * rest + e];
@@ -313,7 +245,7 @@ void rms_norm_f32(float* x, const float* residual, const float* weight, float* o
       const float* rr = residual + r * dim;
       for (int64_t e = 0; e < dim; e++) xr[e] += rr[e];
     }
-    float ss = dot(xr, xr, dim);
+    float ss = dot_f32(xr, xr, dim);
     float inv = 1.f / sqrtf(ss / (float)dim + eps);
     for (int64_t e = 0; e < dim; e++) orow[e] = weight[e] * (xr[e] * inv);
   }

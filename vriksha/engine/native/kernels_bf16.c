@@ -1,0 +1,214 @@
+/* bfloat16 CPU kernels, called through ctypes: every value stored in bf16, every sum in float32.
+ *
+ * The elementwise kernels (RMSNorm, rotary, SiLU gating) round where torch's bf16 ops round, so they give
+ * torch's bits or differ by one bf16 step. decode_attention_bf16 reads the bf16 KV pool in place (no gather
+ * copy): each key and value row is widened to float32 once (a 16-bit shift), or, with AVX-512 BF16, the
+ * query-key dot products run on bf16 pairs (`_mm512_dpbf16_ps`) with float32 accumulation.
+ * linear_bf16 streams the bf16 weight once per call, widening it in registers.
+ */
+#include <stdlib.h>
+
+#include "simd.h"
+
+/* sum a[i] * float(b[i]) over n values: a float32, b bf16. */
+static inline float dot_f32_bf16(const float* a, const bf16* b, int64_t n) {
+  int64_t i = 0;
+  float s = 0.f;
+#ifdef VRIKSHA_AVX512
+  __m512 z = _mm512_setzero_ps();
+  for (; i + 16 <= n; i += 16) z = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), load16_bf16(b + i), z);
+  s = _mm512_reduce_add_ps(z);
+#endif
+#ifdef VRIKSHA_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load8_bf16(b + i), acc);
+  s += hsum8(acc);
+#endif
+  for (; i < n; i++) s += a[i] * bf16_to_f32(b[i]);
+  return s;
+}
+
+#ifdef VRIKSHA_AVX512_BF16
+/* sum a[i] * b[i] over n values (n % 32 == 0), both bf16, products summed pairwise in float32. */
+static inline float dot_bf16_pairs(const bf16* a, const bf16* b, int64_t n) {
+  __m512 z = _mm512_setzero_ps();
+  for (int64_t i = 0; i < n; i += 32) {
+    __m512bh x = (__m512bh)_mm512_loadu_si512((const void*)(a + i));
+    __m512bh y = (__m512bh)_mm512_loadu_si512((const void*)(b + i));
+    z = _mm512_dpbf16_ps(z, x, y);
+  }
+  return _mm512_reduce_add_ps(z);
+}
+#endif
+
+/* One request, one KV head: `group` query heads (qf float32, qb bf16) over n KV slots. */
+NO_AUTO_VECTORIZE
+static void attend_bf16(const float* qf, const bf16* qb, const bf16* k_pool, const bf16* v_pool,
+                        const int64_t* row, int64_t n, int64_t kv_heads, int64_t h, int64_t d, int64_t dv,
+                        int64_t group, float scale, float* scores, float* vrow, float* out) {
+  (void)qb;
+  for (int64_t j = 0; j < n; j++) {
+    const bf16* kj = k_pool + (row[j] * kv_heads + h) * d;
+    if (j + 4 < n) __builtin_prefetch(k_pool + (row[j + 4] * kv_heads + h) * d);
+#ifdef VRIKSHA_AVX512_BF16
+    if (d % 32 == 0) {
+      for (int64_t g = 0; g < group; g++) scores[g * n + j] = dot_bf16_pairs(qb + g * d, kj, d) * scale;
+      continue;
+    }
+#endif
+    for (int64_t g = 0; g < group; g++) scores[g * n + j] = dot_f32_bf16(qf + g * d, kj, d) * scale;
+  }
+  for (int64_t g = 0; g < group; g++) softmax_inplace(scores + g * n, n);
+  for (int64_t e = 0; e < group * dv; e++) out[e] = 0.f;
+  for (int64_t j = 0; j < n; j++) {
+    if (j + 4 < n) __builtin_prefetch(v_pool + (row[j + 4] * kv_heads + h) * dv);
+    widen_bf16(vrow, v_pool + (row[j] * kv_heads + h) * dv, dv);  /* once per row, for every query head */
+    for (int64_t g = 0; g < group; g++) axpy_f32(out + g * dv, scores[g * n + j], vrow, dv);
+  }
+}
+
+/* q [B, H, D] bf16; k_pool [S, Hkv, D], v_pool [S, Hkv, Dv] bf16; slots [B, max_len]; lens [B];
+ * out [B, H, Dv] float32. window <= 0: attend to all lens[b] tokens; else to the last `window`. */
+void decode_attention_bf16(const bf16* q, const bf16* k_pool, const bf16* v_pool, const int64_t* slots,
+                           const int64_t* lens, float* out, int64_t batch, int64_t heads, int64_t kv_heads,
+                           int64_t d, int64_t dv, int64_t max_len, float scale, int64_t window, int threads) {
+  int64_t group = heads / kv_heads;
+#pragma omp parallel num_threads(threads)
+  {
+    float* scores = (float*)malloc(sizeof(float) * group * (max_len > 0 ? max_len : 1));
+    float* qf = (float*)malloc(sizeof(float) * group * d);
+    float* vrow = (float*)malloc(sizeof(float) * dv);
+#pragma omp for schedule(dynamic, 1) collapse(2)
+    for (int64_t h = 0; h < kv_heads; h++) {
+      for (int64_t b = 0; b < batch; b++) {
+        int64_t len = lens[b];
+        int64_t start = (window > 0 && len > window) ? len - window : 0;
+        const bf16* qb = q + (b * heads + h * group) * d;
+        widen_bf16(qf, qb, group * d);
+        attend_bf16(qf, qb, k_pool, v_pool, slots + b * max_len + start, len - start, kv_heads, h, d, dv,
+                    group, scale, scores, vrow, out + (b * heads + h * group) * dv);
+      }
+    }
+    free(scores);
+    free(qf);
+    free(vrow);
+  }
+}
+
+/* Four bf16 weight rows against one float32 input row. */
+static inline void dot4_bf16(const bf16* w, int64_t in, const float* x, float* out4) {
+  for (int k = 0; k < 4; k++) out4[k] = dot_f32_bf16(x, w + k * in, in);
+}
+
+#ifdef VRIKSHA_AVX2
+/* Four bf16 weight rows against two float32 input rows (in % 8 == 0): each weight load serves both. */
+static inline void dot4x2_bf16(const bf16* w, int64_t in, const float* x0, const float* x1, float* y0,
+                               float* y1) {
+  const bf16 *w0 = w, *w1 = w + in, *w2 = w + 2 * in, *w3 = w + 3 * in;
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  for (int64_t i = 0; i < in; i += 8) {
+    __m256 u = _mm256_loadu_ps(x0 + i), v = _mm256_loadu_ps(x1 + i), k;
+    k = load8_bf16(w0 + i); a0 = _mm256_fmadd_ps(k, u, a0); b0 = _mm256_fmadd_ps(k, v, b0);
+    k = load8_bf16(w1 + i); a1 = _mm256_fmadd_ps(k, u, a1); b1 = _mm256_fmadd_ps(k, v, b1);
+    k = load8_bf16(w2 + i); a2 = _mm256_fmadd_ps(k, u, a2); b2 = _mm256_fmadd_ps(k, v, b2);
+    k = load8_bf16(w3 + i); a3 = _mm256_fmadd_ps(k, u, a3); b3 = _mm256_fmadd_ps(k, v, b3);
+  }
+  _mm_storeu_ps(y0, hsum8x4(a0, a1, a2, a3));
+  _mm_storeu_ps(y1, hsum8x4(b0, b1, b2, b3));
+}
+#endif
+
+/* y[m, o] = bf16(sum_i W[o, i] x[m, i] + b[o]), W [out, in] bf16 as nn.Linear stores it; float32 sums. */
+void linear_bf16(const bf16* w, const bf16* bias, const bf16* x, bf16* y, int64_t out, int64_t in, int64_t m,
+                 int threads) {
+  float* xf = (float*)malloc(sizeof(float) * (m * in > 0 ? m * in : 1));
+  widen_bf16(xf, x, m * in);
+  int64_t blocks = (out + 3) / 4;
+#pragma omp parallel for schedule(static) num_threads(threads)
+  for (int64_t blk = 0; blk < blocks; blk++) {
+    int64_t o = blk * 4, cnt = out - o < 4 ? out - o : 4;
+    float s0[4];
+    int64_t r = 0;
+#ifdef VRIKSHA_AVX2
+    if (in % 8 == 0 && cnt == 4) {
+      float s1[4];
+      for (; r + 2 <= m; r += 2) {
+        dot4x2_bf16(w + o * in, in, xf + r * in, xf + (r + 1) * in, s0, s1);
+        for (int k = 0; k < 4; k++) {
+          float b = bias ? bf16_to_f32(bias[o + k]) : 0.f;
+          y[r * out + o + k] = f32_to_bf16(s0[k] + b);
+          y[(r + 1) * out + o + k] = f32_to_bf16(s1[k] + b);
+        }
+      }
+    }
+#endif
+    for (; r < m; r++) {
+      if (cnt == 4) {
+        dot4_bf16(w + o * in, in, xf + r * in, s0);
+      } else {
+        for (int64_t k = 0; k < cnt; k++) s0[k] = dot_f32_bf16(xf + r * in, w + (o + k) * in, in);
+      }
+      for (int64_t k = 0; k < cnt; k++)
+        y[r * out + o + k] = f32_to_bf16(s0[k] + (bias ? bf16_to_f32(bias[o + k]) : 0.f));
+    }
+  }
+  free(xf);
+}
+
+/* x [rows, dim] (x = bf16(x + residual) first, in place, when given); out = weight * bf16(x / rms(x)),
+ * rounded as Transformers' bf16 RMSNorm rounds (normalised in float32, cast, then scaled). */
+void rms_norm_bf16(bf16* x, const bf16* residual, const bf16* weight, bf16* out, int64_t rows, int64_t dim,
+                   float eps, int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
+  for (int64_t r = 0; r < rows; r++) {
+    bf16* xr = x + r * dim;
+    bf16* orow = out + r * dim;
+    if (residual) {
+      const bf16* rr = residual + r * dim;
+      for (int64_t e = 0; e < dim; e++) xr[e] = f32_to_bf16(bf16_to_f32(xr[e]) + bf16_to_f32(rr[e]));
+    }
+    float ss = 0.f;
+    for (int64_t e = 0; e < dim; e++) {
+      float v = bf16_to_f32(xr[e]);
+      ss += v * v;
+    }
+    float inv = 1.f / sqrtf(ss / (float)dim + eps);
+    for (int64_t e = 0; e < dim; e++)
+      orow[e] = f32_to_bf16(bf16_to_f32(weight[e]) * round_bf16(bf16_to_f32(xr[e]) * inv));
+  }
+}
+
+/* Rotary embedding in place (rotate-half form) on bf16 x [tokens, heads, dim], cos/sin [tokens, dim]:
+ * x * cos + rotate_half(x) * sin with each product and the sum rounded to bf16, as torch computes it. */
+void rope_bf16(bf16* x, const bf16* cos, const bf16* sin, int64_t tokens, int64_t heads, int64_t dim,
+               int threads) {
+  int64_t half = dim / 2;
+#pragma omp parallel for schedule(static) num_threads(threads) if (tokens > 1)
+  for (int64_t t = 0; t < tokens; t++) {
+    const bf16* c = cos + t * dim;
+    const bf16* s = sin + t * dim;
+    for (int64_t h = 0; h < heads; h++) {
+      bf16* xh = x + (t * heads + h) * dim;
+      for (int64_t e = 0; e < half; e++) {
+        float a = bf16_to_f32(xh[e]), b = bf16_to_f32(xh[e + half]);
+        float c0 = bf16_to_f32(c[e]), c1 = bf16_to_f32(c[e + half]);
+        float s0 = bf16_to_f32(s[e]), s1 = bf16_to_f32(s[e + half]);
+        xh[e] = f32_to_bf16(round_bf16(a * c0) + round_bf16(-b * s0));
+        xh[e + half] = f32_to_bf16(round_bf16(b * c1) + round_bf16(a * s1));
+      }
+    }
+  }
+}
+
+/* out = bf16(bf16(silu(gate)) * up), elementwise over n bf16 values. */
+void silu_mul_bf16(const bf16* gate, const bf16* up, bf16* out, int64_t n, int threads) {
+  int64_t blocks = (n + 1023) / 1024;
+#pragma omp parallel for schedule(static) num_threads(threads) if (blocks > 8)
+  for (int64_t blk = 0; blk < blocks; blk++) {
+    int64_t i = blk * 1024, end = i + 1024 < n ? i + 1024 : n;
+    for (; i < end; i++) {
+      float g = bf16_to_f32(gate[i]);
+      out[i] = f32_to_bf16(round_bf16(g / (1.f + expf(-g))) * bf16_to_f32(up[i]));
+    }
+  }
+}
