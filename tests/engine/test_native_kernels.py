@@ -39,7 +39,9 @@ def _reference_attention(q, k_pool, v_pool, slots, lens, scale, window):
         start = max(0, n - window) if window else 0
         keys = k_pool[slots[b, start:n]].transpose(0, 1)  # [Hkv, n, D]
         values = v_pool[slots[b, start:n]].transpose(0, 1)
-        o = F.scaled_dot_product_attention(q[b].view(kv_heads, heads // kv_heads, d), keys, values, scale=scale)
+        o = F.scaled_dot_product_attention(
+            q[b].view(kv_heads, heads // kv_heads, d), keys, values, scale=scale
+        )
         out[b] = o.reshape(heads, -1)
     return out
 
@@ -90,7 +92,9 @@ def test_engine_in_a_dtype_without_native_kernels_keeps_torchs(default_tokenizer
     llm = LLM.from_module(model, default_tokenizer, kv_cache_memory_gb=0.01, max_model_len=128)
     runner = llm.engine.runner
     assert runner.native is None and runner.kernels.name == "torch" and runner.decode_kernel is None
-    out = llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    out = llm.generate(
+        [{"prompt_token_ids": [1, 2, 3]}], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    )
     assert len(out[0].outputs[0].token_ids) == 4
 
 

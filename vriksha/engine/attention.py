@@ -153,7 +153,12 @@ def paged_attention(
                 mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
             sinks = None if extras.sinks is None else extras.sinks.view(1, num_heads, 1, 1)
             o = extras.attend(
-                q.to(k.dtype), k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), mask, scaling, sinks
+                q.to(k.dtype),
+                k.repeat_interleave(group, 1),
+                v.repeat_interleave(group, 1),
+                mask,
+                scaling,
+                sinks,
             )
         elif mask is None:
             k, v = key[:, :, s : s + n], value[:, :, s : s + n]
@@ -209,8 +214,12 @@ def _reference_attention(module, query, key, value, attention_mask, scaling, dro
     if _Extras.of(module, kwargs) is not None:
         forward = getattr(inspect.getmodule(type(module)), "eager_attention_forward", None)
         if forward is not None:
-            return forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+            return forward(
+                module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+            )
+    return sdpa_attention_forward(
+        module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+    )
 
 
 def _mask(*args, **kwargs):

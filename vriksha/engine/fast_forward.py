@@ -85,7 +85,9 @@ class FastForward:
                 None,
                 scaling=attn.scaling,
             )
-            x = k.rms_norm(h, layer.post_attention_layernorm, residual=attn.o_proj.forward(o.reshape(tokens, -1)))
+            x = k.rms_norm(
+                h, layer.post_attention_layernorm, residual=attn.o_proj.forward(o.reshape(tokens, -1))
+            )
             mlp = layer.mlp
             delta = mlp.down_proj.forward(k.silu_mul(mlp.gate_proj.forward(x), mlp.up_proj.forward(x)))
         h = h[sample_index] + delta[sample_index]

@@ -92,7 +92,9 @@ def _load(name: str, repo) -> type[nn.Module]:
     if not (isinstance(layer, type) and issubclass(layer, nn.Module)):
         raise ConfigError(f"kernel layer {name} from {repo} is not an nn.Module class")
     if layer.__init__ is not nn.Module.__init__:
-        raise ConfigError(f"kernel layer {name} from {repo} has its own __init__; kernel layers are stateless")
+        raise ConfigError(
+            f"kernel layer {name} from {repo} has its own __init__; kernel layers are stateless"
+        )
     return layer
 
 
@@ -106,7 +108,9 @@ class LayerKernels(TorchKernels):
         self.names = names
         self.name = base.name
 
-    def rms_norm(self, x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def rms_norm(
+        self, x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if id(norm) not in self.bound:
             return self.base.rms_norm(x, norm, residual)
         if residual is not None:

@@ -34,7 +34,9 @@ class TorchKernels:
 
     name = "torch"
 
-    def rms_norm(self, x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def rms_norm(
+        self, x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """RMSNorm of x [..., dim] by `norm`'s weight and epsilon; with `residual`, x += residual first, in place."""
         if residual is not None:
             x.add_(residual)
@@ -73,7 +75,9 @@ class NativeKernels(TorchKernels):
         self.lib = lib
         self.name = name
 
-    def rms_norm(self, x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def rms_norm(
+        self, x: torch.Tensor, norm: nn.Module, residual: torch.Tensor | None = None
+    ) -> torch.Tensor:
         if x.dtype not in native.DTYPES or norm.weight.dtype != x.dtype or not x.is_contiguous():
             return super().rms_norm(x, norm, residual)
         return self.lib.rms_norm(x, norm.weight, norm.variance_epsilon, residual=residual)

@@ -8,12 +8,11 @@ import logging
 import torch
 
 import vriksha.device as devices
-from vriksha.engine import fast_linear, kernel_sets
+from vriksha.engine import fast_linear, hub_layers, kernel_sets
+from vriksha.engine import native as native_lib
 from vriksha.engine.attention import AttentionBatch, PrefillSegment, forward_context, register_attention
 from vriksha.engine.batch import ForwardBatch
 from vriksha.engine.config import EngineConfig
-from vriksha.engine import hub_layers
-from vriksha.engine import native as native_lib
 from vriksha.engine.fast_forward import FastForward
 from vriksha.engine.installation import ModuleInstallation
 from vriksha.engine.kv_pool import KVPool, ReqToTokenTable

@@ -65,9 +65,7 @@ def build(compiler: str, variant: isa.Variant) -> Path:
                 os.replace(out, target)  # atomic: processes building at once all end with one whole file
                 return target
             errors = done.stderr
-        raise RuntimeError(
-            f"{compiler} could not build the {variant.name} kernels: {errors.strip()[-2000:]}"
-        )
+        raise RuntimeError(f"{compiler} could not build the {variant.name} kernels: {errors.strip()[-2000:]}")
 
 
 _SIGNATURES = {
@@ -199,7 +197,9 @@ def kernels(variant: str | None = None) -> Kernels | None:
         return None
     chosen = isa.variant(variant) if variant is not None else isa.best_variant()
     if not isa.runnable(chosen):
-        logger.warning("native %s kernels need CPU flags %s", chosen.name, ", ".join(isa.missing_flags(chosen)))
+        logger.warning(
+            "native %s kernels need CPU flags %s", chosen.name, ", ".join(isa.missing_flags(chosen))
+        )
         return None
     try:
         return Kernels(build(compiler, chosen), chosen)
