@@ -121,6 +121,16 @@ static inline void dot4x2_bf16(const bf16* w, int64_t in, const float* x0, const
 /* y[m, o] = bf16(sum_i W[o, i] x[m, i] + b[o]), W [out, in] bf16 as nn.Linear stores it; float32 sums. */
 void linear_bf16(const bf16* w, const bf16* bias, const bf16* x, bf16* y, int64_t out, int64_t in, int64_t m,
                  int threads) {
+#ifdef VRIKSHA_AVX512_BF16
+  if (in % 32 == 0) { /* bf16 pairs straight from the weight and the input, float32 sums */
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t o = 0; o < out; o++) {
+      float b = bias ? bf16_to_f32(bias[o]) : 0.f;
+      for (int64_t r = 0; r < m; r++) y[r * out + o] = f32_to_bf16(dot_bf16_pairs(w + o * in, x + r * in, in) + b);
+    }
+    return;
+  }
+#endif
   float* xf = (float*)malloc(sizeof(float) * (m * in > 0 ? m * in : 1));
   widen_bf16(xf, x, m * in);
   int64_t blocks = (out + 3) / 4;
