@@ -46,24 +46,86 @@ NO_AUTO_VECTORIZE
 static void attend_bf16(const float* qf, const bf16* qb, const bf16* k_pool, const bf16* v_pool,
                         const int64_t* row, int64_t n, int64_t kv_heads, int64_t h, int64_t d, int64_t dv,
                         int64_t group, float scale, float* scores, float* vrow, float* out) {
+  /* vrow: scratch of max(d, dv) floats */
   (void)qb;
-  for (int64_t j = 0; j < n; j++) {
-    const bf16* kj = k_pool + (row[j] * kv_heads + h) * d;
-    if (j + 4 < n) __builtin_prefetch(k_pool + (row[j + 4] * kv_heads + h) * d);
+  int64_t j = 0;
 #ifdef VRIKSHA_AVX512_BF16
-    if (d % 32 == 0) {
+  if (d % 32 == 0) {
+    for (; j < n; j++) {
+      const bf16* kj = k_pool + (row[j] * kv_heads + h) * d;
+      if (j + 4 < n) __builtin_prefetch(k_pool + (row[j + 4] * kv_heads + h) * d);
       for (int64_t g = 0; g < group; g++) scores[g * n + j] = dot_bf16_pairs(qb + g * d, kj, d) * scale;
-      continue;
     }
+  }
 #endif
-    for (int64_t g = 0; g < group; g++) scores[g * n + j] = dot_f32_bf16(qf + g * d, kj, d) * scale;
+#ifdef VRIKSHA_AVX2
+  if (d % 8 == 0) {
+    /* two key rows against up to three query heads per pass: each key element widened once, used thrice */
+    for (; j + 2 <= n; j += 2) {
+      if (j + 5 < n) {
+        __builtin_prefetch(k_pool + (row[j + 4] * kv_heads + h) * d);
+        __builtin_prefetch(k_pool + (row[j + 5] * kv_heads + h) * d);
+      }
+      const bf16* k0 = k_pool + (row[j] * kv_heads + h) * d;
+      const bf16* k1 = k_pool + (row[j + 1] * kv_heads + h) * d;
+      for (int64_t g = 0; g < group; g += 3) {
+        int64_t cnt = group - g < 3 ? group - g : 3;
+        const float *q0 = qf + g * d, *q1 = q0 + (cnt > 1 ? d : 0), *q2 = q0 + (cnt > 2 ? 2 * d : 0);
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, b0 = a0, b1 = a0, b2 = a0;
+        for (int64_t i = 0; i < d; i += 8) {
+          __m256 u = load8_bf16(k0 + i), v = load8_bf16(k1 + i), qv;
+          qv = _mm256_loadu_ps(q0 + i); a0 = _mm256_fmadd_ps(qv, u, a0); b0 = _mm256_fmadd_ps(qv, v, b0);
+          qv = _mm256_loadu_ps(q1 + i); a1 = _mm256_fmadd_ps(qv, u, a1); b1 = _mm256_fmadd_ps(qv, v, b1);
+          qv = _mm256_loadu_ps(q2 + i); a2 = _mm256_fmadd_ps(qv, u, a2); b2 = _mm256_fmadd_ps(qv, v, b2);
+        }
+        float r[8];
+        _mm_storeu_ps(r, hsum8x4(a0, a1, a2, b0));
+        _mm_storeu_ps(r + 4, hsum8x4(b1, b2, b2, b2));
+        float* sg = scores + g * n + j;
+        sg[0] = r[0] * scale;
+        sg[1] = r[3] * scale;
+        if (cnt > 1) { sg[n] = r[1] * scale; sg[n + 1] = r[4] * scale; }
+        if (cnt > 2) { sg[2 * n] = r[2] * scale; sg[2 * n + 1] = r[5] * scale; }
+      }
+    }
+  }
+#endif
+  for (; j < n; j++) {
+    const bf16* kj = k_pool + (row[j] * kv_heads + h) * d;
+    widen_bf16(vrow, kj, d);  /* once per key row, for every query head of the group */
+    for (int64_t g = 0; g < group; g++) scores[g * n + j] = dot_f32(qf + g * d, vrow, d) * scale;
   }
   for (int64_t g = 0; g < group; g++) softmax_inplace(scores + g * n, n);
-  for (int64_t e = 0; e < group * dv; e++) out[e] = 0.f;
+  int64_t e0 = 0;
+#ifdef VRIKSHA_AVX2
+  /* 16 output values of up to three heads held in six registers while the value rows stream past */
+  for (; e0 + 16 <= dv; e0 += 16) {
+    for (int64_t g = 0; g < group; g += 3) {
+      int64_t cnt = group - g < 3 ? group - g : 3;
+      const float *p0 = scores + g * n, *p1 = p0 + (cnt > 1 ? n : 0), *p2 = p0 + (cnt > 2 ? 2 * n : 0);
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0;
+      for (int64_t j = 0; j < n; j++) {
+        const bf16* vj = v_pool + (row[j] * kv_heads + h) * dv + e0;
+        __m256 v0 = load8_bf16(vj), v1 = load8_bf16(vj + 8), p;
+        p = _mm256_broadcast_ss(p0 + j); a0 = _mm256_fmadd_ps(p, v0, a0); a1 = _mm256_fmadd_ps(p, v1, a1);
+        p = _mm256_broadcast_ss(p1 + j); b0 = _mm256_fmadd_ps(p, v0, b0); b1 = _mm256_fmadd_ps(p, v1, b1);
+        p = _mm256_broadcast_ss(p2 + j); c0 = _mm256_fmadd_ps(p, v0, c0); c1 = _mm256_fmadd_ps(p, v1, c1);
+      }
+      float* o = out + g * dv + e0;
+      _mm256_storeu_ps(o, a0); _mm256_storeu_ps(o + 8, a1);
+      if (cnt > 1) { _mm256_storeu_ps(o + dv, b0); _mm256_storeu_ps(o + dv + 8, b1); }
+      if (cnt > 2) { _mm256_storeu_ps(o + 2 * dv, c0); _mm256_storeu_ps(o + 2 * dv + 8, c1); }
+    }
+  }
+#endif
+  if (e0 == dv) return;
+  int64_t rest = dv - e0;
+  for (int64_t g = 0; g < group; g++)
+    for (int64_t e = e0; e < dv; e++) out[g * dv + e] = 0.f;
   for (int64_t j = 0; j < n; j++) {
-    if (j + 4 < n) __builtin_prefetch(v_pool + (row[j + 4] * kv_heads + h) * dv);
-    widen_bf16(vrow, v_pool + (row[j] * kv_heads + h) * dv, dv);  /* once per row, for every query head */
-    for (int64_t g = 0; g < group; g++) axpy_f32(out + g * dv, scores[g * n + j], vrow, dv);
+    if (j + 4 < n) __builtin_prefetch(v_pool + (row[j + 4] * kv_heads + h) * dv + e0);
+    widen_bf16(vrow, v_pool + (row[j] * kv_heads + h) * dv + e0, rest);  /* once per row, for every head */
+    for (int64_t g = 0; g < group; g++) axpy_f32(out + g * dv + e0, scores[g * n + j], vrow, rest);
   }
 }
 
@@ -77,7 +139,7 @@ void decode_attention_bf16(const bf16* q, const bf16* k_pool, const bf16* v_pool
   {
     float* scores = (float*)malloc(sizeof(float) * group * (max_len > 0 ? max_len : 1));
     float* qf = (float*)malloc(sizeof(float) * group * d);
-    float* vrow = (float*)malloc(sizeof(float) * dv);
+    float* vrow = (float*)malloc(sizeof(float) * (dv > d ? dv : d));
 #pragma omp for schedule(dynamic, 1) collapse(2)
     for (int64_t h = 0; h < kv_heads; h++) {
       for (int64_t b = 0; b < batch; b++) {
