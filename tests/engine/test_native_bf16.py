@@ -74,3 +74,16 @@ def test_engine_in_bf16_with_native_kernels_equals_engine_without(name, default_
             assert abs(x.logprobs[step][u] - y.logprobs[step][u]) < 0.07
             same_steps += 1
     assert same_steps >= 16  # of 48: random tiny models in bf16 tie often (qwen2-sliding first at steps 6-9)
+
+
+def test_fast_linears_native_path_in_bf16(lib):
+    from vriksha.engine import fast_linear
+
+    torch.manual_seed(3)
+    layer = torch.nn.Linear(64, 96).to(BF16)
+    layouts = fast_linear._Layouts(layer, set(), lib)
+    x = torch.randn(3, 64).to(BF16)
+    got = layouts.run("native", x)
+    want = F.linear(x.float(), layer.weight.float(), layer.bias.float()).to(BF16)
+    assert got.dtype == BF16
+    torch.testing.assert_close(got.float(), want.float(), rtol=1.6e-2, atol=1e-2)
