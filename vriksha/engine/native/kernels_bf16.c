@@ -235,17 +235,33 @@ void rms_norm_bf16(bf16* x, const bf16* residual, const bf16* weight, bf16* out,
   for (int64_t r = 0; r < rows; r++) {
     bf16* xr = x + r * dim;
     bf16* orow = out + r * dim;
-    if (residual) {
-      const bf16* rr = residual + r * dim;
-      for (int64_t e = 0; e < dim; e++) xr[e] = f32_to_bf16(bf16_to_f32(xr[e]) + bf16_to_f32(rr[e]));
-    }
+    int64_t e = 0;
     float ss = 0.f;
-    for (int64_t e = 0; e < dim; e++) {
+#ifdef VRIKSHA_AVX2
+    __m256 acc = _mm256_setzero_ps();
+    for (; e + 8 <= dim; e += 8) {
+      __m256 v = load8_bf16(xr + e);
+      if (residual) {
+        v = round8_bf16(_mm256_add_ps(v, load8_bf16(residual + r * dim + e)));
+        store8_bf16(xr + e, v);
+      }
+      acc = _mm256_fmadd_ps(v, v, acc);
+    }
+    ss = hsum8(acc);
+#endif
+    for (; e < dim; e++) {
+      if (residual) xr[e] = f32_to_bf16(bf16_to_f32(xr[e]) + bf16_to_f32(residual[r * dim + e]));
       float v = bf16_to_f32(xr[e]);
       ss += v * v;
     }
     float inv = 1.f / sqrtf(ss / (float)dim + eps);
-    for (int64_t e = 0; e < dim; e++)
+    e = 0;
+#ifdef VRIKSHA_AVX2
+    __m256 iv = _mm256_set1_ps(inv);
+    for (; e + 8 <= dim; e += 8)
+      store8_bf16(orow + e, _mm256_mul_ps(load8_bf16(weight + e), round8_bf16(_mm256_mul_ps(load8_bf16(xr + e), iv))));
+#endif
+    for (; e < dim; e++)
       orow[e] = f32_to_bf16(bf16_to_f32(weight[e]) * round_bf16(bf16_to_f32(xr[e]) * inv));
   }
 }
@@ -278,6 +294,14 @@ void silu_mul_bf16(const bf16* gate, const bf16* up, bf16* out, int64_t n, int t
 #pragma omp parallel for schedule(static) num_threads(threads) if (blocks > 8)
   for (int64_t blk = 0; blk < blocks; blk++) {
     int64_t i = blk * 1024, end = i + 1024 < n ? i + 1024 : n;
+#ifdef VRIKSHA_AVX2
+    __m256 one = _mm256_set1_ps(1.f), zero = _mm256_setzero_ps();
+    for (; i + 8 <= end; i += 8) {
+      __m256 g = load8_bf16(gate + i);
+      __m256 silu = round8_bf16(_mm256_div_ps(g, _mm256_add_ps(one, exp8(_mm256_sub_ps(zero, g)))));
+      store8_bf16(out + i, _mm256_mul_ps(silu, load8_bf16(up + i)));
+    }
+#endif
     for (; i < end; i++) {
       float g = bf16_to_f32(gate[i]);
       out[i] = f32_to_bf16(round_bf16(g / (1.f + expf(-g))) * bf16_to_f32(up[i]));

@@ -85,6 +85,14 @@ static inline void store8_bf16(bf16* p, __m256 v) {
   __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(u, u), 0xD8);
   _mm_storeu_si128((__m128i*)p, _mm256_castsi256_si128(packed));
 }
+
+/* Eight float32 values rounded (nearest even) to bfloat16 precision, kept as float32. */
+static inline __m256 round8_bf16(__m256 v) {
+  __m256i u = _mm256_castps_si256(v);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  u = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  return _mm256_castsi256_ps(_mm256_and_si256(u, _mm256_set1_epi32((int)0xffff0000u)));
+}
 #endif
 
 #ifdef VRIKSHA_AVX512
