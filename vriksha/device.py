@@ -35,6 +35,26 @@ def resolve_or_host(device: torch.device | str | None) -> torch.device:
     return host() if device is None else torch.device(device)
 
 
+def describe(device: torch.device | str) -> str:
+    """The hardware behind `device`, as a stable name: the processor's model, or the accelerator's name."""
+    device = torch.device(device)
+    if is_host(device):
+        from vriksha.cpu_features import cpu_features
+
+        return f"{HOST_TYPE}: {cpu_features().model}"
+    module = torch.get_device_module(device.type)
+    try:
+        return f"{device.type}: {module.get_device_name(device.index or 0)}"
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return device.type
+
+
+def synchronize(device: torch.device | str) -> None:
+    """Wait for the work queued on `device` (nothing to wait for on the CPU)."""
+    if not is_host(device):
+        torch.accelerator.synchronize(torch.device(device))
+
+
 def free_memory_bytes(device: torch.device) -> int | None:
     """Free memory on an accelerator, or None where the backend does not say (and on the CPU)."""
     if is_host(device):

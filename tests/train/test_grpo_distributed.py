@@ -46,7 +46,7 @@ def _config(tmp: Path, model_dir: Path, name: str, **trainer) -> Path:
     import yaml
 
     cfg = {
-        "model": {"path": str(model_dir)},
+        "model": {"path": str(model_dir), "mixed_precision": "none"},  # the runs compared here are fp32
         "env": {"name": "arithmetic", "options": {"level": 1}},
         "rollout": {
             "group_size": 8,

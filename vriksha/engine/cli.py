@@ -36,6 +36,9 @@ def register(subparsers) -> None:
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object per completion")
     p.add_argument("--stream", action="store_true", help="print tokens as they are generated (one prompt)")
+    p.add_argument(
+        "--verbose", action="store_true", help="print the engine's dtype choice and the CPU flags it saw"
+    )
     EngineConfig.add_arguments(p)
     add_profile_args(p)
     p.set_defaults(func=run)
@@ -58,6 +61,8 @@ def run(args: argparse.Namespace) -> int:
         stop=args.stop,
     )
     llm = LLM(config=EngineConfig.from_args(args))
+    if args.verbose:
+        print(f"engine: {llm.engine.model_name}, {llm.engine.dtype_choice.describe()}", file=sys.stderr)
     prompts = args.prompt
     if args.chat:
         prompts = [

@@ -16,6 +16,7 @@ from typing import Any
 from vriksha.errors import ConfigError
 
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def option(
@@ -30,7 +31,10 @@ class EngineConfig:
     model: str | None = option(
         None, "a local Transformers directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)"
     )
-    dtype: str = option("float32", "weights and KV dtype", choices=("float32", "bfloat16", "float16"))
+    dtype: str = option(
+        "auto", "weights and KV dtype; auto: the fastest here, measured once per CPU/device and cached",
+        choices=DTYPES,
+    )  # fmt: skip
     device: str | None = option(None, "cpu, cuda, cuda:1, ... (default: the accelerator if there is one)")
     kv_cache_memory_gb: float | None = option(
         None, "KV pool size in GiB (default: 1 on the CPU, pages touched only as slots fill; 40% of free "
@@ -82,8 +86,8 @@ class EngineConfig:
                 raise ConfigError(f"engine option {name} must be a positive integer, got {value!r}")
         if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:
             raise ConfigError(f"engine option kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ConfigError(f"engine option dtype must be float32, bfloat16 or float16, got {self.dtype!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"engine option dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.max_num_batched_tokens < self.max_num_seqs:
             self.max_num_batched_tokens = self.max_num_seqs
 

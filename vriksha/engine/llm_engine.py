@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 import vriksha.device as devices
+from vriksha import fast_dtype
 from vriksha.engine.cache_events import CacheEventSink
 from vriksha.engine.cache_manager import make_cache_manager
 from vriksha.engine.config import EngineConfig
@@ -72,10 +73,16 @@ class LLMEngine:
         if model is None:
             from vriksha.loading import load_model
 
-            loaded = load_model(config.model, dtype=config.dtype, device=pick_device(config.device))
+            device = pick_device(config.device)
+            self.dtype_choice = fast_dtype.resolve(config.dtype, config.model, device)
+            loaded = load_model(config.model, dtype=self.dtype_choice.dtype, device=device)
             model, tokenizer = loaded.model, loaded.tokenizer
             self.model_name = loaded.name
         else:
+            param = next(model.parameters())
+            self.dtype_choice = fast_dtype.given(
+                param.dtype, param.device, how="the module's own", requested=config.dtype
+            )
             self.model_name = getattr(model.config, "_name_or_path", None) or type(model).__name__
         if tokenizer is None:
             raise InvalidRequestError("an engine built around a module needs its tokenizer")
@@ -111,10 +118,9 @@ class LLMEngine:
         self._generation_tokens = 0
         self.weight_version = 0  # bumped by set_weight_version after an in-place weight update
         logger.info(
-            "engine: %s on %s (%s), KV pool %d tokens",
+            "engine: %s, %s, KV pool %d tokens",
             self.model_name,
-            self.device,
-            self.dtype,
+            self.dtype_choice.describe(),
             self.allocator.capacity,
         )
 

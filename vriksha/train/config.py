@@ -42,8 +42,11 @@ class ModelConfig(_Section):
         None, description="model path (HF directory or .gguf); null = embedded SmolLM2-135M"
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype")
-    mixed_precision: Literal["none", "bfloat16"] = Field(
-        "none", description="FSDP2 compute dtype for the training forward/backward (fp32 master weights)"
+    mixed_precision: Literal["auto", "none", "autocast", "bfloat16"] = Field(
+        "auto",
+        description="compute dtype of the update: auto = bf16 autocast over fp32 master weights where this "
+        "machine's bf16 is measured faster, else fp32; none = fp32; autocast = bf16 autocast; "
+        "bfloat16 = FSDP2 casts the parameters to bf16 for compute",
     )
     random_init: dict[str, Any] | None = Field(
         None,

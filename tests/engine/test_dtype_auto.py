@@ -1,0 +1,157 @@
+"""dtype="auto": the engine measures fp32 against bf16 (and fp16 where sensible) on the model's own shapes,
+keeps the faster, caches the measurement per machine, and reports what it chose and the CPU flags it saw."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import vriksha.device as devices
+from vriksha import fast_dtype
+from vriksha.cpu_features import _read_cpuinfo, cpu_features
+from vriksha.engine.config import EngineConfig
+from vriksha.errors import ConfigError
+
+SHAPES = [
+    fast_dtype.LinearShape(96, 64, 4),
+    fast_dtype.LinearShape(64, 160, 2),
+    fast_dtype.LinearShape(512, 64, 1, prefill=False),
+]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("VRIKSHA_CACHE", str(tmp_path))
+    return tmp_path / fast_dtype.CACHE_FILE
+
+
+def test_the_choice_is_the_faster_dtype_as_measured(cache):
+    choice = fast_dtype.choose_dtype(SHAPES, devices.host())
+    assert choice.how == "measured" and choice.requested == "auto"
+    timings = choice.timings
+    assert set(timings) == set(fast_dtype.candidates(devices.host())) >= {"float32", "bfloat16"}
+    for t in timings.values():
+        assert t["decode_s"] > 0 and t["prefill_s"] > 0 and math.isfinite(t["decode_s"] + t["prefill_s"])
+    rel = fast_dtype.relative_times(timings)
+    assert rel["float32"] == pytest.approx(1.0)
+    if choice.dtype == torch.float32:  # nothing else saved the margin
+        assert all(v >= 1.0 - fast_dtype.MARGIN for v in rel.values())
+    else:  # the chosen one was measured faster than fp32, by the margin
+        assert rel[choice.name] < 1.0 - fast_dtype.MARGIN
+        assert rel[choice.name] == min(rel.values())
+
+
+def test_the_measurement_is_cached_per_machine_and_shapes(cache):
+    first = fast_dtype.choose_dtype(SHAPES, devices.host())
+    stamp = cache.stat().st_mtime_ns
+    again = fast_dtype.choose_dtype(SHAPES, devices.host())
+    assert again.how == "cached" and (again.dtype, again.timings) == (first.dtype, first.timings)
+    assert cache.stat().st_mtime_ns == stamp  # read, not rewritten
+    (key,) = json.loads(cache.read_text())
+    assert cpu_features().signature in key and torch.__version__ in key
+    other = fast_dtype.choose_dtype(SHAPES[:1], devices.host())  # other shapes: measured anew
+    assert other.how == "measured" and len(json.loads(cache.read_text())) == 2
+    assert fast_dtype.choose_dtype(SHAPES, devices.host(), refresh=True).how == "measured"
+
+
+def test_the_choice_follows_the_cached_measurement(cache):
+    """The dtype comes from the measured times: a record whose times favour bf16 gives bf16."""
+    fast_dtype.choose_dtype(SHAPES, devices.host())
+    known = json.loads(cache.read_text())
+    (key,) = known
+    known[key]["timings"] = {
+        "float32": {"decode_s": 1.0, "prefill_s": 1.0},
+        "bfloat16": {"decode_s": 0.5, "prefill_s": 0.2},
+    }
+    known[key]["dtype"] = fast_dtype.pick(known[key]["timings"])
+    cache.write_text(json.dumps(known))
+    choice = fast_dtype.choose_dtype(SHAPES, devices.host())
+    assert choice.how == "cached" and choice.dtype == torch.bfloat16
+    assert (
+        fast_dtype.pick(
+            {"float32": {"decode_s": 1, "prefill_s": 1}, "bfloat16": {"decode_s": 0.95, "prefill_s": 0.97}}
+        )
+        == "float32"
+    )
+
+
+def test_linear_shapes_of_a_model_on_the_meta_device(default_tokenizer):
+    from tests.tiny_llama import tiny_llama
+
+    with torch.device("meta"):
+        model = tiny_llama(default_tokenizer)
+    shapes = {(s.out_features, s.in_features): s for s in fast_dtype.linear_shapes(model)}
+    assert shapes[(64, 64)].count == 4  # q and o of two layers
+    assert shapes[(32, 64)].count == 4  # k and v (2 KV heads x 16)
+    assert shapes[(128, 64)].count == 4 and shapes[(64, 128)].count == 2
+    head = shapes[(len(default_tokenizer), 64)]
+    assert head.count == 1 and head.prefill is False
+
+
+def test_cpuinfo_flags_are_read_on_x86_and_arm():
+    x86 = "processor : 0\nmodel name : Some Xeon\nflags : fpu avx2 fma avx512f amx_bf16\n\nprocessor : 1\n"
+    assert _read_cpuinfo(x86) == ("Some Xeon", frozenset({"fpu", "avx2", "fma", "avx512f", "amx_bf16"}))
+    arm = "processor : 0\nFeatures : fp asimd bf16 i8mm\nCPU part : 0xd4f\n"
+    assert _read_cpuinfo(arm)[1] == frozenset({"fp", "asimd", "bf16", "i8mm"})
+    here = cpu_features()
+    assert here.model and here.summary().startswith(here.model)
+    assert set(here.notable) <= here.flags
+
+
+def test_auto_is_the_default_and_dtype_overrides():
+    assert EngineConfig().dtype == "auto"
+    assert EngineConfig(dtype="bfloat16").dtype == "bfloat16"
+    with pytest.raises(ConfigError, match="dtype must be one of auto, float32"):
+        EngineConfig(dtype="int8")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, default_tokenizer):
+    from tests.tiny_llama import save_model_dir, tiny_llama
+
+    return save_model_dir(tiny_llama(default_tokenizer), default_tokenizer, tmp_path_factory.mktemp("tiny"))
+
+
+def test_the_engine_loads_at_the_measured_dtype_and_reports_it(cache, model_dir, capsys):
+    from vriksha.cli import main
+
+    options = [
+        "--kv-cache-memory-gb",
+        "0.01",
+        "--max-model-len",
+        "64",
+        "--no-native-kernels",
+        "--no-fast-linear",
+    ]
+    assert (
+        main(
+            [
+                "generate",
+                "--model",
+                str(model_dir),
+                "--prompt",
+                "hi",
+                "--max-tokens",
+                "2",
+                "--verbose",
+                *options,
+            ]
+        )
+        == 0
+    )
+    err = capsys.readouterr().err
+    measured = fast_dtype.choose_dtype(fast_dtype.model_shapes(model_dir), devices.host())
+    assert measured.how == "cached"  # the engine measured it and stored it
+    assert f"dtype {measured.name} (auto: measured" in err
+    assert "CPU flags: " + " ".join(cpu_features().notable) in err
+
+    from vriksha import LLM
+
+    small = dict(kv_cache_memory_gb=0.01, max_model_len=64, native_kernels=False, fast_linear=False)
+    with LLM(model=str(model_dir), **small) as llm:
+        assert llm.engine.dtype == measured.dtype and llm.engine.dtype_choice.how == "cached"
+    with LLM(model=str(model_dir), dtype="float32", **small) as llm:
+        assert llm.engine.dtype == torch.float32 and llm.engine.dtype_choice.how == "given"
