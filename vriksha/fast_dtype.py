@@ -10,7 +10,8 @@ at least MARGIN faster than every more precise one: fp32 keeps the engine's nati
 bare matmul timing does not see. fp16 is a candidate on accelerators and on CPUs with AVX512-FP16/AMX-FP16.
 
 The result is cached in `$VRIKSHA_CACHE/dtype_choice.json`, keyed by the device's name, the CPU's model and
-flag set, torch's version, the thread count and the shapes, so each machine measures once.
+flag set, torch's version, the thread count and the shapes, so each machine measures once. `$VRIKSHA_DTYPE`
+pins "auto" to one dtype for a process and its children without measuring.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 import vriksha.device as devices
 from vriksha.cache import cache_dir
 from vriksha.cpu_features import cpu_features
-from vriksha.errors import VrikshaError
+from vriksha.errors import ConfigError, VrikshaError
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,7 @@ COLD_BYTES = (
 )  # decode timing cycles through copies of a weight until they exceed the last-level cache
 CACHE_FILE = "dtype_choice.json"
 VERSION = 1
+ENV_PIN = "VRIKSHA_DTYPE"  # pins "auto" without measuring (a test suite written against fp32 references)
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,10 +260,23 @@ def model_shapes(model: str | os.PathLike | None) -> list[LinearShape]:
         return linear_shapes(AutoModelForCausalLM.from_config(config))
 
 
+def pinned(device: torch.device) -> DtypeChoice | None:
+    """What `$VRIKSHA_DTYPE` (float32, bfloat16, float16) pins "auto" to in this process and its children."""
+    name = os.environ.get(ENV_PIN, "").strip()
+    if not name:
+        return None
+    if name not in PRECISION_ORDER:
+        raise ConfigError(f"{ENV_PIN}={name!r}: set it to one of {', '.join(PRECISION_ORDER)}, or unset it")
+    return given(name, device, how=f"pinned by {ENV_PIN}", requested="auto")
+
+
 def resolve(requested: str, model: str | os.PathLike | None, device: torch.device) -> DtypeChoice:
     """The engine's dtype for `requested` ("auto" or a dtype name) and a model path."""
     if requested != "auto":
         return given(requested, device)
+    pin = pinned(device)
+    if pin is not None:
+        return pin
     try:
         shapes = model_shapes(model)
     except VrikshaError:

@@ -22,6 +22,15 @@ SHAPES = [
 ]
 
 
+pytestmark = pytest.mark.usefixtures("measured_auto")
+
+
+@pytest.fixture
+def measured_auto(monkeypatch):
+    """auto measures here (the suite pins it to fp32 elsewhere, tests/conftest.py)."""
+    monkeypatch.delenv("VRIKSHA_DTYPE", raising=False)
+
+
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("VRIKSHA_CACHE", str(tmp_path))
@@ -99,6 +108,17 @@ def test_cpuinfo_flags_are_read_on_x86_and_arm():
     here = cpu_features()
     assert here.model and here.summary().startswith(here.model)
     assert set(here.notable) <= here.flags
+
+
+def test_vriksha_dtype_pins_auto_without_measuring(cache, monkeypatch):
+    monkeypatch.setenv("VRIKSHA_DTYPE", "bfloat16")
+    pin = fast_dtype.resolve("auto", None, devices.host())
+    assert (pin.dtype, pin.requested, pin.how) == (torch.bfloat16, "auto", "pinned by VRIKSHA_DTYPE")
+    assert fast_dtype.resolve("float32", None, devices.host()).dtype == torch.float32  # --dtype still wins
+    assert not cache.exists()
+    monkeypatch.setenv("VRIKSHA_DTYPE", "int4")
+    with pytest.raises(ConfigError, match="VRIKSHA_DTYPE='int4'"):
+        fast_dtype.resolve("auto", None, devices.host())
 
 
 def test_auto_is_the_default_and_dtype_overrides():

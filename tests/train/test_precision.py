@@ -18,6 +18,14 @@ from vriksha.train.config import load_config
 from vriksha.train.grpo import grpo_token_loss
 from vriksha.train.precision import resolve_precision
 
+pytestmark = pytest.mark.usefixtures("measured_auto")
+
+
+@pytest.fixture
+def measured_auto(monkeypatch):
+    """auto measures here (the suite pins it to fp32 elsewhere, tests/conftest.py)."""
+    monkeypatch.delenv("VRIKSHA_DTYPE", raising=False)
+
 
 @pytest.fixture(scope="module")
 def tokenizer():

@@ -55,6 +55,11 @@ def resolve_precision(requested: str, model: torch.nn.Module, device: torch.devi
         return TrainPrecision("bf16-autocast", requested, "given")
     if requested == "bfloat16":
         return TrainPrecision("bf16-fsdp", requested, "given")
+    pin = fast_dtype.pinned(device)
+    if pin is not None:  # $VRIKSHA_DTYPE: bf16 (or fp16) pins autocast, float32 pins fp32
+        return TrainPrecision(
+            "fp32" if pin.dtype == torch.float32 else "bf16-autocast", requested, pin.how, pin
+        )
     dtypes = {p.dtype for p in model.parameters()}
     if dtypes != {torch.float32}:
         names = ", ".join(sorted(str(d).removeprefix("torch.") for d in dtypes))
