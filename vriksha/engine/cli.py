@@ -62,7 +62,12 @@ def run(args: argparse.Namespace) -> int:
     )
     llm = LLM(config=EngineConfig.from_args(args))
     if args.verbose:
-        print(f"engine: {llm.engine.model_name}, {llm.engine.dtype_choice.describe()}", file=sys.stderr)
+        engine = llm.engine
+        kernels = engine.runner.kernels.describe()
+        print(
+            f"engine: {engine.model_name}, {engine.dtype_choice.describe()}; kernels {kernels}",
+            file=sys.stderr,
+        )
     prompts = args.prompt
     if args.chat:
         prompts = [
