@@ -31,6 +31,13 @@ def register(subparsers: Any) -> None:
         "(e.g. http://127.0.0.1:8001,tcp://127.0.0.1:5557); repeat per replica",
     )
     p.add_argument(
+        "--config",
+        default=None,
+        metavar="ROUTES.yaml",
+        help="route between model pools by what each request asks (signals, decisions, a semantic cache); "
+        "the pools' replicas come from the file, not --replica. See docs/semantic_router.md",
+    )
+    p.add_argument(
         "--policy", choices=POLICIES, default=_D.policy, help=f"routing policy (default: {_D.policy})"
     )
     p.add_argument(
@@ -88,8 +95,10 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=handler)
 
 
-def config_from_args(args: argparse.Namespace) -> RouterConfig:
-    if not args.replica:
+def config_from_args(args: argparse.Namespace, need_replicas: bool = True) -> RouterConfig:
+    if args.replica and not need_replicas:
+        raise ConfigError("with --config the replicas are listed per pool in the routes file: drop --replica")
+    if not args.replica and need_replicas:
         raise ConfigError("give at least one --replica URL (the base URL of a `vriksha serve`)")
     specs = []
     for item in args.replica:
@@ -101,7 +110,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
                 f"--replica {item!r}: the events endpoint must be tcp://HOST:PORT or ipc://PATH"
             )
         specs.append(ReplicaSpec(url.rstrip("/"), events or None))
-    if args.policy == "precise" and not any(s.events for s in specs):
+    if need_replicas and args.policy == "precise" and not any(s.events for s in specs):
         logger.warning(
             "--policy precise without event streams: it sees load only (add ,tcp://... to --replica)"
         )
@@ -131,9 +140,13 @@ def handler(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
     front = from_args(FrontConfig, args)
     front.validate()
-    config = config_from_args(args)
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per forwarded request otherwise
-    app = create_router_app(config)
+    if args.config:
+        from vriksha.semantic.serve import semantic_app
+
+        app = semantic_app(args.config, config_from_args(args, need_replicas=False))
+    else:
+        app = create_router_app(config_from_args(args))
     level = logging.getLogger().getEffectiveLevel()
     uv_config = front_config(
         app,
