@@ -53,7 +53,9 @@ def test_ttl_and_size_bound():
 def test_scopes_separate_keys_pools_endpoints_and_contexts():
     body = _chat("hi")
     base = scope_key("alice", "fast", "/v1/chat/completions", body, "hi")
-    assert base == scope_key("alice", "fast", "/v1/chat/completions", _chat("hello there", stream=False), "hello there")
+    assert base == scope_key(
+        "alice", "fast", "/v1/chat/completions", _chat("hello there", stream=False), "hello there"
+    )
     assert base != scope_key("bob", "fast", "/v1/chat/completions", body, "hi")
     assert base != scope_key(None, "fast", "/v1/chat/completions", body, "hi")
     assert base != scope_key("alice", "careful", "/v1/chat/completions", body, "hi")

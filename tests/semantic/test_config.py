@@ -22,7 +22,11 @@ GOOD = {
     },
     "decisions": [
         {"name": "block", "when": "jb", "action": "block"},
-        {"name": "maths", "when": {"any": ["mathy", {"all": ["intent:math", {"not": "jb"}]}]}, "pool": "careful"},
+        {
+            "name": "maths",
+            "when": {"any": ["mathy", {"all": ["intent:math", {"not": "jb"}]}]},
+            "pool": "careful",
+        },
     ],
     "default": {"pool": "fast"},
 }
@@ -62,7 +66,10 @@ def test_good_config_loads_and_resolves_head_next_to_file(tmp_path: Path):
         (lambda d: d["pools"].append({"name": "fast", "replicas": ["http://x:1"]}), "'fast' is used twice"),
         (lambda d: d["signals"]["keyword"][0].update(regex=["("]), "does not compile"),
         (lambda d: d["signals"]["keyword"][0].update(wrods=["x"]), "signals.keyword.0.wrods"),
-        (lambda d: d["decisions"][1].update(sampling={"temprature": 0}), "unknown sampling fields ['temprature']"),
+        (
+            lambda d: d["decisions"][1].update(sampling={"temprature": 0}),
+            "unknown sampling fields ['temprature']",
+        ),
         (lambda d: d["decisions"][1].pop("pool"), "names its `pool`"),
         (lambda d: d.update(virtual_model="fast"), "also a pool's name"),
     ],

@@ -28,7 +28,11 @@ def embedder() -> Embedder:
 def test_matches_sentence_transformers(embedder: Embedder):
     from sentence_transformers import SentenceTransformer
 
-    texts = ["What is the derivative of x^2?", "hey, how's it going", "Write a SQL query for the top customers"]
+    texts = [
+        "What is the derivative of x^2?",
+        "hey, how's it going",
+        "Write a SQL query for the top customers",
+    ]
     ours = embedder.encode(texts)
     theirs = torch.tensor(
         SentenceTransformer(str(packaged_model_dir()), device="cpu").encode(texts, normalize_embeddings=True)
@@ -44,7 +48,9 @@ def test_batcher_batches_concurrent_requests(embedder: Embedder):
     texts = [f"question number {i} about geography" for i in range(8)]
 
     async def run() -> list[torch.Tensor]:
-        b = EmbedBatcher(embedder.encode, max_batch=32, max_wait_ms=50, on_batch=lambda n, _s: sizes.append(n))
+        b = EmbedBatcher(
+            embedder.encode, max_batch=32, max_wait_ms=50, on_batch=lambda n, _s: sizes.append(n)
+        )
         b.start()
         try:
             return await asyncio.gather(*(b.embed(t) for t in texts))
