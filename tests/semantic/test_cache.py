@@ -67,3 +67,18 @@ def test_scopes_separate_keys_pools_endpoints_and_contexts():
     c.store(base, _unit(1, 0), "hi", b"for alice")
     other = scope_key("bob", "fast", "/v1/chat/completions", body, "hi")
     assert c.lookup(other, _unit(1, 0), "hi") is None
+
+
+def test_number_words_count_as_numbers_and_word_order_matters():
+    from vriksha.semantic.cache import numbers, same_order, words
+
+    assert numbers("give me three tips, then the 2nd one twice") == ("3", "2", "2")  # "one": a pronoun
+    assert numbers("give me 3 tips") == numbers("Give me three tips")
+    c = SemanticCache(CacheConfig(enabled=True, threshold=0.9))
+    c.store("s", _unit(1, 0), "Give me three tips for better sleep", b"tips")
+    assert c.lookup("s", _unit(1, 0), "give me 3 tips for better sleep") is not None
+    assert c.lookup("s", _unit(1, 0), "Give me five tips for better sleep") is None
+    c.store("s", _unit(0, 1), "Convert 10 miles to kilometres", b"16.09")
+    assert c.lookup("s", _unit(0, 1), "Convert 10 kilometres to miles") is None
+    assert c.lookup("s", _unit(0, 1), "convert 10 miles into kilometres") is not None
+    assert same_order(words("what is the height of mount everest"), words("how tall is mount everest"))

@@ -1,7 +1,9 @@
 """The semantic cache: an earlier answer served again when a new request is similar enough. Entries are
 scoped by (API key, pool, context): the context is the whole request except the last user message's text
 (earlier turns, system prompt, sampling fields), so only the wording of that one message may differ. TTL,
-a global size bound (least recently used first out), and optionally the same numbers in both texts."""
+a global size bound (least recently used first out), and two cheap guards against near misses that embed
+alike: the same numbers in both texts (number words counted: "three" is 3), and the words both texts share
+in the same order ("10 miles to km" is not "10 km to miles")."""
 
 from __future__ import annotations
 
@@ -18,7 +20,42 @@ import torch
 from vriksha.semantic.config import CacheConfig
 
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 _IGNORED = ("stream", "stream_options", "user", "model")
+_UNITS = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"
+)
+_ORDINALS = "zeroth first second third fourth fifth sixth seventh eighth ninth tenth eleventh twelfth"
+NUMBER_WORDS = {w: str(i) for i, w in enumerate(_UNITS.split())}
+NUMBER_WORDS |= {w: str(i) for i, w in enumerate(_ORDINALS.split())}
+NUMBER_WORDS |= {
+    "twenty": "20",
+    "thirty": "30",
+    "forty": "40",
+    "fifty": "50",
+    "hundred": "100",
+    "thousand": "1000",
+}
+NUMBER_WORDS |= {"dozen": "12", "half": "0.5", "once": "1", "twice": "2"}
+del NUMBER_WORDS["one"]  # mostly a pronoun ("which one is faster")
+
+
+def numbers(text: str) -> tuple[str, ...]:
+    """The numbers in `text`, number words ("three", "second") as digits."""
+    words = [NUMBER_WORDS.get(w, w) for w in _WORD.findall(text.lower())]
+    return tuple(n for w in words for n in _NUMBER.findall(w))
+
+
+def words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+def same_order(a: list[str], b: list[str]) -> bool:
+    """Whether the words `a` and `b` share come in the same order ("miles to km" is not "km to miles")."""
+    common = set(a) & set(b)
+    seq_a = [w for w in dict.fromkeys(w for w in a if w in common)]
+    seq_b = [w for w in dict.fromkeys(w for w in b if w in common)]
+    return seq_a == seq_b
 
 
 @dataclass(slots=True)
@@ -26,6 +63,7 @@ class Entry:
     scope: str
     emb: torch.Tensor
     numbers: tuple[str, ...]
+    words: list[str]
     body: bytes
     expires: float
 
@@ -58,7 +96,7 @@ class SemanticCache:
         return len(self.entries)
 
     def _numbers(self, text: str) -> tuple[str, ...]:
-        return tuple(_NUMBER.findall(text)) if self.cfg.same_numbers else ()
+        return numbers(text) if self.cfg.same_numbers else ()
 
     def _drop(self, eid: int) -> None:
         e = self.entries.pop(eid, None)
@@ -81,14 +119,14 @@ class SemanticCache:
         if not ids:
             return None
         sims = torch.stack([self.entries[i].emb for i in ids]) @ emb
-        numbers = self._numbers(text)
+        nums, ws = self._numbers(text), words(text)
         order = torch.argsort(sims, descending=True).tolist()
         for j in order:
             sim = float(sims[j])
             if sim < self.cfg.threshold:
                 break
             e = self.entries[ids[j]]
-            if e.numbers == numbers:
+            if e.numbers == nums and (not self.cfg.same_order or same_order(e.words, ws)):
                 self.entries.move_to_end(ids[j])
                 return e.body, sim
         return None
@@ -96,7 +134,8 @@ class SemanticCache:
     def store(self, scope: str, emb: torch.Tensor, text: str, body: bytes) -> None:
         eid = self._next
         self._next += 1
-        self.entries[eid] = Entry(scope, emb, self._numbers(text), body, time.monotonic() + self.cfg.ttl_s)
+        expires = time.monotonic() + self.cfg.ttl_s
+        self.entries[eid] = Entry(scope, emb, self._numbers(text), words(text), body, expires)
         self.scopes.setdefault(scope, []).append(eid)
         while len(self.entries) > self.cfg.max_entries:
             self._drop(next(iter(self.entries)))

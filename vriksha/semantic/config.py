@@ -144,11 +144,12 @@ class Default(Changes):
 
 class CacheConfig(_Strict):
     enabled: bool = False
-    threshold: float = Field(0.95, gt=0.0, le=1.0)
+    threshold: float = Field(0.92, gt=0.0, le=1.0)
     ttl_s: float = Field(600.0, gt=0.0)
     max_entries: int = Field(10_000, ge=1)  # per router, least recently used evicted first
     cache_sampled: bool = False  # also cache requests with temperature > 0 (or unset: the default is 1)
     same_numbers: bool = True  # a hit also needs the same numbers in both prompts (17*23 is not 17*24)
+    same_order: bool = True  # ... and the words both share in the same order (miles->km is not km->miles)
 
 
 class EmbeddingConfig(_Strict):
