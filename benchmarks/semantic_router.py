@@ -67,11 +67,9 @@ NEAR_MISSES = [
 
 
 def fitted_routes(tmp: Path) -> tuple[Path, object, object]:
-    from vriksha.semantic.cli import _encode_all
     from vriksha.semantic.config import load_routes
     from vriksha.semantic.embedder import Embedder
-    from vriksha.semantic.examples import load_examples
-    from vriksha.semantic.head import fit_head
+    from vriksha.semantic.examples import fit_signal, load_examples
 
     routes = tmp / "routes.yaml"
     shutil.copy(PROMPTS / "routes.yaml", routes)
@@ -79,22 +77,18 @@ def fitted_routes(tmp: Path) -> tuple[Path, object, object]:
     sig = cfg.signals.classifier[0]
     embedder = Embedder(device=None)
     train = load_examples(PROMPTS / "train.jsonl", sig.labels)
-    emb = _encode_all(embedder, [e.text for e in train])
-    fit_head(emb, torch.tensor([sig.labels.index(e.label) for e in train]), sig.labels).save(
-        cfg.head_path(sig)
-    )
+    fit_signal(sig, train, embedder.encode)[0].save(cfg.head_path(sig))
     return routes, cfg, embedder
 
 
 def accuracy(cfg, embedder) -> dict:
-    from vriksha.semantic.cli import _encode_all
-    from vriksha.semantic.examples import load_examples
+    from vriksha.semantic.examples import encode_all, load_examples
     from vriksha.semantic.signals import SignalSet
 
     sig = cfg.signals.classifier[0]
     held = load_examples(PROMPTS / "heldout.jsonl", sig.labels)
     clf = SignalSet(cfg, embedder.encode).classifiers[sig.name]
-    emb = _encode_all(embedder, [e.text for e in held])
+    emb = encode_all(embedder.encode, [e.text for e in held])
     right = sum(clf.predict(emb[i])[0] == e.label for i, e in enumerate(held))
     return {"heldout": len(held), "accuracy": right / len(held)}
 

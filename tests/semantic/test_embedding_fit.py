@@ -100,3 +100,19 @@ def test_fit_then_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     routes.write_text(yaml.safe_dump(cfg))
     assert main(["route", "eval", str(routes), str(tmp_path / "heldout.jsonl")]) == 1
     assert "was fitted for labels" in capsys.readouterr().err
+
+
+def test_a_missing_head_is_fitted_at_start_from_the_named_examples(tmp_path: Path, embedder: Embedder):
+    from vriksha.semantic.classify import RouteClassifier
+    from vriksha.semantic.config import load_routes
+
+    _subset(PROMPTS / "train.jsonl", tmp_path / "train.jsonl", 10)
+    shutil.copy(PROMPTS / "routes.yaml", tmp_path / "routes.yaml")
+    cfg = load_routes(tmp_path / "routes.yaml")
+    assert cfg.signals.classifier[0].examples == "train.jsonl"
+    rc = RouteClassifier(cfg, embedder)
+    assert (tmp_path / "routes.intent.safetensors").is_file()
+    result = rc.decide("Integrate x^2 from 0 to 3", embedder.encode(["Integrate x^2 from 0 to 3"])[0])
+    assert result.routes[0].pool == "careful" and result.routes[0].decision == "maths"
+    result = rc.decide("hey, how was your weekend?", embedder.encode(["hey, how was your weekend?"])[0])
+    assert result.routes[0].pool == "fast"

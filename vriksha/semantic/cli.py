@@ -8,10 +8,6 @@ import statistics
 import time
 from typing import Any
 
-import torch
-
-from vriksha.errors import ConfigError
-
 
 def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
@@ -34,10 +30,6 @@ def register(subparsers: Any) -> None:
     e.set_defaults(func=eval_command)
 
 
-def _encode_all(embedder, texts: list[str], batch: int = 64) -> torch.Tensor:
-    return torch.cat([embedder.encode(texts[i : i + batch]) for i in range(0, len(texts), batch)])
-
-
 def _setup(args: argparse.Namespace):
     from vriksha.semantic.config import load_routes
     from vriksha.semantic.embedder import Embedder
@@ -51,17 +43,11 @@ def _setup(args: argparse.Namespace):
 
 
 def fit_command(args: argparse.Namespace) -> int:
-    from vriksha.semantic.head import fit_head
+    from vriksha.semantic.examples import fit_signal
 
     cfg, sig, examples, embedder = _setup(args)
-    missing = sorted(set(sig.labels) - {e.label for e in examples})
-    if missing:
-        raise ConfigError(f"{args.examples} has no examples of {missing}; every label needs some")
     t0 = time.perf_counter()
-    emb = _encode_all(embedder, [e.text for e in examples])
-    targets = torch.tensor([sig.labels.index(e.label) for e in examples])
-    head = fit_head(emb, targets, sig.labels, l2=args.l2)
-    acc = float((head.probs(emb).argmax(-1) == targets).float().mean())
+    head, acc = fit_signal(sig, examples, embedder.encode, l2=args.l2)
     path = cfg.head_path(sig)
     head.save(path, {"examples": str(len(examples)), "embedding": embedder.path.name})
     print(f"fitted {sig.name} on {len(examples)} examples in {time.perf_counter() - t0:.1f} s")

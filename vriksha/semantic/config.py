@@ -75,6 +75,9 @@ class ClassifierSignal(_Strict):
     name: str = Field(pattern=_NAME)
     labels: list[str] = Field(min_length=2)
     head: str | None = None  # path (relative to the routes file); default: <routes stem>.<name>.safetensors
+    examples: str | None = (
+        None  # JSON lines (relative to the routes file) to fit the head from at start if absent
+    )
     threshold: float = Field(0.0, ge=0.0, le=1.0)  # the predicted label's probability must reach this
 
     @field_validator("labels")
@@ -197,6 +200,9 @@ class RoutesConfig(_Strict):
 
     def pool(self, name: str) -> Pool:
         return next(p for p in self.pools if p.name == name)
+
+    def resolve(self, relative: str) -> Path:
+        return (self.base_dir / relative).resolve()
 
     def head_path(self, signal: ClassifierSignal) -> Path:
         if signal.head:

@@ -16,6 +16,7 @@ from vriksha.semantic.config import (
     RoutesConfig,
     SafetySignal,
 )
+from vriksha.semantic.examples import ensure_head
 from vriksha.semantic.head import Head
 
 
@@ -100,9 +101,7 @@ class SignalSet:
         self.keywords = {k.name: KeywordMatcher(k) for k in s.keyword}
         self.safety = {k.name: SafetyDetector(k) for k in s.safety}
         self.examples = {e.name: ExampleMatcher(e, encode(e.examples)) for e in s.embedding}
-        self.classifiers = {
-            c.name: Classifier(c, Head.load(cfg.head_path(c), c.labels)) for c in s.classifier
-        }
+        self.classifiers = {c.name: Classifier(c, ensure_head(cfg, c, encode)) for c in s.classifier}
 
     @property
     def needs_embedding(self) -> bool:
