@@ -12,6 +12,11 @@ the rate one shared cache would reach, throughput, TTFT and ITL p50/p99; per rou
     python benchmarks/router.py                                     # the embedded model, default sizes
     python benchmarks/router.py --model /tmp/tiny --groups 2 --per-group 2 --prefix-words 40 \
         --conversations 2 --turns 2 --max-tokens 4 --overhead-samples 5            # a smoke run
+
+With `--pd` (or `--pd-only`) also the prefill/decode scenario (benchmarks/router_pd.py): long prompts mixed
+into short chats, 1 prefill + 1 decode replica against 2 colocated ones on the same cores:
+
+    python benchmarks/router.py --pd-only                                        # on an idle machine
 """
 
 from __future__ import annotations
@@ -352,10 +357,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output-json", type=Path, default=None)
     ap.add_argument("--log-dir", type=Path, default=Path(tempfile.gettempdir()) / "vriksha-bench-router")
+    from router_pd import add_arguments, report_pd, run_pd
+
+    add_arguments(ap)
     args = ap.parse_args()
     args.log_dir.mkdir(parents=True, exist_ok=True)
-    rows = run(args, args.log_dir)
-    print(report(rows))
+    rows: dict = {}
+    if not args.pd_only:
+        rows = run(args, args.log_dir)
+        print(report(rows))
+    if args.pd or args.pd_only:
+        rows["pd"] = run_pd(args, args.log_dir)
+        print(report_pd(rows["pd"]))
     if args.output_json:
         args.output_json.write_text(json.dumps(rows, indent=2))
 

@@ -43,6 +43,10 @@ class CacheManager(ABC):
         """Slots that could be had now: free ones plus those unlocked cache entries hold."""
         return self.allocator.num_free + self.evictable_size()
 
+    def alloc_slots(self, n: int) -> torch.Tensor | None:
+        """`n` free slots for the caller to own (a K/V transfer), evicting cache if need be; None when short."""
+        return self._alloc(n)
+
     def _alloc(self, n: int) -> torch.Tensor | None:
         if n > self.allocator.num_free:
             with phase("engine.cache_evict"):

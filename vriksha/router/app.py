@@ -114,6 +114,7 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
             out.append(
                 {
                     "url": r.url,
+                    "role": r.spec.role,
                     "healthy": r.healthy,
                     "in_flight": r.in_flight,
                     "queue": r.queue,

@@ -38,6 +38,21 @@ def register(subparsers: Any) -> None:
         "the pools' replicas come from the file, not --replica. See docs/semantic_router.md",
     )
     p.add_argument(
+        "--prefill",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="a prefill replica (`vriksha serve --role prefill`): long prompts are computed there and their K/V "
+        "moved to the decode replica (--replica, started with --role decode) before it decodes; repeatable",
+    )
+    p.add_argument(
+        "--pd-threshold",
+        type=int,
+        default=_D.pd_threshold_tokens,
+        help="with --prefill: a prompt goes through a prefill replica when more than this many of its tokens "
+        f"are not cached on the chosen decode replica (default: {_D.pd_threshold_tokens})",
+    )
+    p.add_argument(
         "--policy", choices=POLICIES, default=_D.policy, help=f"routing policy (default: {_D.policy})"
     )
     p.add_argument(
@@ -98,6 +113,10 @@ def register(subparsers: Any) -> None:
 def config_from_args(args: argparse.Namespace, need_replicas: bool = True) -> RouterConfig:
     if args.replica and not need_replicas:
         raise ConfigError("with --config the replicas are listed per pool in the routes file: drop --replica")
+    if args.prefill and not need_replicas:
+        raise ConfigError(
+            "--prefill works with --replica pools only, not with --config yet: drop one of them"
+        )
     if not args.replica and need_replicas:
         raise ConfigError("give at least one --replica URL (the base URL of a `vriksha serve`)")
     specs = []
@@ -109,7 +128,13 @@ def config_from_args(args: argparse.Namespace, need_replicas: bool = True) -> Ro
             raise ConfigError(
                 f"--replica {item!r}: the events endpoint must be tcp://HOST:PORT or ipc://PATH"
             )
-        specs.append(ReplicaSpec(url.rstrip("/"), events or None))
+        specs.append(ReplicaSpec(url.rstrip("/"), events or None, "decode" if args.prefill else "both"))
+    for url in args.prefill:
+        if not url.startswith(("http://", "https://")):
+            raise ConfigError(f"--prefill {url!r}: the URL must start with http:// or https://")
+        specs.append(ReplicaSpec(url.rstrip("/"), None, "prefill"))
+    if args.pd_threshold < 0:
+        raise ConfigError(f"--pd-threshold must be >= 0 tokens, got {args.pd_threshold}")
     if need_replicas and args.policy == "precise" and not any(s.events for s in specs):
         logger.warning(
             "--policy precise without event streams: it sees load only (add ,tcp://... to --replica)"
@@ -129,6 +154,7 @@ def config_from_args(args: argparse.Namespace, need_replicas: bool = True) -> Ro
         queue_cost_tokens=args.queue_cost,
         kv_cost_tokens=args.kv_cost,
         affinity_bound_tokens=args.affinity_bound,
+        pd_threshold_tokens=args.pd_threshold,
     )
 
 

@@ -11,6 +11,7 @@ POLICIES = ("round_robin", "least_load", "cache_aware", "precise")
 class ReplicaSpec:
     url: str
     events: str | None = None  # ZMQ endpoint of its token-granular KV events
+    role: str = "both"  # both | decode: takes requests; prefill: computes long prompts for the others
 
 
 @dataclass(slots=True)
@@ -36,3 +37,7 @@ class RouterConfig:
     kv_cost_tokens: float = 256.0  # times the replica's KV usage (0..1)
     affinity_bound_tokens: float = 512.0  # keep the prefix holder unless it is worse than this
     pending_ttl_s: float = 30.0  # routed prompts count as cached there until events confirm them
+    # prefill/decode: a prompt whose uncached part on the chosen replica is longer than this many tokens is
+    # computed on a prefill replica (when there is one) and its K/V moved over first
+    pd_threshold_tokens: int = 256
+    pd_timeout_s: float = 600.0  # the decode replica's bound on the whole transfer (prefill included)

@@ -1,5 +1,6 @@
 """`vriksha fleet`: N replicas on this machine, each pinned to its share of the cores with as many threads,
-each publishing KV events, and `vriksha router` in front of them; SIGINT/SIGTERM stops them all."""
+each publishing KV events, and `vriksha router` in front of them; SIGINT/SIGTERM stops them all. With
+`--prefill N --decode M`, N prefill and M decode replicas (prefill/decode disaggregation) instead."""
 
 from __future__ import annotations
 
@@ -30,7 +31,27 @@ def register(subparsers: Any) -> None:
         "OMP_NUM_THREADS to match) and publishing KV events, then `vriksha router` over them. Stops them all "
         "on SIGINT/SIGTERM. Extra arguments after `--` go to every replica's `vriksha serve`.",
     )
-    p.add_argument("--replicas", type=int, default=2, help="number of replicas (default: 2)")
+    p.add_argument("--replicas", type=int, default=2, help="number of colocated replicas (default: 2)")
+    p.add_argument(
+        "--prefill",
+        type=int,
+        default=0,
+        help="prefill/decode disaggregation: this many `--role prefill` replicas (with --decode; replaces "
+        "--replicas; default: 0, colocated)",
+    )
+    p.add_argument(
+        "--decode",
+        type=int,
+        default=1,
+        help="with --prefill: this many `--role decode` replicas (default: 1)",
+    )
+    p.add_argument(
+        "--pd-threshold",
+        type=int,
+        default=None,
+        help="with --prefill: the router's --pd-threshold (uncached prompt tokens above which a prompt is "
+        "prefilled on a prefill replica)",
+    )
     p.add_argument("--model", default=None, help="HF directory or .gguf (default: the embedded model)")
     p.add_argument("--host", default="127.0.0.1", help="the router's address (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="the router's port (default: 8080)")
@@ -117,13 +138,21 @@ def stop_all(members: list[Member], timeout_s: float = 30.0) -> None:
 def handler(args: argparse.Namespace) -> int:
     if args.replicas < 1:
         raise ConfigError(f"--replicas must be >= 1, got {args.replicas}")
+    if args.prefill < 0 or (args.prefill and args.decode < 1):
+        raise ConfigError(
+            f"--prefill N needs N >= 0 and --decode M >= 1, got {args.prefill} and {args.decode}"
+        )
+    # each member's role: colocated replicas, or prefill replicas then decode replicas
+    roles = (
+        ["prefill"] * args.prefill + ["decode"] * args.decode if args.prefill else ["both"] * args.replicas
+    )
     extra = [a for a in args.serve_args if a != "--"]
     cores = (
         sorted(os.sched_getaffinity(0))
         if hasattr(os, "sched_getaffinity")
         else list(range(os.cpu_count() or 1))
     )
-    shares = core_shares(cores, args.replicas)
+    shares = core_shares(cores, len(roles))
     base = [
         sys.executable,
         "-m",
@@ -145,16 +174,21 @@ def handler(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         specs = []
-        for i, share in enumerate(shares):
+        for i, (share, role) in enumerate(zip(shares, roles, strict=True)):
             port, events = _free_port(), _free_port()
-            cmd = [*base, "serve", "--port", str(port), "--kv-events-endpoint", f"tcp://127.0.0.1:{events}"]
+            cmd = [*base, "serve", "--port", str(port)]
+            if role != "prefill":
+                cmd += ["--kv-events-endpoint", f"tcp://127.0.0.1:{events}"]
+            if role != "both":
+                cmd += ["--role", role]
             url = f"http://127.0.0.1:{port}"
-            members.append(
-                Member(
-                    f"replica {i} (cores {share})", _spawn([*cmd, *common, *extra], share, len(share)), url
-                )
+            name = f"{'replica' if role == 'both' else role} {i} (cores {share})"
+            members.append(Member(name, _spawn([*cmd, *common, *extra], share, len(share)), url))
+            specs += (
+                ["--prefill", url] if role == "prefill" else ["--replica", f"{url},tcp://127.0.0.1:{events}"]
             )
-            specs += ["--replica", f"{url},tcp://127.0.0.1:{events}"]
+        if args.prefill and args.pd_threshold is not None:
+            specs += ["--pd-threshold", str(args.pd_threshold)]
         for m in members:
             _wait_healthy(m, args.startup_timeout)
         cmd = [
@@ -175,7 +209,11 @@ def handler(args: argparse.Namespace) -> int:
         members.append(router)
         _wait_healthy(router, args.startup_timeout)
         logger.warning(
-            "fleet of %d replicas behind %s (%s); Ctrl-C stops it", len(shares), router.url, args.policy
+            "fleet of %d replicas (%s) behind %s (%s); Ctrl-C stops it",
+            len(shares),
+            ", ".join(f"{roles.count(x)} {x}" for x in ("both", "prefill", "decode") if x in roles),
+            router.url,
+            args.policy,
         )
         while not stopping:
             for m in members:

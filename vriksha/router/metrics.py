@@ -83,6 +83,24 @@ class RouterMetrics:
         self.resyncs = Counter(
             f"{P}_resyncs", "mirror resyncs from a snapshot", ["replica", "reason"], registry=r
         )
+        self.pd_transfers = Counter(
+            f"{P}_pd_transfers",
+            "prefill/decode transfers by prefill and decode replica and status (ok, skipped, failed)",
+            ["prefill", "decode", "status"],
+            registry=r,
+        )
+        self.pd_tokens = Counter(
+            f"{P}_pd_fetched_tokens",
+            "prompt tokens whose K/V moved to the decode replica",
+            ["decode"],
+            registry=r,
+        )
+        self.pd_seconds = Histogram(
+            f"{P}_pd_transfer_seconds",
+            "time of a prefill/decode transfer (the prefill and the K/V move), before the request is forwarded",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
         self.overhead = Histogram(
             f"{P}_overhead_seconds",
             "time from the request's arrival to its forwarding (parse, tokenize, choose)",

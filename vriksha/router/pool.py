@@ -101,7 +101,15 @@ class ReplicaPool:
 
     # ---- choosing ----------------------------------------------------------------------------------
     def healthy(self, exclude: set[int] = frozenset()) -> list[Replica]:  # type: ignore[assignment]
-        return [r for r in self.replicas if r.healthy and r.index not in exclude]
+        """The replicas in rotation that take requests (prefill replicas take none)."""
+        return [r for r in self.replicas if r.healthy and r.index not in exclude and r.spec.role != "prefill"]
+
+    def healthy_prefill(self) -> list[Replica]:
+        return [r for r in self.replicas if r.healthy and r.spec.role == "prefill"]
+
+    @property
+    def has_prefill(self) -> bool:
+        return any(r.spec.role == "prefill" for r in self.replicas)
 
     def choose(self, tokens: list[int], session: str | None, exclude: set[int]) -> Decision | None:
         candidates = self.healthy(exclude)

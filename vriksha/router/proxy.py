@@ -11,6 +11,7 @@ import httpx
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from vriksha.router.disagg import Disaggregation
 from vriksha.router.pool import ReplicaPool
 from vriksha.router.replica import Replica
 from vriksha.server.errors import ServerError
@@ -42,6 +43,7 @@ class Forwarder:
     def __init__(self, pool: ReplicaPool, http: httpx.AsyncClient) -> None:
         self.pool = pool
         self.http = http
+        self.disagg = Disaggregation(pool, http)
 
     async def forward(
         self, request: Request, path: str, body: bytes, tokens: list[int], stream: bool, arrived: float
@@ -61,6 +63,11 @@ class Forwarder:
             tried.add(r.index)
             if not tried - {r.index}:
                 self.pool.metrics.overhead.observe(time.perf_counter() - arrived)
+            if self.disagg.wanted(r, tokens, decision.cached_tokens):
+                auth = {
+                    k: v for k, v in _headers(request).items() if k.lower() in ("authorization", "x-api-key")
+                }
+                await self.disagg.prefill(r, tokens, auth)
             try:
                 return await self._attempt(r, request, path, body, tokens, stream)
             except _Attempt as exc:

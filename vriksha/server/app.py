@@ -19,6 +19,7 @@ from vriksha.server.errors import install_error_handlers
 from vriksha.server.metrics import ServerMetrics
 from vriksha.server.profiler import ServerProfiler
 from vriksha.server.routes_fleet import router as fleet_router
+from vriksha.server.routes_kv import router as kv_router
 from vriksha.server.routes_native import router as native_router
 from vriksha.server.routes_openai import router as openai_router
 from vriksha.server.routes_render import router as render_router
@@ -29,10 +30,12 @@ from vriksha.server.state import ServerState
 logger = logging.getLogger(__name__)
 
 
-def create_app(engine: EngineProtocol, config: ServerConfig | None = None, kv_events: Any = None) -> FastAPI:
+def create_app(
+    engine: EngineProtocol, config: ServerConfig | None = None, kv_events: Any = None, kv_roles: Any = None
+) -> FastAPI:
     """An app serving `engine` (an `AsyncEngine`, or anything else of the `EngineProtocol`); the engine is
     started and shut down with the app. `kv_events` (a `KVEventPublisher` subscribed to the engine's cache)
-    enables /kv_events/snapshot."""
+    enables /kv_events/snapshot; `kv_roles` (a `KVRoles`) the prefill/decode transfer endpoints under /kv."""
     config = config or ServerConfig()
     admission = Admission(config.max_waiting, config.retry_after_s)
     metrics = ServerMetrics(engine.stats, lambda: admission.waiting, lambda: admission.in_flight)
@@ -58,6 +61,8 @@ def create_app(engine: EngineProtocol, config: ServerConfig | None = None, kv_ev
             yield
         finally:
             admission.draining = True
+            if kv_roles is not None:
+                await kv_roles.close()
             if state.profiler.running:
                 await state.profiler.stop()
             await engine.shutdown(config.shutdown_timeout_s)
@@ -67,11 +72,13 @@ def create_app(engine: EngineProtocol, config: ServerConfig | None = None, kv_ev
     app.state.vriksha = state
     app.state.startup_error = None
     app.state.kv_events = kv_events
+    app.state.kv_roles = kv_roles
     install_error_handlers(app)
     app.include_router(openai_router)
     app.include_router(native_router)
     install_weight_routes(app, config.allow_multiple_weight_clients)
     app.include_router(fleet_router)
+    app.include_router(kv_router)
     app.include_router(render_router)
     app.include_router(tokenize_router)
     if config.api_key:

@@ -105,6 +105,9 @@ def register(subparsers: Any) -> None:
         help="tokens per block of the vLLM-format stream; pass the same to vllm-router's "
         "--kv-event-block-size (default: 16)",
     )
+    from vriksha.server.kv_roles import add_arguments as add_role_arguments
+
+    add_role_arguments(p)
     from vriksha.profiling import add_profile_args
 
     # --profile: scheduled capture over engine steps; --profile-dir also for /start_profile
@@ -150,8 +153,16 @@ def handler(args: argparse.Namespace) -> int:
         raise ConfigError("--kv-events-vllm-endpoint needs --kv-events-endpoint as well")
     if args.kv_events_block_size < 1:
         raise ConfigError(f"--kv-events-block-size must be >= 1, got {args.kv_events_block_size}")
+    from vriksha.server import kv_roles
+
+    role_config = kv_roles.from_args(args)
+    engine_config = EngineConfig.from_args(args)
+    if role_config.role != "both" and not engine_config.enable_prefix_caching:
+        raise ConfigError(
+            f"--role {role_config.role} needs the prefix cache; drop --no-enable-prefix-caching"
+        )
     publisher = _kv_events(args)
-    engine = AsyncEngine(LLMEngine(EngineConfig.from_args(args), cache_events=publisher))
+    engine = AsyncEngine(LLMEngine(engine_config, cache_events=publisher))
     if args.load_weights_dir:
         from vriksha.weights.fs import restore_latest
 
@@ -161,7 +172,8 @@ def handler(args: argparse.Namespace) -> int:
     if step_profiler.enabled:
         engine.step_hooks.append(step_profiler.step)
         step_profiler.start()
-    app = create_app(engine, config, kv_events=publisher)
+    roles = None if role_config.role == "both" else kv_roles.KVRoles(engine, role_config)
+    app = create_app(engine, config, kv_events=publisher, kv_roles=roles)
     state = app.state.vriksha
 
     level = logging.getLogger().getEffectiveLevel()

@@ -1,0 +1,192 @@
+"""The P/D scenario of benchmarks/router.py: long prompts mixed into a stream of short chats, on the same
+cores served two ways:
+
+- colocated: two `vriksha serve` replicas (one core and thread each) behind `vriksha router`;
+- P/D: one `--role prefill` and one `--role decode` replica (the same cores) behind `vriksha router
+  --prefill P --replica D`: long prompts are computed on P and their K/V moved to D, so D's decode steps
+  never stall behind a long prefill.
+
+Short chats run back to back on `--pd-chats` connections (each a fresh short prompt, streamed); long prompts
+(`--pd-long-words` words, each distinct) arrive every `--pd-long-interval` seconds meanwhile. Reported: the
+short chats' ITL p50/p99 (decode smoothness), TTFT of both kinds, and total output tokens/s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import router as bench  # benchmarks/router.py: request(), free_port(), pct()
+
+
+class Setup:
+    """Two replicas (colocated, or prefill + decode) on one core each, and a router in front."""
+
+    def __init__(self, args, log_dir: Path, disaggregated: bool) -> None:
+        self.args, self.log_dir = args, log_dir
+        self.procs: list[subprocess.Popen] = []
+        kind = "pd" if disaggregated else "colocated"
+        roles = ["prefill", "decode"] if disaggregated else ["both", "both"]
+        router_cmd = [sys.executable, "-m", "vriksha.cli", "router", "--policy", args.pd_policy]
+        ncpu = os.cpu_count() or 1
+        urls = []
+        for i, role in enumerate(roles):
+            port, events = bench.free_port(), bench.free_port()
+            url = f"http://127.0.0.1:{port}"
+            cmd = [sys.executable, "-m", "vriksha.cli", "serve", "--port", str(port), "--role", role]
+            cmd += ["--model", args.model] if args.model else []
+            if role != "prefill":
+                cmd += ["--kv-events-endpoint", f"tcp://127.0.0.1:{events}"]
+                router_cmd += ["--replica", f"{url},tcp://127.0.0.1:{events}"]
+            else:
+                router_cmd += ["--prefill", url, "--pd-threshold", str(args.pd_threshold)]
+            if shutil.which("taskset"):
+                cores = range(i * args.threads, (i + 1) * args.threads)
+                cmd = ["taskset", "-c", ",".join(str(c % ncpu) for c in cores), *cmd]
+            self.procs.append(self._spawn(cmd, f"{kind}-{role}{i}", {"OMP_NUM_THREADS": str(args.threads)}))
+            urls.append(url)
+        for url in urls:
+            self._wait(f"{url}/health")
+        self.model = httpx.get(f"{urls[-1]}/v1/models").json()["data"][0]["id"]
+        port = bench.free_port()
+        router_cmd += ["--port", str(port)] + (["--model", args.model] if args.model else [])
+        self.procs.append(self._spawn(router_cmd, f"{kind}-router"))
+        self.url = f"http://127.0.0.1:{port}"
+        self._wait(f"{self.url}/health")
+        time.sleep(1.0)
+
+    def _spawn(self, cmd: list[str], name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+        e = dict(os.environ, PYTHONPATH=str(bench.REPO), **(env or {}))
+        log = open(self.log_dir / f"{name}.log", "ab")
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=e, cwd=str(bench.REPO))
+
+    def _wait(self, url: str, timeout_s: float = 600.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        raise SystemExit(f"{url} not healthy after {timeout_s} s; see {self.log_dir}")
+
+    def transfers(self) -> float:
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        return sum(
+            float(line.rpartition(" ")[2])
+            for line in text.splitlines()
+            if line.startswith("vriksha_router_pd_transfers_total{") and 'status="ok"' in line
+        )
+
+    def stop(self) -> None:
+        for p in reversed(self.procs):
+            p.terminate()
+        for p in self.procs:
+            p.wait(60)
+
+
+async def mixed(url: str, model: str, args) -> tuple[list, list, float]:
+    """Short chats back to back on `pd_chats` connections while `pd_long` long prompts arrive spaced out."""
+    rng = random.Random(args.seed + 2)
+    shorts: list = []
+    longs: list = []
+    stop = asyncio.Event()
+    async with httpx.AsyncClient(timeout=600) as client:
+
+        async def chatter(c: int) -> None:
+            n = 0
+            while not stop.is_set() and n < args.pd_max_short:
+                prompt = f"Chat {c}.{n}: {bench.words(rng, 6)}?"
+                shorts.append(await bench.request(client, url, model, prompt, args))
+                n += 1
+
+        async def long_prompts() -> None:
+            for i in range(args.pd_long):
+                await asyncio.sleep(args.pd_long_interval)
+                prompt = (
+                    f"Document {i} ({rng.random():.6f}): {bench.words(rng, args.pd_long_words)}\nSummary:"
+                )
+                longs.append(await bench.request(client, url, model, prompt, args))
+
+        t0 = time.perf_counter()
+        chats = [asyncio.create_task(chatter(c)) for c in range(args.pd_chats)]
+        await long_prompts()
+        stop.set()
+        await asyncio.gather(*chats)
+        return shorts, longs, time.perf_counter() - t0
+
+
+async def warm_up(url: str, model: str, args) -> None:
+    async with httpx.AsyncClient(timeout=600) as client:
+        await bench.request(client, url, model, "warm up", args)
+
+
+def run_pd(args, log_dir: Path) -> dict:
+    rows: dict = {}
+    for kind, disaggregated in (("colocated", False), ("pd", True)):
+        setup = Setup(args, log_dir, disaggregated)
+        try:
+            asyncio.run(warm_up(setup.url, setup.model, args))
+            shorts, longs, duration = asyncio.run(mixed(setup.url, setup.model, args))
+            ok = [r for r in shorts + longs if r.ok]
+            itl = [x for r in shorts if r.ok for x in r.itl]
+            ms = 1000.0
+            rows[kind] = {
+                "short": len([r for r in shorts if r.ok]),
+                "long": len([r for r in longs if r.ok]),
+                "failed": len(shorts) + len(longs) - len(ok),
+                "short_itl_p50_ms": bench.pct(itl, 50) * ms,
+                "short_itl_p99_ms": bench.pct(itl, 99) * ms,
+                "short_ttft_p50_ms": bench.pct([r.ttft for r in shorts if r.ok], 50) * ms,
+                "long_ttft_p50_ms": bench.pct([r.ttft for r in longs if r.ok], 50) * ms,
+                "out_tok_per_s": sum(r.output_tokens for r in ok) / duration,
+                "transfers": setup.transfers() if disaggregated else 0,
+            }
+        finally:
+            setup.stop()
+    return rows
+
+
+def report_pd(rows: dict) -> str:
+    head = f"{'serving':<11}{'short':>6}{'long':>5}{'ITL p50':>9}{'p99':>8}{'TTFT short':>11}{'long':>8}"
+    head += f"{'tok/s':>8}{'moved':>6}"
+    lines = [
+        "P/D: long prompts mixed into short chats (1 prefill + 1 decode vs 2 colocated, same cores)",
+        head,
+    ]
+    for kind, s in rows.items():
+        lines.append(
+            f"{kind:<11}{s['short']:>6}{s['long']:>5}{s['short_itl_p50_ms']:>9.1f}{s['short_itl_p99_ms']:>8.1f}"
+            f"{s['short_ttft_p50_ms']:>11.1f}{s['long_ttft_p50_ms']:>8.1f}{s['out_tok_per_s']:>8.1f}"
+            f"{s['transfers']:>6.0f}" + (f"  failed {s['failed']}" if s["failed"] else "")
+        )
+    if "colocated" in rows and "pd" in rows:
+        c, p = rows["colocated"], rows["pd"]
+        better = c["short_itl_p99_ms"] / p["short_itl_p99_ms"] if p["short_itl_p99_ms"] else 0.0
+        ratio = p["out_tok_per_s"] / c["out_tok_per_s"] if c["out_tok_per_s"] else 0.0
+        lines.append(f"{'MET ' if better >= 2 else 'MISS'}  P/D decode ITL p99 >= 2x better ({better:.2f}x)")
+        lines.append(
+            f"{'MET ' if ratio >= 0.8 else 'MISS'}  P/D throughput within 20% ({ratio:.0%} of colocated)"
+        )
+    return "\n".join(lines)
+
+
+def add_arguments(ap) -> None:
+    g = ap.add_argument_group("P/D scenario (--pd)")
+    g.add_argument("--pd", action="store_true", help="also run the prefill/decode scenario")
+    g.add_argument("--pd-only", action="store_true", help="run only the prefill/decode scenario")
+    g.add_argument("--pd-chats", type=int, default=2, help="short chats running back to back")
+    g.add_argument("--pd-long", type=int, default=4, help="long prompts mixed in")
+    g.add_argument("--pd-long-words", type=int, default=600, help="words of each long prompt")
+    g.add_argument("--pd-long-interval", type=float, default=3.0, help="seconds between long prompts")
+    g.add_argument("--pd-max-short", type=int, default=1000, help="bound on each chat's requests")
+    g.add_argument("--pd-threshold", type=int, default=256, help="the router's --pd-threshold")
+    g.add_argument("--pd-policy", default="precise", help="the router's --policy for both setups")
