@@ -29,6 +29,7 @@ from vriksha.engine.kv_transfer.transport import (
 )
 
 logger = logging.getLogger(__name__)
+_PREFIX = "vkv_"  # every segment a source makes; a sink maps no other
 
 
 def _views(buf: memoryview, layout: KVLayout, dtype: torch.dtype, n: int) -> list[tuple[torch.Tensor, ...]]:
@@ -59,7 +60,7 @@ class ShmSource(KVSource):
 
     def offer(self, transfer_id: str, kv: SlotView) -> dict[str, Any]:
         pool, n = kv.pool, kv.num_tokens
-        name = f"vkv_{uuid.uuid4().hex[:20]}"
+        name = f"{_PREFIX}{uuid.uuid4().hex[:20]}"
         seg = shared_memory.SharedMemory(
             name=name, create=True, size=segment_size(pool.layout, pool.dtype, n)
         )
@@ -103,6 +104,10 @@ class ShmSink(KVSink):
 
     def fetch(self, desc: Descriptor, begin: int, into: SlotView, timeout_s: float) -> None:
         name = str(desc.info.get("name", ""))
+        if not name.startswith(_PREFIX) or "/" in name:
+            raise KVTransferError(
+                f"transfer {desc.transfer_id}: {name!r} is not a K/V segment of a prefill replica"
+            )
         try:
             seg = shared_memory.SharedMemory(name=name)
         except (FileNotFoundError, ValueError) as exc:

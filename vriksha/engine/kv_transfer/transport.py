@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+import vriksha.device as devices
 from vriksha.engine.kv_layout import KVLayout, LayerKV
 from vriksha.engine.kv_pool import KVPool
 from vriksha.errors import VrikshaError
@@ -39,16 +40,26 @@ class SlotView:
         return self.slots.numel()
 
     def read(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """K and V of these tokens in `layer`, gathered into new contiguous tensors."""
-        return self.pool.k[layer].index_select(0, self.slots), self.pool.v[layer].index_select(0, self.slots)
+        """K and V of these tokens in `layer`, gathered into new contiguous tensors in host memory."""
+        host = devices.host()
+        k = self.pool.k[layer].index_select(0, self.slots)
+        v = self.pool.v[layer].index_select(0, self.slots)
+        return k.to(host), v.to(host)
 
     def read_into(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Gather K and V of these tokens in `layer` straight into `k` and `v` (e.g. views of shared memory)."""
-        torch.index_select(self.pool.k[layer], 0, self.slots, out=k)
-        torch.index_select(self.pool.v[layer], 0, self.slots, out=v)
+        """Gather K and V of these tokens in `layer` straight into the host tensors `k` and `v` (views of shared
+        memory): in place from a pool in host memory, through one device-to-host copy from an accelerator."""
+        if devices.is_host(self.pool.device):
+            torch.index_select(self.pool.k[layer], 0, self.slots, out=k)
+            torch.index_select(self.pool.v[layer], 0, self.slots, out=v)
+        else:
+            k.copy_(self.pool.k[layer].index_select(0, self.slots))
+            v.copy_(self.pool.v[layer].index_select(0, self.slots))
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.pool.write(layer, self.slots, k, v)
+        """Scatter K and V (in host memory or on the pool's device) into these slots."""
+        device = self.pool.device
+        self.pool.write(layer, self.slots, k.to(device), v.to(device))
 
 
 def describe_layout(layout: KVLayout, dtype: torch.dtype) -> dict[str, Any]:
