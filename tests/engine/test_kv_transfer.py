@@ -109,6 +109,10 @@ def test_transferred_prompt_decodes_as_colocated(model_and_tok, transport) -> No
                 assert out.outputs[0].token_ids == ref.outputs[0].token_ids
                 assert out.num_cached_tokens == len(tokens) - 1  # only the last prompt token was computed
             assert result.cached >= len(shared)
+            for _ in range(200):  # offers are released in the background
+                if peer.released == 2 and prefill.status()["offers"] == 0:
+                    break
+                await asyncio.sleep(0.01)
             assert peer.released == 2 and prefill.status()["offers"] == 0
             short = await decode.pull(prompt(5, seed=4), peer, min_new=16)
             assert short.skipped and peer.released == 2  # nothing asked of the prefill side

@@ -147,11 +147,17 @@ class DecodeSide:
         finally:
             if res.transfer_id in self.reservations:
                 await self.call(lambda e: self._drop(e, res))
-            if peer is not None and desc is not None:
-                try:
-                    await peer.release(desc)
-                except Exception:  # noqa: BLE001 - the offer times out on its own
-                    logger.debug("release of offer %s failed", desc.transfer_id, exc_info=True)
+            if peer is not None and desc is not None:  # in the background: the request need not wait for it
+                task = asyncio.create_task(self._release(peer, desc))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    @staticmethod
+    async def _release(peer: PrefillPeer, desc: Descriptor) -> None:
+        try:
+            await peer.release(desc)
+        except Exception:  # noqa: BLE001 - the offer times out on its own
+            logger.debug("release of offer %s failed", desc.transfer_id, exc_info=True)
 
     def _commit(self, engine: Any, res: Reservation, tokens: list[int]) -> None:
         """In the engine thread: the fetched tokens join the tree (duplicates of what got cached meanwhile are
