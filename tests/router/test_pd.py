@@ -153,6 +153,31 @@ def _host_id() -> str:
     return host_id()
 
 
+def test_transfer_endpoints_refuse_bad_input(pd) -> None:
+    prefill, decode, colocated, _ = pd
+    wrong = httpx.post(
+        f"{colocated.url}/kv/pull", json={"token_ids": [1, 2], "prefill_url": "http://x"}, timeout=10
+    )
+    assert wrong.status_code == 404 and "--role decode" in wrong.json()["error"]["message"]
+    wrong = httpx.post(f"{decode.url}/kv/prefill", json={"token_ids": [1, 2]}, timeout=10)
+    assert wrong.status_code == 404 and "--role prefill" in wrong.json()["error"]["message"]
+    both = httpx.post(
+        f"{decode.url}/kv/pull", json={"token_ids": [1], "prefill_url": "http://x", "offer": {}}, timeout=10
+    )
+    assert both.status_code == 502 and "exactly one" in both.json()["error"]["message"]
+    empty = httpx.post(f"{prefill.url}/kv/prefill", json={"token_ids": []}, timeout=10)
+    assert empty.status_code == 400
+    forged = {
+        "token_ids": list(range(10, 60)),
+        "offer": {"transfer_id": "x", "transport": "shm", "num_tokens": 50},
+    }
+    assert httpx.post(f"{decode.url}/kv/pull", json=forged, timeout=10).status_code == 502
+    forged["offer"] |= {"start": 0, "host_id": "", "layout": {}, "info": {"name": "../etc"}}
+    bad = httpx.post(f"{decode.url}/kv/pull", json=forged, timeout=10)
+    assert bad.status_code == 502
+    assert decode.transfers()["decode"]["reservations"] == 0
+
+
 def test_killed_prefill_replica_frees_the_decode_side(pd) -> None:
     """Last in the module: it kills the module's prefill replica."""
     prefill, decode, colocated, router = pd
