@@ -55,6 +55,13 @@ def synchronize(device: torch.device | str) -> None:
         torch.accelerator.synchronize(torch.device(device))
 
 
+def device_count() -> int:
+    """How many accelerator devices there are (0 without an accelerator)."""
+    if torch.accelerator.current_accelerator(check_available=True) is None:
+        return 0
+    return torch.accelerator.device_count()
+
+
 def free_memory_bytes(device: torch.device) -> int | None:
     """Free memory on an accelerator, or None where the backend does not say (and on the CPU)."""
     if is_host(device):

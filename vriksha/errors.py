@@ -21,5 +21,10 @@ class PromptTooLongError(InvalidRequestError):
     """A prompt (plus the tokens it asks for) does not fit the model's context."""
 
 
+class EngineFailedError(VrikshaError):
+    """The engine cannot go on (a tensor-parallel rank died): the requests in flight fail, and so does every
+    later one; restart the engine."""
+
+
 class OutOfKVMemoryError(VrikshaError):
     """A single request needs more KV memory than the whole pool holds."""

@@ -20,7 +20,7 @@ from vriksha.engine.llm_engine import LLMEngine
 from vriksha.engine.outputs import RequestOutput
 from vriksha.engine.sampling_params import SamplingParams
 from vriksha.engine.stats import EngineStats
-from vriksha.errors import VrikshaError
+from vriksha.errors import EngineFailedError, VrikshaError
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +41,7 @@ class AsyncEngine:
         self._wake = threading.Event()
         # run in the loop thread after every step (profilers)
         self.step_hooks: list[Callable[[], None]] = self.engine.step_hooks
+        self.failure: EngineFailedError | None = None  # the engine cannot go on (a tensor-parallel rank died)
 
     # ---- properties the server reads ---------------------------------------------------------------
     @property
@@ -88,6 +89,8 @@ class AsyncEngine:
     # ---- requests ----------------------------------------------------------------------------------
     async def call(self, fn: Callable[[LLMEngine], Any]) -> Any:
         """Run `fn(engine)` in the loop thread between steps and return its result."""
+        if self.failure is not None:
+            raise self.failure
         if not self.running:
             raise EngineDeadError("the engine loop is not running; call start() first")
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -155,6 +158,9 @@ class AsyncEngine:
                 return
             if not future.set_running_or_notify_cancel():
                 continue
+            if self.failure is not None:
+                future.set_exception(self.failure)
+                continue
             try:
                 future.set_result(fn(self.engine))
             except BaseException as exc:  # noqa: BLE001 - handed to the awaiting caller
@@ -169,6 +175,12 @@ class AsyncEngine:
                 continue
             try:
                 outputs = self.engine.step()
+            except EngineFailedError as exc:
+                logger.error("the engine failed: %s", exc)
+                self.failure = exc
+                for rid in self.engine.abort_all():
+                    self._push(rid, exc)
+                continue
             except Exception as exc:
                 logger.exception("engine step failed; aborting the requests in flight")
                 for rid in self.engine.abort_all():

@@ -74,12 +74,17 @@ class EngineConfig:
         32, "defer a prompt sharing this many uncached tokens with one admitted in the same step"
     )
     seed: int = option(0, "seed of the sampler for requests without their own seed", flag="engine-seed")
+    tensor_parallel_size: int = option(
+        1, "ranks the engine runs on (spawned processes): each holds 1/N of the attention heads, MLP columns "
+        "and KV pool; Llama, Qwen2 and Qwen3 models loaded from a path"
+    )  # fmt: skip
 
     def __post_init__(self) -> None:
         positive = {
             "max_num_seqs": self.max_num_seqs,
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "chunked_prefill_size": self.chunked_prefill_size,
+            "tensor_parallel_size": self.tensor_parallel_size,
         }
         for name, value in positive.items():
             if not isinstance(value, int) or value < 1:

@@ -61,6 +61,16 @@ def pick_device(device: str | None) -> torch.device:
     return devices.resolve(device)
 
 
+def kv_budget_bytes(config: EngineConfig, device: torch.device) -> int:
+    """The KV pool's bytes on `device` (per rank under tensor parallel)."""
+    if config.kv_cache_memory_gb is not None:
+        return int(config.kv_cache_memory_gb * 2**30)
+    if devices.is_host(device):
+        return int(_DEFAULT_CPU_KV_GB * 2**30)
+    free = devices.free_memory_bytes(device)
+    return int((free if free is not None else 2 * 2**30) * _DEFAULT_ACCEL_KV_FRACTION)
+
+
 class LLMEngine:
     def __init__(
         self,
@@ -70,11 +80,32 @@ class LLMEngine:
         cache_events: CacheEventSink | None = None,
     ) -> None:
         self.config = config = config or EngineConfig()
+        self.tensor_parallel = None  # a TensorParallelGroup when the engine runs on several ranks
+        if config.tensor_parallel_size > 1:
+            if model is not None:
+                raise InvalidRequestError(
+                    "tensor_parallel_size > 1 loads the model on every rank: give a model path, not a module"
+                )
+            from vriksha.engine.tensor_parallel import TensorParallelGroup
+
+            self.tensor_parallel = TensorParallelGroup(config)
+        try:
+            self._build(config, model, tokenizer, cache_events)
+        except BaseException:
+            if self.tensor_parallel is not None:
+                self.tensor_parallel.close()
+            raise
+
+    def _build(self, config: EngineConfig, model, tokenizer, cache_events: CacheEventSink | None) -> None:
+        tp = self.tensor_parallel
         if model is None:
             from vriksha.loading import load_model
 
-            device = pick_device(config.device)
-            self.dtype_choice = fast_dtype.resolve(config.dtype, config.model, device)
+            device = tp.device if tp is not None else pick_device(config.device)
+            # every rank computes in the dtype rank 0 chose (before it started them)
+            self.dtype_choice = (
+                tp.dtype_choice if tp is not None else fast_dtype.resolve(config.dtype, config.model, device)
+            )
             loaded = load_model(config.model, dtype=self.dtype_choice.dtype, device=device)
             model, tokenizer = loaded.model, loaded.tokenizer
             self.model_name = loaded.name
@@ -97,8 +128,12 @@ class LLMEngine:
         self.vocab_size = int(text_config.vocab_size)
         self.eos_token_ids = self._eos_ids()
 
+        if tp is not None:
+            tp.join(model)  # every rank keeps its shard of the heads and MLP columns
         layout = probe_kv_layout(model)
         num_slots = KVPool.slots_for_budget(self._kv_budget_bytes(), layout, self.dtype)
+        if tp is not None:
+            num_slots = tp.min_slots(num_slots)
         self.allocator = SlotAllocator(num_slots, self.device)
         self.pool = KVPool(layout, num_slots, self.dtype, self.device)
         self.table = ReqToTokenTable(config.max_num_seqs + 1, self.max_model_len + 1, self.device)
@@ -107,6 +142,8 @@ class LLMEngine:
         )
         self.scheduler = Scheduler(config, self.cache)
         self.runner = ModelRunner(model, self.pool, self.table, config)
+        if tp is not None:
+            self.runner.step_sender = tp.send_step
         self.sampler = Sampler(config.seed)
         self._grammar = None  # GrammarEngine, built on the first constrained request
         self._groups: dict[str, _Group] = {}
@@ -145,12 +182,7 @@ class LLMEngine:
         return frozenset(ids)
 
     def _kv_budget_bytes(self) -> int:
-        if self.config.kv_cache_memory_gb is not None:
-            return int(self.config.kv_cache_memory_gb * 2**30)
-        if devices.is_host(self.device):
-            return int(_DEFAULT_CPU_KV_GB * 2**30)
-        free = devices.free_memory_bytes(self.device)
-        return int((free if free is not None else 2 * 2**30) * _DEFAULT_ACCEL_KV_FRACTION)
+        return kv_budget_bytes(self.config, self.device)
 
     # ---- requests ----------------------------------------------------------------------------------
     def add_request(
@@ -242,6 +274,8 @@ class LLMEngine:
             return
         self.abort_all()
         self.runner.close()
+        if self.tensor_parallel is not None:
+            self.tensor_parallel.close()
         self._closed = True
 
     def grammar_engine(self):
@@ -434,6 +468,11 @@ class LLMEngine:
 
     def weights_updated(self) -> None:
         """The module's parameters changed in place: cached KV and derived weight layouts are stale."""
+        if self.tensor_parallel is not None:
+            raise InvalidRequestError(
+                "weight updates are not supported on a tensor-parallel engine (each rank holds a shard); "
+                "restart it on the new weights"
+            )
         if self.scheduler.has_work:
             raise InvalidRequestError(
                 "weights changed while requests are running; finish or abort them first"

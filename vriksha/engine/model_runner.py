@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 
 import torch
 
@@ -44,6 +45,8 @@ class ModelRunner:
         if config.fast_linear and cpu:
             linear_kernels = self.kernels.linear_for(pool.dtype)
             self.fast_linear = fast_linear.FastLinear(model, self.installation, linear_kernels)
+        # tensor parallel: rank 0 hands each step's batch to the other ranks before computing its share
+        self.step_sender: Callable[[torch.Tensor, torch.Tensor, AttentionBatch], None] | None = None
         self.fast_forward: FastForward | None = None
         if config.fast_forward:
             try:
@@ -122,6 +125,20 @@ class ModelRunner:
         prompt positions whose log-probabilities were asked for (`prompt_logprobs.extra_rows`)."""
         with phase("engine.prepare_batch"):
             input_ids, position_ids, attn, sample_index = self._build(batch)
+        if self.step_sender is not None:
+            with phase("engine.tp_broadcast"):
+                self.step_sender(input_ids, position_ids, attn)
+        return self.run(input_ids, position_ids, attn, sample_index)
+
+    @torch.inference_mode()
+    def run(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attn: AttentionBatch,
+        sample_index: torch.Tensor,
+    ) -> torch.Tensor:
+        """The forward pass over a built batch: logits of the rows at `sample_index`."""
         routed = self.fast_linear.engaged() if self.fast_linear is not None else contextlib.nullcontext()
         with phase("engine.forward"), forward_context(attn), routed:
             if self.fast_forward is not None:

@@ -187,7 +187,9 @@ def handler(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=int(CUT_GRACE_S),
         lifespan="on",
     )
-    server = GracefulServer(uv_config, front, state.drain, lambda: state.admission.in_flight)
+    server = GracefulServer(
+        uv_config, front, state.drain, lambda: state.admission.in_flight, lambda: engine.failure
+    )
     try:
         server.run()
     finally:
@@ -195,6 +197,9 @@ def handler(args: argparse.Namespace) -> int:
             logger.warning("trace: %s", path)
         if publisher is not None:
             publisher.close()
+        engine.engine.close()  # a tensor-parallel engine stops its other ranks
+    if engine.failure is not None:
+        raise engine.failure
     if app.state.startup_error is not None:
         err = app.state.startup_error
         raise err if isinstance(err, VrikshaError) else ConfigError(f"the engine failed to start: {err}")

@@ -28,11 +28,17 @@ class GracefulServer(FrontServer):
     re-raises the signal, which turns a clean shutdown into exit status 143); a second SIGINT forces the exit."""
 
     def __init__(
-        self, config: uvicorn.Config, front: FrontConfig, drain: Drain, in_flight: Callable[[], int]
+        self,
+        config: uvicorn.Config,
+        front: FrontConfig,
+        drain: Drain,
+        in_flight: Callable[[], int],
+        failure: Callable[[], BaseException | None] = lambda: None,
     ) -> None:
         super().__init__(config, front)
         self.drain = drain
         self.in_flight = in_flight
+        self.failure = failure  # the engine's fatal error: the server exits at once
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def serve(self, sockets: Any = None) -> None:
@@ -53,6 +59,9 @@ class GracefulServer(FrontServer):
         self._loop.call_soon_threadsafe(self.drain.begin)
 
     async def on_tick(self, counter: int) -> bool:
+        if not self.should_exit and self.failure() is not None:
+            logger.error("the engine failed; the server exits: %s", self.failure())
+            self.should_exit = True
         drain = self.drain
         if drain.began_at is not None and not self.should_exit:
             if self.in_flight() == 0:
