@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vriksha.errors import (
+    EngineFailedError,
     InvalidRequestError,
     OutOfKVMemoryError,
     PromptTooLongError,
@@ -102,6 +103,8 @@ def to_response(exc: Exception) -> JSONResponse:
         return error_response(400, str(exc), "invalid_request_error", "invalid_value")
     if isinstance(exc, OutOfKVMemoryError):
         return error_response(400, str(exc), "invalid_request_error", "context_length_exceeded")
+    if isinstance(exc, EngineFailedError):
+        return error_response(503, str(exc), "server_error", "engine_failed")
     if isinstance(exc, VrikshaError):
         return error_response(500, str(exc), "server_error")
     logger.exception("unhandled error while serving a request", exc_info=exc)
