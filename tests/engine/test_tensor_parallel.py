@@ -69,6 +69,17 @@ def test_embedded_model_names_the_degrees_it_takes():
         LLM(tensor_parallel_size=2)
 
 
+def test_a_process_in_a_group_is_refused(model_dirs):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        with pytest.raises(ConfigError, match="already belongs to one"):
+            LLM(str(model_dirs["llama"]), tensor_parallel_size=2, **OPTIONS)
+    finally:
+        dist.destroy_process_group()
+
+
 def test_module_cannot_be_split():
     with pytest.raises(InvalidRequestError, match="model path"):
         LLM.from_module(tiny_model("llama", VOCAB), embedded_tokenizer(), tensor_parallel_size=2)
@@ -94,6 +105,26 @@ def test_a_rank_killed_mid_generation_fails_the_call_and_stops_the_engine(model_
     finally:
         llm.close()
     assert worker.poll() is not None
+
+
+@pytest.mark.slow
+def test_a_failure_in_rank_0s_forward_stops_every_rank(model_dirs):
+    """Rank 0 fails after the other rank has the step: that rank waits in a collective, so it is stopped."""
+    llm = LLM(str(model_dirs["llama"]), tensor_parallel_size=2, **OPTIONS)
+    worker = llm.engine.tensor_parallel.procs[0]
+
+    def broken(*args):
+        raise RuntimeError("out of memory (simulated)")
+
+    try:
+        llm.engine.runner.run = broken
+        started = time.monotonic()
+        with pytest.raises(TensorParallelError, match=r"rank 0 failed .*out of memory \(simulated\)"):
+            llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4))
+        assert time.monotonic() - started < 30
+        assert worker.poll() is not None
+    finally:
+        llm.close()
 
 
 @pytest.mark.slow

@@ -143,7 +143,7 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.cache)
         self.runner = ModelRunner(model, self.pool, self.table, config)
         if tp is not None:
-            self.runner.step_sender = tp.send_step
+            self.runner.tensor_parallel = tp
         self.sampler = Sampler(config.seed)
         self._grammar = None  # GrammarEngine, built on the first constrained request
         self._groups: dict[str, _Group] = {}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
 
 import torch
 
@@ -45,8 +44,8 @@ class ModelRunner:
         if config.fast_linear and cpu:
             linear_kernels = self.kernels.linear_for(pool.dtype)
             self.fast_linear = fast_linear.FastLinear(model, self.installation, linear_kernels)
-        # tensor parallel: rank 0 hands each step's batch to the other ranks before computing its share
-        self.step_sender: Callable[[torch.Tensor, torch.Tensor, AttentionBatch], None] | None = None
+        # tensor parallel: a TensorParallelGroup that hands each step's batch to the other ranks, then runs it
+        self.tensor_parallel = None
         self.fast_forward: FastForward | None = None
         if config.fast_forward:
             try:
@@ -125,9 +124,8 @@ class ModelRunner:
         prompt positions whose log-probabilities were asked for (`prompt_logprobs.extra_rows`)."""
         with phase("engine.prepare_batch"):
             input_ids, position_ids, attn, sample_index = self._build(batch)
-        if self.step_sender is not None:
-            with phase("engine.tp_broadcast"):
-                self.step_sender(input_ids, position_ids, attn)
+        if self.tensor_parallel is not None:
+            return self.tensor_parallel.run_step(self.run, input_ids, position_ids, attn, sample_index)
         return self.run(input_ids, position_ids, attn, sample_index)
 
     @torch.inference_mode()

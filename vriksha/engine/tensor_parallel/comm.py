@@ -30,6 +30,15 @@ def backend_for(device: torch.device) -> str:
     return f"{devices.HOST_TYPE}:gloo,{device.type}:{backend}"
 
 
+def check_no_group() -> None:
+    if dist.is_initialized():
+        raise ConfigError(
+            "tensor-parallel serving runs its ranks in a process group of their own, and this process "
+            "already belongs to one; build the engine in a process without torch.distributed "
+            "(or serve on one rank: tensor_parallel_size=1)"
+        )
+
+
 class Collectives:
     """This rank's view of the group; `on_error` turns a failed collective into the engine's error."""
 
@@ -42,12 +51,7 @@ class Collectives:
         timeout_s: float,
         on_error: Callable[[BaseException], BaseException] | None = None,
     ) -> None:
-        if dist.is_initialized():
-            raise ConfigError(
-                "tensor-parallel serving runs its ranks in a process group of their own, and this process "
-                "already belongs to one; build the engine in a process without torch.distributed "
-                "(or serve on one rank: tensor_parallel_size=1)"
-            )
+        check_no_group()
         dist.init_process_group(
             backend_for(device),
             store=dist.PrefixStore("tp", store),

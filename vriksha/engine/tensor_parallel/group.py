@@ -17,6 +17,7 @@ import subprocess
 import sys
 import time
 import weakref
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -27,10 +28,11 @@ from vriksha import fast_dtype
 from vriksha.engine.attention import AttentionBatch
 from vriksha.engine.config import EngineConfig
 from vriksha.engine.tensor_parallel import worker
-from vriksha.engine.tensor_parallel.comm import Collectives
+from vriksha.engine.tensor_parallel.comm import Collectives, check_no_group
 from vriksha.engine.tensor_parallel.shard import check_degree, shard_model
 from vriksha.engine.tensor_parallel.step import pack, stop_message
 from vriksha.errors import ConfigError, EngineFailedError
+from vriksha.profiling import phase
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +57,7 @@ def check_size(config: EngineConfig, size: int) -> None:
 
     from vriksha.loading import resolve_model_path
 
+    check_no_group()
     check_degree(AutoConfig.from_pretrained(resolve_model_path(config.model)), size)
     device = devices.resolve(config.device)
     if devices.is_host(device):
@@ -128,14 +131,29 @@ class TensorParallelGroup:
         """The KV slots every rank can hold (each holds kv_heads / N heads of each)."""
         return self.comm.min_int(slots)
 
-    def send_step(self, input_ids: torch.Tensor, position_ids: torch.Tensor, attn: AttentionBatch) -> None:
-        """Broadcast the step about to run (called by rank 0's model runner before its forward pass)."""
+    def run_step(
+        self,
+        run: Callable[..., torch.Tensor],
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        attn: AttentionBatch,
+        sample_index: torch.Tensor,
+    ) -> torch.Tensor:
+        """Broadcast the step, then run rank 0's share of it. A failure part-way (here or on another rank)
+        leaves the ranks at different collectives, so any error ends the group."""
         if self.failure is not None:
             raise self.failure
         for r, proc in enumerate(self.procs, 1):
             if proc.poll() is not None:
                 raise self._fail(f"rank {r} exited")
-        self.comm.send(pack(input_ids, position_ids, attn))
+        try:
+            with phase("engine.tp_broadcast"):
+                self.comm.send(pack(input_ids, position_ids, attn))
+            return run(input_ids, position_ids, attn, sample_index)
+        except TensorParallelError:
+            raise
+        except BaseException as exc:
+            raise self._fail(f"rank 0 failed in its forward pass ({type(exc).__name__}: {exc})") from exc
 
     def _on_error(self, exc: BaseException) -> BaseException:
         return self.failure or self._fail(f"a collective failed ({str(exc).splitlines()[0][:200]})")
