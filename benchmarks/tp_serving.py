@@ -2,6 +2,7 @@
 
     python benchmarks/tp_serving.py                      # both, 2 ranks, the embedded model's head shape
     python benchmarks/tp_serving.py --ranks 3 --iters 500
+    python benchmarks/tp_serving.py --ranks 3 --engine            # + the embedded model's tokens/s, 1 vs 3 ranks
 
 1. The step broadcast (`vriksha/engine/tensor_parallel/step.py`): rank 0 hands every step's batch to the
    other ranks. Compared: a gloo broadcast of the header and the payload (what the engine does) against a
@@ -10,6 +11,8 @@
    Sizes: decode of 1 and of 64 requests at 1,000 tokens of context, a 512-token prefill chunk.
 2. The LM head: replicated, rank 0 alone computing [rows, vocab] logits (what the engine does), against
    split over the vocabulary, each rank computing vocab / N columns and rank 0 gathering them.
+3. With `--engine`: the engine itself, `LLM(model, tensor_parallel_size=N)` against one rank: greedy
+   generation of `--batch` prompts x `--max-tokens` tokens, tokens per second (after a warm-up call).
 
 Timings on a shared CPU are noise; read the ratios on an idle machine. Prints one table per part.
 """
@@ -121,6 +124,10 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--hidden", type=int, default=576, help="the embedded model's hidden size")
     p.add_argument("--vocab", type=int, default=49152, help="the embedded model's vocabulary")
+    p.add_argument("--engine", action="store_true", help="also time the engine on 1 and on N ranks")
+    p.add_argument("--model", default=None, help="for --engine (default: the embedded SmolLM2-135M)")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=32)
     args = p.parse_args()
     ctx = mp.get_context("spawn")
     store = dist.TCPStore("127.0.0.1", 0, args.ranks + 1, is_master=True, wait_for_workers=False)
@@ -150,7 +157,25 @@ def main() -> None:
     print("| rows | replicated, rank 0 computes | split by vocabulary + gather |\n|---|---|---|")
     for rows, (r, s) in heads.items():
         print(f"| {rows} | {r * 1e3:.2f} | {s * 1e3:.2f} |")
+    if args.engine:
+        print(f"\nengine, {args.batch} prompts x {args.max_tokens} tokens, greedy (tokens/s)")
+        print("| ranks | tokens/s |\n|---|---|")
+        for ranks in (1, args.ranks):
+            print(f"| {ranks} | {_engine_tokens_per_s(args, ranks):.1f} |", flush=True)
     os._exit(0)
+
+
+def _engine_tokens_per_s(args, ranks: int) -> float:
+    from vriksha import LLM, SamplingParams
+
+    prompts = [f"Question {i}: name a number between 1 and 100." for i in range(args.batch)]
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    with LLM(args.model, tensor_parallel_size=ranks, kv_cache_memory_gb=0.1, max_model_len=1024) as llm:
+        llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4))
+        llm.flush_cache()
+        t = time.perf_counter()
+        llm.generate(prompts, params)
+        return args.batch * args.max_tokens / (time.perf_counter() - t)
 
 
 if __name__ == "__main__":

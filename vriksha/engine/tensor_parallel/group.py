@@ -38,6 +38,7 @@ logger = logging.getLogger(__name__)
 
 STARTUP_TIMEOUT_S = 900.0  # loading the model on every rank of a busy host
 STOP_TIMEOUT_S = 10.0
+COLLECTIVE_TIMEOUT_S = 300.0  # a rank that hangs (rather than dies) fails the step after this long
 
 
 class TensorParallelError(EngineFailedError):
@@ -124,7 +125,7 @@ class TensorParallelGroup:
                     starting=True,
                 )
             time.sleep(0.05)
-        self.comm = Collectives(self.store, 0, self.size, self.device, STARTUP_TIMEOUT_S, self._on_error)
+        self.comm = Collectives(self.store, 0, self.size, self.device, COLLECTIVE_TIMEOUT_S, self._on_error)
         return shard_model(model, 0, self.size, self.comm.all_reduce)
 
     def min_slots(self, slots: int) -> int:
