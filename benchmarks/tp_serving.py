@@ -168,7 +168,7 @@ def main() -> None:
 def _engine_tokens_per_s(args, ranks: int) -> float:
     from vriksha import LLM, SamplingParams
 
-    prompts = [f"Question {i}: name a number between 1 and 100." for i in range(args.batch)]
+    prompts = [{"prompt_token_ids": [(13 * i + j) % 200 + 1 for j in range(16)]} for i in range(args.batch)]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     with LLM(args.model, tensor_parallel_size=ranks, kv_cache_memory_gb=0.1, max_model_len=1024) as llm:
         llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4))
