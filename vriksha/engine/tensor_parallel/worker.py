@@ -85,6 +85,6 @@ def _serve(
         message = comm.receive()
         if message.kind == STOP:
             break
-        input_ids, position_ids, attn = unpack(message, pool, device, runner.native)
+        input_ids, position_ids, attn = unpack(message, pool, device, runner.decode_kernel)
         runner.run(input_ids, position_ids, attn, no_rows)
     comm.close()
