@@ -16,7 +16,14 @@ from vriksha.engine.tensor_parallel import TensorParallelError
 from vriksha.errors import ConfigError, InvalidRequestError
 
 VOCAB = 512
-OPTIONS = dict(chunked_prefill_size=8, max_num_batched_tokens=24, kv_cache_memory_gb=0.01, max_model_len=256)
+# float32: the partial sums of a row-parallel layer round as one rank's matmul does only to ~1e-6
+OPTIONS = dict(
+    dtype="float32",
+    chunked_prefill_size=8,
+    max_num_batched_tokens=24,
+    kv_cache_memory_gb=0.01,
+    max_model_len=256,
+)
 # 1, 9 and 30 tokens (prefills over several chunks), then the 30 again behind a new suffix (a cached prefix)
 PROMPTS = [{"prompt_token_ids": [(7 * i + k) % VOCAB for i in range(k)]} for k in (1, 9, 30)]
 PROMPTS.append({"prompt_token_ids": PROMPTS[2]["prompt_token_ids"] + [5, 6, 7]})
@@ -133,7 +140,7 @@ def test_embedded_model_on_three_ranks_gives_one_ranks_tokens():
     from tests.engine.test_parity_default import RAW
 
     params = SamplingParams(temperature=0, max_tokens=8)
-    options = dict(kv_cache_memory_gb=0.02, max_model_len=512)
+    options = dict(dtype="float32", kv_cache_memory_gb=0.02, max_model_len=512)
     with LLM(**options) as one:
         expected = one.generate(RAW, params)
     with LLM(tensor_parallel_size=3, **options) as tp:
