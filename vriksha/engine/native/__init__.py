@@ -42,20 +42,28 @@ def _compiler() -> str | None:
     return None
 
 
-def build(compiler: str, variant: isa.Variant) -> Path:
+def build(
+    compiler: str,
+    variant: isa.Variant,
+    sources: tuple[Path, ...] = SOURCES,
+    headers: tuple[Path, ...] = HEADERS,
+    name: str = "kernels",
+    extra_cflags: tuple[str, ...] = (),
+) -> Path:
     """The shared library of `variant`, compiled unless this source, compiler and CPU already have it.
 
     A variant compiles on any x86 machine whose compiler knows its flags, whether or not the CPU runs it.
+    `sources`, `name` and `extra_cflags` build another family of kernels the same way (`quant.py`).
     """
-    source = b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS))
+    source = b"".join(p.read_bytes() for p in (*sources, *headers)) + " ".join(extra_cflags).encode()
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     cpu = " ".join(sorted(isa.cpu_flags())) or platform.processor()
     key = hashlib.sha256(source + version.encode() + cpu.encode() + platform.machine().encode())
-    target = cache_dir() / "native" / f"kernels-{variant.name}-{key.hexdigest()[:16]}.so"
+    target = cache_dir() / "native" / f"{name}-{variant.name}-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    base = [compiler, "-O3", *variant.cflags, "-shared", "-fPIC", *map(str, SOURCES)]
+    base = [compiler, "-O3", *variant.cflags, *extra_cflags, "-shared", "-fPIC", *map(str, sources)]
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         out = Path(tmp) / target.name
         errors = ""
@@ -65,7 +73,7 @@ def build(compiler: str, variant: isa.Variant) -> Path:
                 os.replace(out, target)  # atomic: processes building at once all end with one whole file
                 return target
             errors = done.stderr
-        raise RuntimeError(f"{compiler} could not build the {variant.name} kernels: {errors.strip()[-2000:]}")
+        raise RuntimeError(f"{compiler} could not build the {variant.name} {name}: {errors.strip()[-2000:]}")
 
 
 _SIGNATURES = {

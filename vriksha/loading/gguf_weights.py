@@ -1,0 +1,95 @@
+"""The packed blocks of a GGUF file's linear weights, by the Transformers module they belong to.
+
+The tensors are read with the `gguf` package's reader (no dequantisation) and named as the Transformers model
+converted from the same file names its modules (`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj`).
+llama.cpp's converter stores a Llama model's query and key rows in an interleaved rotary order; those rows are
+put back in Transformers' order, so each packed weight dequantizes to exactly the converted module's weight.
+A tied `lm_head` is served from the token embedding's blocks. Tensors of other types (F32, F16, K-quants) are
+not returned: their modules keep the fp32 path.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vriksha.errors import ModelLoadError
+from vriksha.loading.packed import PackedWeight, permute_rows
+
+logger = logging.getLogger(__name__)
+
+_LAYER_TENSORS = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_PACKABLE = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0"}
+_ROTARY_PERMUTED = {"llama"}  # architectures whose q/k rows llama.cpp's converter interleaves
+_BLK = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
+
+
+def _field(reader, key: str):
+    field = reader.fields.get(key)
+    if field is None:
+        return None
+    value = field.parts[field.data[0]]
+    return bytes(value).decode() if value.dtype == np.uint8 else value.item()
+
+
+def _hf_module(name: str) -> str | None:
+    if name == "output.weight":
+        return "lm_head"
+    m = _BLK.fullmatch(name)
+    if m and m.group(2) in _LAYER_TENSORS:
+        return f"model.layers.{m.group(1)}.{_LAYER_TENSORS[m.group(2)]}"
+    return None
+
+
+def _rotary_order(rows: int, heads: int) -> torch.Tensor:
+    """Transformers' row order from llama.cpp's: Transformers row j is GGUF row order[j]."""
+    interleaved = torch.arange(rows).reshape(heads, 2, rows // heads // 2).transpose(1, 2).reshape(-1)
+    return torch.argsort(interleaved)
+
+
+def read_gguf_linears(path: Path, tie_word_embeddings: bool = True) -> dict[str, PackedWeight]:
+    """{Transformers module name: packed weight} for every linear layer stored in a packable type."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as exc:
+        raise ModelLoadError(f"could not read the GGUF file {path}: {exc}") from exc
+    arch = _field(reader, "general.architecture") or "llama"
+    heads = _field(reader, f"{arch}.attention.head_count")
+    kv_heads = _field(reader, f"{arch}.attention.head_count_kv") or heads
+    packed: dict[str, PackedWeight] = {}
+    skipped: Counter[str] = Counter()
+    names = {t.name for t in reader.tensors}
+    for tensor in reader.tensors:
+        module = _hf_module(tensor.name)
+        if module is None and tensor.name == "token_embd.weight" and tie_word_embeddings:
+            module = None if "output.weight" in names else "lm_head"
+        if module is None:
+            continue
+        qtype = _PACKABLE.get(tensor.tensor_type.name)
+        if qtype is None:
+            skipped[tensor.tensor_type.name] += 1
+            continue
+        in_features, out_features = (int(n) for n in tensor.shape)  # GGUF lists dimensions innermost first
+        data = torch.from_numpy(np.array(tensor.data, dtype=np.uint8, copy=True)).reshape(out_features, -1)
+        weight = PackedWeight(qtype, data, out_features, in_features)
+        if arch in _ROTARY_PERMUTED and module.endswith(("q_proj", "k_proj")):
+            weight = permute_rows(weight, _rotary_order(out_features, heads if "q_proj" in module else kv_heads))
+        packed[module] = weight
+    if skipped:
+        logger.info("%s: linear weights of types %s stay fp32 (no packed kernel)", path.name, dict(skipped))
+    return packed
