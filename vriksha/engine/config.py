@@ -66,6 +66,11 @@ class EngineConfig:
         None, "layers from local kernel repositories in the `kernels` package's format, bound in place of "
         "the model's: NAME=DIR[:LAYER],... e.g. RMSNorm=/opt/kernels/rmsnorm (no hub access)"
     )  # fmt: skip
+    quantization: str = option(
+        "auto", "linear weights served packed: gguf (the GGUF file's Q4_0/Q4_1/Q8_0 blocks), int8 (weight-only, "
+        "per output channel, any model), none (fp32), auto (the GGUF's blocks where measured faster on this "
+        "CPU, else none)", choices=("none", "gguf", "int8", "auto"),
+    )  # fmt: skip
     lpm_max_queue: int = option(
         128,
         "order the waiting queue by longest cached prefix up to this many requests, else first come first served",
@@ -93,6 +98,8 @@ class EngineConfig:
             raise ConfigError(f"engine option kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"engine option dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.quantization not in ("none", "gguf", "int8", "auto"):
+            raise ConfigError(f"engine option quantization must be none, gguf, int8 or auto, got {self.quantization!r}")
         if self.max_num_batched_tokens < self.max_num_seqs:
             self.max_num_batched_tokens = self.max_num_seqs
 

@@ -98,8 +98,10 @@ class LLMEngine:
 
     def _build(self, config: EngineConfig, model, tokenizer, cache_events: CacheEventSink | None) -> None:
         tp = self.tensor_parallel
+        gguf = None
         if model is None:
             from vriksha.loading import load_model
+            from vriksha.loading.loader import gguf_source
 
             device = tp.device if tp is not None else pick_device(config.device)
             # every rank computes in the dtype rank 0 chose (before it started them)
@@ -109,12 +111,17 @@ class LLMEngine:
             loaded = load_model(config.model, dtype=self.dtype_choice.dtype, device=device)
             model, tokenizer = loaded.model, loaded.tokenizer
             self.model_name = loaded.name
+            gguf = gguf_source(config.model) if tp is None else None  # ranks hold shards, not the file's rows
         else:
             param = next(model.parameters())
             self.dtype_choice = fast_dtype.given(
                 param.dtype, param.device, how="the module's own", requested=config.dtype
             )
             self.model_name = getattr(model.config, "_name_or_path", None) or type(model).__name__
+            if config.model is not None:  # a module converted from this file: its GGUF blocks may be served
+                from vriksha.loading.loader import gguf_source
+
+                gguf = gguf_source(config.model)
         if tokenizer is None:
             raise InvalidRequestError("an engine built around a module needs its tokenizer")
         self.model = model
@@ -141,7 +148,8 @@ class LLMEngine:
             config.enable_prefix_caching, self.allocator, self.table, cache_events
         )
         self.scheduler = Scheduler(config, self.cache)
-        self.runner = ModelRunner(model, self.pool, self.table, config)
+        self.runner = ModelRunner(model, self.pool, self.table, config, gguf=gguf)
+        self.quantization = self.runner.quantization
         if tp is not None:
             self.runner.tensor_parallel = tp
         self.sampler = Sampler(config.seed)
@@ -155,10 +163,11 @@ class LLMEngine:
         self._generation_tokens = 0
         self.weight_version = 0  # bumped by set_weight_version after an in-place weight update
         logger.info(
-            "engine: %s, %s, KV pool %d tokens",
+            "engine: %s, %s, KV pool %d tokens; %s",
             self.model_name,
             self.dtype_choice.describe(),
             self.allocator.capacity,
+            self.quantization.describe(),
         )
 
     @classmethod

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from pathlib import Path
 
 import torch
 
 import vriksha.device as devices
-from vriksha.engine import fast_linear, hub_layers, kernel_sets
+from vriksha.engine import fast_linear, hub_layers, kernel_sets, quantization
 from vriksha.engine import native as native_lib
 from vriksha.engine.attention import AttentionBatch, PrefillSegment, forward_context, register_attention
 from vriksha.engine.batch import ForwardBatch
@@ -26,8 +27,14 @@ class ModelRunner:
     """Runs the engine's forward passes on `model`; its changes to the model are undone by `close()`."""
 
     def __init__(
-        self, model: torch.nn.Module, pool: KVPool, table: ReqToTokenTable, config: EngineConfig
+        self,
+        model: torch.nn.Module,
+        pool: KVPool,
+        table: ReqToTokenTable,
+        config: EngineConfig,
+        gguf: Path | None = None,
     ) -> None:
+        """`gguf`: the file the model was loaded from, whose packed blocks `quantization` may serve."""
         self.model = model
         self.pool = pool
         self.table = table
@@ -46,6 +53,10 @@ class ModelRunner:
             self.fast_linear = fast_linear.FastLinear(model, self.installation, linear_kernels)
         # tensor parallel: a TensorParallelGroup that hands each step's batch to the other ranks, then runs it
         self.tensor_parallel = None
+        fp32_cpu = cpu and pool.dtype == torch.float32  # the packed kernels' only case
+        self.quant, self.quantization = quantization.apply(
+            model, config.quantization, self.installation, self.kernels.linear_for(torch.float32), gguf, fp32_cpu
+        )
         self.fast_forward: FastForward | None = None
         if config.fast_forward:
             try:
@@ -62,11 +73,14 @@ class ModelRunner:
         """Hand the model back as it came: its attention implementation and linear layers restored."""
         self.installation.undo()
         self.fast_linear = None
+        self.quant = None
         self.fast_forward = None
 
     def weights_updated(self) -> None:
         if self.fast_linear is not None:
             self.fast_linear.refresh()
+        if self.quant is not None:
+            self.quant.refresh()
 
     def _build(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch, torch.Tensor]:
         ids: list[int] = []
@@ -137,8 +151,10 @@ class ModelRunner:
         sample_index: torch.Tensor,
     ) -> torch.Tensor:
         """The forward pass over a built batch: logits of the rows at `sample_index`."""
-        routed = self.fast_linear.engaged() if self.fast_linear is not None else contextlib.nullcontext()
-        with phase("engine.forward"), forward_context(attn), routed:
+        with phase("engine.forward"), forward_context(attn), contextlib.ExitStack() as routed:
+            for router in (self.fast_linear, self.quant):
+                if router is not None:
+                    routed.enter_context(router.engaged())
             if self.fast_forward is not None:
                 return self.fast_forward(input_ids, position_ids, sample_index)
             out = self.model(

@@ -122,6 +122,14 @@ def resolve_model_path(model: str | os.PathLike | None) -> Path:
     return path
 
 
+def gguf_source(model: str | os.PathLike | None) -> Path | None:
+    """The GGUF file `model` is loaded from (None = the embedded default), or None for a directory."""
+    if model is None or str(model) in ("", "default", DEFAULT_MODEL_NAME):
+        return default_gguf_path()
+    path = Path(model).expanduser()
+    return path if path.is_file() and path.suffix == ".gguf" else None
+
+
 def load_tokenizer(path: Path):
     from transformers import AutoTokenizer
 

@@ -1,0 +1,107 @@
+"""The quantized linear kernels against torch: dequantize (the format reference) then matmul.
+
+Every variant this build compiled runs; a variant the CPU lacks the flags for is skipped naming the flag.
+Tolerance: the kernels sum fp32 products in another order than torch's matmul and fuse q * d + m into one
+rounding, so outputs agree to 2e-5 of the largest output magnitude (measured: ~1e-6).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from vriksha.engine.native.quant import VARIANTS, missing_flags, quant_kernels
+from vriksha.errors import ModelLoadError
+from vriksha.loading.packed import PackedWeight, dequantize, quantize_int8
+
+gguf_quants = pytest.importorskip("gguf.quants")
+GGML_TYPES = {"q4_0": "Q4_0", "q4_1": "Q4_1", "q8_0": "Q8_0"}
+RTOL = 2e-5
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    k = quant_kernels()
+    if k is None:
+        pytest.skip("no C compiler: the quantized kernels cannot be built")
+    return k
+
+
+def packed_random(qtype: str, out_f: int, in_f: int, seed: int = 0) -> PackedWeight:
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(out_f, in_f, generator=g) * 0.05
+    if qtype == "int8":
+        return quantize_int8(w)
+    from gguf import GGMLQuantizationType
+
+    raw = gguf_quants.quantize(w.numpy(), getattr(GGMLQuantizationType, GGML_TYPES[qtype]))
+    return PackedWeight(qtype, torch.from_numpy(np.ascontiguousarray(raw)), out_f, in_f)
+
+
+def variant_or_skip(kernels, variant: str) -> str:
+    missing = missing_flags(variant)
+    if missing:
+        pytest.skip(f"needs {' '.join(missing)}")
+    if variant not in kernels.variants:
+        pytest.skip(f"the compiler did not target {variant} (-march=native)")
+    return variant
+
+
+@pytest.mark.parametrize("qtype", ["q4_0", "q4_1", "q8_0"])
+def test_torch_dequantize_equals_the_gguf_reference(qtype):
+    from gguf import GGMLQuantizationType
+
+    p = packed_random(qtype, 24, 96)
+    ref = gguf_quants.dequantize(p.data.numpy(), getattr(GGMLQuantizationType, GGML_TYPES[qtype]))
+    assert torch.equal(dequantize(p), torch.from_numpy(ref.reshape(24, 96)))
+
+
+@pytest.mark.parametrize("qtype", ["q4_0", "q4_1", "q8_0", "int8"])
+def test_native_dequantize_is_exact(kernels, qtype):
+    p = packed_random(qtype, 40, 128)
+    assert torch.equal(kernels.dequantize(p), dequantize(p))
+    assert torch.equal(kernels.dequantize(p, 7, 5), dequantize(p)[7:12])
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("qtype", ["q4_0", "q4_1", "q8_0", "int8"])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13, 16, 40])
+def test_linear_matches_dequantize_then_matmul(kernels, variant, qtype, rows):
+    variant = variant_or_skip(kernels, variant)
+    out_f, in_f = 67, 192  # an output count no tile divides
+    p = packed_random(qtype, out_f, in_f, seed=rows)
+    g = torch.Generator().manual_seed(100 + rows)
+    x = torch.randn(rows, in_f, generator=g)
+    bias = torch.randn(out_f, generator=g)
+    ref = x @ dequantize(p).T + bias
+    y = kernels.linear(x, p, bias, variant=variant)
+    assert y.shape == ref.shape
+    assert (y - ref).abs().max() <= RTOL * ref.abs().max()
+    assert torch.allclose(kernels.linear(x, p, None, variant=variant), ref - bias, atol=RTOL * ref.abs().max())
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_int8_rows_of_any_width(kernels, variant):
+    """int8 rows need not be whole blocks (any Transformers model): the tail is summed in scalar."""
+    variant = variant_or_skip(kernels, variant)
+    p = packed_random("int8", 33, 70)
+    x = torch.randn(3, 70)
+    ref = x @ dequantize(p).T
+    assert (kernels.linear(x, p, variant=variant) - ref).abs().max() <= RTOL * ref.abs().max()
+
+
+def test_int8_quantization_error_is_bounded():
+    w = torch.randn(64, 256)
+    p = quantize_int8(w)
+    err = (dequantize(p) - w).abs()
+    assert (err <= p.scale[:, None] / 2 + 1e-7).all()  # round to nearest: at most half a step per weight
+
+
+def test_bad_packed_shapes_are_refused():
+    with pytest.raises(ModelLoadError, match="multiple of 32"):
+        PackedWeight("q4_1", torch.zeros(4, 20, dtype=torch.uint8), 4, 40)
+    with pytest.raises(ModelLoadError, match="contiguous"):
+        PackedWeight("q8_0", torch.zeros(4, 33, dtype=torch.uint8), 4, 32)
+    with pytest.raises(ModelLoadError, match="unknown packed weight type"):
+        PackedWeight("q5_k", torch.zeros(4, 4, dtype=torch.uint8), 4, 32)

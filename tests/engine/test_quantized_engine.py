@@ -1,0 +1,173 @@
+"""Packed weights in the engine: the embedded Q4_1 GGUF served as it is, and weight-only int8 on any model.
+
+Tolerances (stated here, measured on the machines the tests ran on):
+- GGUF packed vs the dequantized fp32 model (the same weight values, only the order of the fp32 additions
+  differs): logits within 2e-3 absolute (logits are O(10); measured max ~2e-4); greedy tokens equal on the
+  default prompts.
+- int8 vs the fp32 model it was quantized from (a random tiny Llama, whose weights quantize worse than trained
+  ones): |delta logits| / std(logits) under 0.03 on average and 0.2 at most (measured 0.02 and 0.12); the
+  int8 engine equals an fp32 engine over the int8-dequantized weights to 1e-4 and token for token.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from tests.engine.conftest import ENGINE_TEST_OPTIONS, tiny_model
+from vriksha import LLM, SamplingParams
+from vriksha.engine.installation import ModuleInstallation
+from vriksha.engine.native.quant import quant_kernels
+from vriksha.engine.quant_linear import QuantLinear
+from vriksha.errors import ConfigError
+from vriksha.loading import load_model
+from vriksha.loading.gguf_weights import read_gguf_linears
+from vriksha.loading.loader import default_gguf_path
+from vriksha.loading.packed import dequantize, quantize_int8
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "1, 2, 3, 4, 5,",
+    "Q: What is the boiling point of water?\nA:",
+]
+VOCAB = 256  # prompts are token ids below it
+GREEDY = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def kernels():
+    k = quant_kernels()
+    if k is None:
+        pytest.skip("no C compiler: the quantized kernels cannot be built")
+    return k
+
+
+@pytest.fixture(scope="module")
+def embedded():
+    return load_model(None)
+
+
+@pytest.fixture(scope="module")
+def packed_gguf(embedded):
+    return read_gguf_linears(default_gguf_path(), tie_word_embeddings=True)
+
+
+def test_gguf_blocks_dequantize_to_the_converted_weights(embedded, packed_gguf):
+    """Every Q4_1/Q8_0 block, mapped to its module (q/k rows un-interleaved), is the converted fp32 weight."""
+    modules = dict(embedded.model.named_modules())
+    assert {w.qtype for w in packed_gguf.values()} == {"q4_1", "q8_0"}
+    assert sum(w.qtype == "q4_1" for w in packed_gguf.values()) == 210
+    assert packed_gguf["lm_head"].qtype == "q8_0"  # tied to the Q8_0 token embedding
+    for name, w in packed_gguf.items():
+        assert torch.equal(dequantize(w), modules[name].weight.detach()), name
+
+
+def test_packed_logits_close_to_the_dequantized_model(embedded, packed_gguf, kernels):
+    model, tok = embedded.model, embedded.tokenizer
+    router = QuantLinear(model, packed_gguf, kernels)
+    assert len(router.layers) == 211
+    with ModuleInstallation(model) as installation, torch.inference_mode():
+        router.install(installation)
+        for prompt in PROMPTS:
+            ids = torch.tensor([tok.encode(prompt)])
+            ref = model(ids).logits
+            with router.engaged():
+                got = model(ids).logits
+            assert (got - ref).abs().max() < 2e-3
+            assert not torch.equal(got, ref)  # the packed kernels really ran
+    assert all("forward" not in m.__dict__ for m, _ in router.layers)  # handed back as it came
+
+
+def test_gguf_engine_greedy_equals_the_fp32_engine(embedded):
+    model, tok = embedded.model, embedded.tokenizer
+    outs = {}
+    for mode in ("none", "gguf"):
+        with LLM.from_module(model, tok, model=str(default_gguf_path()), quantization=mode) as llm:
+            assert llm.engine.quantization.mode == mode
+            outs[mode] = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    assert outs["gguf"] == outs["none"]
+
+
+@pytest.fixture(scope="module")
+def tiny(default_tokenizer):
+    return tiny_model("llama", vocab_size=VOCAB, seed=3), default_tokenizer
+
+
+def _int8_dequantized_copy(model):
+    """An fp32 model whose linear weights are the int8 ones dequantized (a tied lm_head is untied: the
+    engine's packed lm_head leaves the embedding fp32)."""
+    twin = copy.deepcopy(model)
+    for m in twin.modules():
+        if isinstance(m, torch.nn.Linear):
+            m.weight = torch.nn.Parameter(dequantize(quantize_int8(m.weight)), requires_grad=False)
+    return twin
+
+
+def test_int8_logits_close_to_fp32_on_a_tiny_llama(tiny, kernels):
+    model, _ = tiny
+    ids = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(0))
+    packed = {n: quantize_int8(m.weight) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    twin = _int8_dequantized_copy(model)
+    router = QuantLinear(model, packed, kernels)
+    with ModuleInstallation(model) as installation, torch.inference_mode():
+        router.install(installation)
+        ref = model(ids).logits
+        with router.engaged():
+            got = model(ids).logits
+        same_values = twin(ids).logits
+    delta = (got - ref).abs() / ref.std()
+    print(f"int8 vs fp32 logits, relative to their std: mean {delta.mean():.4f} max {delta.max():.4f}")
+    assert delta.mean() < 0.03 and delta.max() < 0.2
+    assert (got - same_values).abs().max() < 1e-4
+
+
+def test_int8_engine_greedy_tokens(tiny):
+    model, tok = tiny
+    g = torch.Generator().manual_seed(1)
+    prompts = [{"prompt_token_ids": torch.randint(0, VOCAB, (k,), generator=g).tolist()} for k in (1, 7, 30)]
+    with LLM.from_module(copy.deepcopy(model), tok, quantization="int8", **ENGINE_TEST_OPTIONS) as llm:
+        assert llm.engine.quantization.mode == "int8"
+        assert llm.engine.quantization.formats == {"int8": 15}  # 2 layers x 7 + lm_head
+        got = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    twin = _int8_dequantized_copy(model)
+    with LLM.from_module(twin, tok, quantization="none", **ENGINE_TEST_OPTIONS) as llm:
+        want = [o.outputs[0].token_ids for o in llm.generate(prompts, GREEDY)]
+    assert got == want
+
+
+def test_int8_follows_weight_updates(tiny):
+    model, tok = tiny
+    model = copy.deepcopy(model)
+    prompt = {"prompt_token_ids": [5, 6, 7]}
+    with LLM.from_module(model, tok, quantization="int8", **ENGINE_TEST_OPTIONS) as llm:
+        before = llm.generate(prompt, GREEDY)[0].outputs[0].token_ids
+        with torch.no_grad():
+            model.lm_head.weight.mul_(-1.0)  # tied to the embedding: the greedy choice changes
+        llm.weights_updated()
+        after = llm.generate(prompt, GREEDY)[0].outputs[0].token_ids
+        with torch.no_grad():
+            model.lm_head.weight.mul_(-1.0)
+        llm.weights_updated()
+        again = llm.generate(prompt, GREEDY)[0].outputs[0].token_ids
+    assert before != after and again == before
+
+
+def test_auto_and_refusals(tiny):
+    model, tok = tiny
+    with LLM.from_module(copy.deepcopy(model), tok, **ENGINE_TEST_OPTIONS) as llm:
+        choice = llm.engine.quantization
+        assert choice.requested == "auto" and choice.mode == "none"
+        assert "GGUF" in choice.reason and "quantization none" in choice.describe()
+    with pytest.raises(ConfigError, match="not loaded from a GGUF file"):
+        LLM.from_module(copy.deepcopy(model), tok, quantization="gguf", **ENGINE_TEST_OPTIONS)
+    with pytest.raises(ConfigError, match="float32"):
+        LLM.from_module(
+            copy.deepcopy(model).to(torch.bfloat16), tok, quantization="int8", dtype="bfloat16",
+            **ENGINE_TEST_OPTIONS,
+        )  # fmt: skip
+    with pytest.raises(ConfigError, match="quantization must be"):
+        LLM.from_module(copy.deepcopy(model), tok, quantization="q3", **ENGINE_TEST_OPTIONS)

@@ -1,0 +1,118 @@
+"""The engine's `quantization` option: which linear weights are served packed, decided once at load.
+
+- `none`: the fp32 weights.
+- `gguf`: the GGUF file's own Q4_0 / Q4_1 / Q8_0 blocks (the embedded model or `--model FILE.gguf`).
+- `int8`: weight-only int8 with one scale per output channel, quantized at load from any model's weights.
+- `auto` (the default): the GGUF blocks where the model came from a GGUF file and the packed layers of one
+  decode step (one row) were measured faster than their fp32 path on this CPU, else `none`. The timings are
+  cached per CPU, thread count and kernel build (`quant_linear.py`), so the choice is measured, not assumed.
+
+Packed kernels need fp32 activations on the CPU; `auto` falls back to `none` elsewhere, an explicit `gguf` or
+`int8` there is a configuration error.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from vriksha.engine.installation import ModuleInstallation
+from vriksha.engine.native import Kernels
+from vriksha.engine.native.quant import quant_kernels
+from vriksha.engine.quant_linear import QuantLinear
+from vriksha.errors import ConfigError
+from vriksha.loading.packed import quantize_int8
+
+logger = logging.getLogger(__name__)
+
+MODES = ("none", "gguf", "int8", "auto")
+
+
+@dataclass(slots=True)
+class QuantizationChoice:
+    """What the engine serves and why; `describe()` is what the log and `generate --verbose` show."""
+
+    requested: str
+    mode: str  # none | gguf | int8
+    reason: str
+    formats: dict[str, int] = field(default_factory=dict)
+    variant: str | None = None
+    packed_ms: float | None = None  # the packed layers of one decode step (1 row), measured
+    fp32_ms: float | None = None  # the same layers on their fp32 path
+
+    def describe(self) -> str:
+        text = f"quantization {self.mode} (requested {self.requested}): {self.reason}"
+        if self.formats:
+            text += f"; packed layers {', '.join(f'{n} {q}' for q, n in sorted(self.formats.items()))}"
+        if self.variant:
+            text += f"; kernels {self.variant}"
+        if self.packed_ms is not None and self.fp32_ms is not None:
+            text += f"; decode-step linears {self.packed_ms:.2f} ms packed vs {self.fp32_ms:.2f} ms fp32"
+        return text
+
+
+def _packed_weights(model: nn.Module, mode: str, gguf: Path | None) -> dict:
+    if mode == "int8":
+        return {
+            name: quantize_int8(m.weight)
+            for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and m.weight.dtype == torch.float32
+        }
+    from vriksha.loading.gguf_weights import read_gguf_linears
+
+    tied = bool(getattr(model.config.get_text_config(), "tie_word_embeddings", False))
+    return read_gguf_linears(gguf, tie_word_embeddings=tied)
+
+
+def apply(
+    model: nn.Module,
+    requested: str,
+    installation: ModuleInstallation,
+    fp32_kernels: Kernels | None,
+    gguf: Path | None,
+    cpu_fp32: bool,
+) -> tuple[QuantLinear | None, QuantizationChoice]:
+    """Decide what to serve for `requested` and install it; returns the router (None for fp32) and why."""
+    if requested not in MODES:
+        raise ConfigError(f"engine option quantization must be one of {', '.join(MODES)}, got {requested!r}")
+    if requested == "none":
+        return None, QuantizationChoice(requested, "none", "fp32 weights as requested")
+    explicit = requested != "auto"
+    mode = "gguf" if requested == "auto" else requested
+
+    def refuse(why: str, fix: str) -> tuple[None, QuantizationChoice]:
+        if explicit:
+            raise ConfigError(f"quantization {requested}: {why}; {fix}")
+        return None, QuantizationChoice(requested, "none", why)
+
+    if not cpu_fp32:
+        return refuse("packed kernels run on the CPU with float32 activations", "use --dtype float32 on the CPU")
+    if mode == "gguf" and gguf is None:
+        return refuse(
+            "the model was not loaded from a GGUF file",
+            "pass the embedded default or --model FILE.gguf, or use --quantization int8",
+        )
+    kernels = quant_kernels()
+    if kernels is None:
+        return refuse("the quantized kernels could not be built (no C compiler?)", "install gcc or clang")
+    packed = _packed_weights(model, mode, gguf)
+    if not packed:
+        return refuse("no linear weight in a packed format", "use --quantization none")
+    router = QuantLinear(model, packed, kernels, fp32_kernels)
+    choice = QuantizationChoice(requested, mode, "as requested", router.formats(), kernels.variant)
+    if explicit:
+        router.install(installation)
+        return router, choice
+    packed_s, fp32_s = router.step_seconds(1)
+    choice.packed_ms, choice.fp32_ms = packed_s * 1e3, fp32_s * 1e3
+    if packed_s >= fp32_s:
+        choice.mode, choice.formats, choice.variant = "none", {}, None
+        choice.reason = "the GGUF's packed weights measured slower than fp32 on this CPU"
+        return None, choice
+    choice.reason = "the GGUF's packed weights measured faster than fp32"
+    router.install(installation, measured=True)
+    return router, choice
