@@ -36,6 +36,7 @@ CPU-only from the llama.cpp that llama-cpp-python's source distribution vendors 
         --llama-gguf ~/.cache/vriksha/SmolLM2-135M-Instruct.F32.gguf --llama-server /tmp/llama-build/bin/llama-server
     python benchmarks/engine_throughput.py --dtype bfloat16 --systems vriksha,hf-generate
     python benchmarks/engine_throughput.py --scale 0.25          # a quick look: a quarter of the requests
+    python benchmarks/engine_throughput.py --systems vriksha --workloads a --quantization gguf  # Q4_1 packed
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ def make_workloads(vocab: int, scale: float, which: str) -> list[Workload]:
 def run_vriksha(model_path, dtype, wl: Workload, engine_kwargs) -> dict:
     from vriksha import LLM, SamplingParams
 
-    llm = LLM(model=str(model_path), dtype=dtype, **engine_kwargs)
+    llm = LLM(model=str(model_path) if model_path is not None else None, dtype=dtype, **engine_kwargs)
+    print(f"  vriksha: {llm.engine.quantization.describe()}", flush=True)
     llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(temperature=0, max_tokens=4))  # warm-up
     llm.flush_cache()
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in wl.new_tokens]
@@ -120,7 +122,13 @@ def run_vriksha(model_path, dtype, wl: Workload, engine_kwargs) -> dict:
     stats = llm.stats()
     prompt_tokens = sum(len(p) for p in wl.prompts)
     first = list(outs[0].outputs[0].token_ids[:8])
-    return {"seconds": elapsed, "hit_rate": stats.cached_prompt_tokens / prompt_tokens, "first_tokens": first}
+    formats = "+".join(sorted(llm.engine.quantization.formats))  # the packed weights served, if any
+    return {
+        "seconds": elapsed,
+        "hit_rate": stats.cached_prompt_tokens / prompt_tokens,
+        "first_tokens": first,
+        "packed": formats,
+    }
 
 
 def _hf_model(model_path, dtype):
@@ -236,6 +244,13 @@ def main() -> None:
         help="extra llama-server arguments as one string, given with '=' (e.g. --llama-server-args='-ctk f32 -ctv f32' "
         "for an fp32 KV cache; llama.cpp's default is f16)",
     )
+    ap.add_argument(
+        "--quantization",
+        default="none",
+        choices=["none", "gguf", "int8", "auto"],
+        help="vriksha's linear weights: none (fp32), gguf (the GGUF's own packed blocks; the model is then "
+        "loaded from its GGUF file), int8, or auto (default: none)",
+    )
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
 
@@ -302,7 +317,10 @@ def main() -> None:
             gguf = next((str(g) for g in ggufs if f"[{gguf_type(g)}]" == f"[{kind}"), None)
             gc.collect()
             if system == "vriksha":
-                r = run_vriksha(path, dtype, wl, {})
+                gguf_model = args.quantization in ("gguf", "auto")  # the engine reads the GGUF's blocks
+                r = run_vriksha(
+                    args.model if gguf_model else path, dtype, wl, {"quantization": args.quantization}
+                )
             elif system == "vllm-cpu":
                 r = dict(vllm[wl.name]) if wl.name in vllm else None
                 if r is not None:
@@ -321,7 +339,8 @@ def main() -> None:
                 raise SystemExit(f"unknown system {system!r}")
             if r is None:
                 continue
-            dtypes.setdefault(column, kind.rstrip("]") if kind else dtype)
+            packed = f" + packed {r['packed']}" if r.get("packed") else ""
+            dtypes.setdefault(column, (kind.rstrip("]") if kind else dtype) + packed)
             r["tok_s"] = wl.requested / r["seconds"]
             row[column] = r
             extra = f", cache hit {r['hit_rate']:.1%}" if "hit_rate" in r else ""
@@ -346,6 +365,7 @@ def main() -> None:
             "threads": threads,
             "torch": torch.__version__,
             "dtypes": dtypes,
+            "quantization": args.quantization,
             "scale": args.scale,
             "results": results,
         }

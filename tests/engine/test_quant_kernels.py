@@ -78,7 +78,9 @@ def test_linear_matches_dequantize_then_matmul(kernels, variant, qtype, rows):
     y = kernels.linear(x, p, bias, variant=variant)
     assert y.shape == ref.shape
     assert (y - ref).abs().max() <= RTOL * ref.abs().max()
-    assert torch.allclose(kernels.linear(x, p, None, variant=variant), ref - bias, atol=RTOL * ref.abs().max())
+    assert torch.allclose(
+        kernels.linear(x, p, None, variant=variant), ref - bias, atol=RTOL * ref.abs().max()
+    )
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

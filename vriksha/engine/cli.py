@@ -37,7 +37,9 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object per completion")
     p.add_argument("--stream", action="store_true", help="print tokens as they are generated (one prompt)")
     p.add_argument(
-        "--verbose", action="store_true", help="print the engine's dtype choice and the CPU flags it saw"
+        "--verbose",
+        action="store_true",
+        help="print the engine's dtype choice, the CPU flags it saw and its quantization choice",
     )
     EngineConfig.add_arguments(p)
     add_profile_args(p)
@@ -68,6 +70,7 @@ def run(args: argparse.Namespace) -> int:
             f"engine: {engine.model_name}, {engine.dtype_choice.describe()}; kernels {kernels}",
             file=sys.stderr,
         )
+        print(f"engine: {engine.quantization.describe()}", file=sys.stderr)
     prompts = args.prompt
     if args.chat:
         prompts = [

@@ -99,7 +99,9 @@ class EngineConfig:
         if self.dtype not in DTYPES:
             raise ConfigError(f"engine option dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.quantization not in ("none", "gguf", "int8", "auto"):
-            raise ConfigError(f"engine option quantization must be none, gguf, int8 or auto, got {self.quantization!r}")
+            raise ConfigError(
+                f"engine option quantization must be none, gguf, int8 or auto, got {self.quantization!r}"
+            )
         if self.max_num_batched_tokens < self.max_num_seqs:
             self.max_num_batched_tokens = self.max_num_seqs
 

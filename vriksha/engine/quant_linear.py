@@ -104,7 +104,9 @@ class QuantLinear:
             if (module.out_features, module.in_features) != (weight.out_features, weight.in_features):
                 logger.warning("packed weight %s does not match its module's shape: left out", name)
                 continue
-            if weight.qtype != "int8" and not torch.equal(kernels.dequantize(weight, 0, 1)[0], module.weight[0]):
+            if weight.qtype != "int8" and not torch.equal(
+                kernels.dequantize(weight, 0, 1)[0], module.weight[0]
+            ):
                 logger.warning("packed weight %s does not hold its module's values: left out", name)
                 continue
             self.layers.append((module, weight))

@@ -90,7 +90,9 @@ def apply(
         return None, QuantizationChoice(requested, "none", why)
 
     if not cpu_fp32:
-        return refuse("packed kernels run on the CPU with float32 activations", "use --dtype float32 on the CPU")
+        return refuse(
+            "packed kernels run on the CPU with float32 activations", "use --dtype float32 on the CPU"
+        )
     if mode == "gguf" and gguf is None:
         return refuse(
             "the model was not loaded from a GGUF file",

@@ -88,7 +88,9 @@ def read_gguf_linears(path: Path, tie_word_embeddings: bool = True) -> dict[str,
         data = torch.from_numpy(np.array(tensor.data, dtype=np.uint8, copy=True)).reshape(out_features, -1)
         weight = PackedWeight(qtype, data, out_features, in_features)
         if arch in _ROTARY_PERMUTED and module.endswith(("q_proj", "k_proj")):
-            weight = permute_rows(weight, _rotary_order(out_features, heads if "q_proj" in module else kv_heads))
+            weight = permute_rows(
+                weight, _rotary_order(out_features, heads if "q_proj" in module else kv_heads)
+            )
         packed[module] = weight
     if skipped:
         logger.info("%s: linear weights of types %s stay fp32 (no packed kernel)", path.name, dict(skipped))

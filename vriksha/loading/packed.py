@@ -39,7 +39,9 @@ class PackedWeight:
         if self.qtype not in QTYPES:
             raise ModelLoadError(f"unknown packed weight type {self.qtype!r}; known: {', '.join(QTYPES)}")
         if self.qtype != "int8" and self.in_features % BLOCK:
-            raise ModelLoadError(f"{self.qtype} rows need a multiple of {BLOCK} inputs, got {self.in_features}")
+            raise ModelLoadError(
+                f"{self.qtype} rows need a multiple of {BLOCK} inputs, got {self.in_features}"
+            )
         want = (self.out_features, row_bytes(self.qtype, self.in_features))
         if tuple(self.data.shape) != want or not self.data.is_contiguous():
             raise ModelLoadError(f"{self.qtype} data must be contiguous {want}, got {tuple(self.data.shape)}")
