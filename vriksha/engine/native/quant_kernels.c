@@ -154,13 +154,15 @@ static inline __attribute__((always_inline)) void decode8x4(int kind, const uint
   float df = _cvtsh_ss(load_u16(blk));
   __m256 d = _mm256_set1_ps(df);
   __m256 mv = _mm256_set1_ps(kind == Q4_1 ? _cvtsh_ss(load_u16(blk + 2)) : -8.f * df);
-  __m128i bytes = _mm_loadu_si128((const __m128i*)(blk + (kind == Q4_0 ? 2 : 4)));
-  __m128i mask = _mm_set1_epi8(0x0f);
-  __m128i lo = _mm_and_si128(bytes, mask), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-  v[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)), d, mv);
-  v[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8))), d, mv);
-  v[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)), d, mv);
-  v[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8))), d, mv);
+  /* bytes 0-7 widened to 32-bit lanes hold elements 0-7 (low nibbles) and 16-23 (high); bytes 8-15 the rest */
+  const uint8_t* qs = blk + (kind == Q4_0 ? 2 : 4);
+  __m256i a = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)qs));
+  __m256i c = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(qs + 8)));
+  __m256i mask = _mm256_set1_epi32(0x0f);
+  v[0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(a, mask)), d, mv);
+  v[1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_and_si256(c, mask)), d, mv);
+  v[2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(a, 4)), d, mv);
+  v[3] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_srli_epi32(c, 4)), d, mv);
 }
 
 /* One output row against R input rows, NA accumulators per input row (enough independent chains to keep
@@ -228,11 +230,9 @@ static inline __attribute__((always_inline)) void decode16x2(int kind, const uin
   float df = f16_to_f32(load_u16(blk));
   __m512 d = _mm512_set1_ps(df);
   __m512 mv = _mm512_set1_ps(kind == Q4_1 ? f16_to_f32(load_u16(blk + 2)) : -8.f * df);
-  __m128i bytes = _mm_loadu_si128((const __m128i*)(blk + (kind == Q4_0 ? 2 : 4)));
-  __m128i mask = _mm_set1_epi8(0x0f);
-  __m128i lo = _mm_and_si128(bytes, mask), hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), mask);
-  v[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), d, mv);
-  v[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), d, mv);
+  __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(blk + (kind == Q4_0 ? 2 : 4))));
+  v[0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_and_si512(a, _mm512_set1_epi32(0x0f))), d, mv);
+  v[1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_srli_epi32(a, 4)), d, mv);
 }
 
 static inline __attribute__((always_inline)) void row_avx512(int kind, const uint8_t* w, float scale, int64_t in,
