@@ -77,6 +77,7 @@ def test_packed_logits_close_to_the_dequantized_model(embedded, packed_gguf, ker
             ref = model(ids).logits
             with router.engaged():
                 got = model(ids).logits
+            print(f"packed vs dequantized logits: max |delta| {(got - ref).abs().max():.2e}")
             assert (got - ref).abs().max() < 2e-3
             assert not torch.equal(got, ref)  # the packed kernels really ran
     assert all("forward" not in m.__dict__ for m, _ in router.layers)  # handed back as it came
@@ -171,3 +172,33 @@ def test_auto_and_refusals(tiny):
         )  # fmt: skip
     with pytest.raises(ConfigError, match="quantization must be"):
         LLM.from_module(copy.deepcopy(model), tok, quantization="q3", **ENGINE_TEST_OPTIONS)
+
+
+def test_timings_are_measured_once_and_cached(tiny, kernels, tmp_path, monkeypatch):
+    import vriksha.engine.quant_linear as ql
+
+    monkeypatch.setenv("VRIKSHA_CACHE", str(tmp_path))
+    model, _ = tiny
+    packed = {"lm_head": quantize_int8(model.lm_head.weight)}
+    packed_s, fp32_s = QuantLinear(model, packed, kernels).step_seconds(1)
+    assert packed_s > 0 and fp32_s > 0
+    assert (tmp_path / "quant_linear.json").is_file()
+
+    def refuse(*args):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(ql, "measure", refuse)
+    assert QuantLinear(model, packed, kernels).step_seconds(1) == (packed_s, fp32_s)
+
+
+def test_the_option_is_a_flag():
+    import argparse
+
+    from vriksha.engine.config import EngineConfig
+
+    parser = argparse.ArgumentParser()
+    EngineConfig.add_arguments(parser)
+    assert EngineConfig.from_args(parser.parse_args(["--quantization", "int8"])).quantization == "int8"
+    assert EngineConfig().quantization == "auto"
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--quantization", "q2"])
