@@ -1,6 +1,7 @@
 """The quantized linear kernels against torch: dequantize (the format reference) then matmul.
 
-Every variant this build compiled runs; a variant the CPU lacks the flags for is skipped naming the flag.
+Every instruction-set variant (`isa.VARIANTS`) whose flags the CPU has is built and run, with its widest code
+path and its scalar one; a variant the CPU lacks the flags for is skipped naming the flags.
 Tolerance: the kernels sum fp32 products in another order than torch's matmul and fuse q * d + m into one
 rounding, so outputs agree to 2e-5 of the largest output magnitude (measured: ~1e-6).
 """
@@ -11,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from vriksha.engine.native.quant import VARIANTS, missing_flags, quant_kernels
+from vriksha.engine.native import isa
+from vriksha.engine.native.quant import missing_flags, quant_kernels
 from vriksha.errors import ModelLoadError
 from vriksha.loading.packed import PackedWeight, dequantize, quantize_int8
 
@@ -39,13 +41,17 @@ def packed_random(qtype: str, out_f: int, in_f: int, seed: int = 0) -> PackedWei
     return PackedWeight(qtype, torch.from_numpy(np.ascontiguousarray(raw)), out_f, in_f)
 
 
-def variant_or_skip(kernels, variant: str) -> str:
-    missing = missing_flags(variant)
+def built(variant: str):
+    missing = missing_flags(isa.variant(variant))
     if missing:
         pytest.skip(f"needs {' '.join(missing)}")
-    if variant not in kernels.variants:
-        pytest.skip(f"the compiler did not target {variant} (-march=native)")
-    return variant
+    k = quant_kernels(variant)
+    if k is None:
+        pytest.skip("no C compiler: the quantized kernels cannot be built")
+    return k
+
+
+VARIANTS = [v.name for v in isa.VARIANTS]
 
 
 @pytest.mark.parametrize("qtype", ["q4_0", "q4_1", "q8_0"])
@@ -64,33 +70,39 @@ def test_native_dequantize_is_exact(kernels, qtype):
     assert torch.equal(kernels.dequantize(p, 7, 5), dequantize(p)[7:12])
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("qtype", ["q4_0", "q4_1", "q8_0", "int8"])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13, 16, 40])
-def test_linear_matches_dequantize_then_matmul(kernels, variant, qtype, rows):
-    variant = variant_or_skip(kernels, variant)
+def test_linear_matches_dequantize_then_matmul(variant, qtype, rows):
+    k = built(variant)
     out_f, in_f = 67, 192  # an output count no tile divides
     p = packed_random(qtype, out_f, in_f, seed=rows)
     g = torch.Generator().manual_seed(100 + rows)
     x = torch.randn(rows, in_f, generator=g)
     bias = torch.randn(out_f, generator=g)
     ref = x @ dequantize(p).T + bias
-    y = kernels.linear(x, p, bias, variant=variant)
-    assert y.shape == ref.shape
-    assert (y - ref).abs().max() <= RTOL * ref.abs().max()
-    assert torch.allclose(
-        kernels.linear(x, p, None, variant=variant), ref - bias, atol=RTOL * ref.abs().max()
-    )
+    for path in {k.variant, "scalar"}:
+        y = k.linear(x, p, bias, path=path)
+        assert y.shape == ref.shape
+        assert (y - ref).abs().max() <= RTOL * ref.abs().max(), path
+        assert torch.allclose(k.linear(x, p, None, path=path), ref - bias, atol=RTOL * ref.abs().max())
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_int8_rows_of_any_width(kernels, variant):
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_int8_rows_of_any_width(variant):
     """int8 rows need not be whole blocks (any Transformers model): the tail is summed in scalar."""
-    variant = variant_or_skip(kernels, variant)
+    k = built(variant)
     p = packed_random("int8", 33, 70)
     x = torch.randn(3, 70)
     ref = x @ dequantize(p).T
-    assert (kernels.linear(x, p, variant=variant) - ref).abs().max() <= RTOL * ref.abs().max()
+    assert (k.linear(x, p) - ref).abs().max() <= RTOL * ref.abs().max()
+
+
+def test_each_variant_has_its_widest_path():
+    expect = {"generic": "scalar", "avx2": "avx2", "avx512": "avx512", "avx512_bf16": "avx512"}
+    for name in VARIANTS:
+        if not missing_flags(isa.variant(name)) and (k := quant_kernels(name)) is not None:
+            assert k.variant == expect[name], name
 
 
 def test_int8_quantization_error_is_bounded():
@@ -107,3 +119,15 @@ def test_bad_packed_shapes_are_refused():
         PackedWeight("q8_0", torch.zeros(4, 33, dtype=torch.uint8), 4, 32)
     with pytest.raises(ModelLoadError, match="unknown packed weight type"):
         PackedWeight("q5_k", torch.zeros(4, 4, dtype=torch.uint8), 4, 32)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_variant_compiles_here(variant):
+    """The wider variants are at least compiled on a machine that cannot run them."""
+    from vriksha.engine.native import _compiler
+    from vriksha.engine.native.quant import build_variant
+
+    compiler = _compiler()
+    if compiler is None or not isa.is_x86():
+        pytest.skip("needs a C compiler for x86")
+    assert build_variant(compiler, isa.variant(variant)).is_file()

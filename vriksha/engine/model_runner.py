@@ -55,7 +55,12 @@ class ModelRunner:
         self.tensor_parallel = None
         fp32_cpu = cpu and pool.dtype == torch.float32  # the packed kernels' only case
         self.quant, self.quantization = quantization.apply(
-            model, config.quantization, self.installation, self.kernels.linear_for(torch.float32), gguf, fp32_cpu
+            model,
+            config.quantization,
+            self.installation,
+            self.kernels.linear_for(torch.float32),
+            gguf,
+            fp32_cpu,
         )
         self.fast_forward: FastForward | None = None
         if config.fast_forward:

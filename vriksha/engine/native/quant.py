@@ -1,5 +1,9 @@
-"""The quantized linear kernels (`quant_kernels.c`): packed weights dequantized in registers, one variant per
-instruction set the compiler targets on this CPU, built and cached like the fp32 kernels."""
+"""The quantized linear kernels (`quant_kernels.c`): packed weights dequantized in registers.
+
+Built like the fp32 kernels, once per instruction-set variant (`isa.py`; the AVX2 and AVX-512 builds add
+F16C, which every CPU with AVX2 has), and the widest variant this CPU's flags allow is loaded. Inside a
+build, `paths` lists its code paths (`scalar` always, `avx2`, `avx512`): the widest runs, the scalar one is the
+reference the tests hold the others to."""
 
 from __future__ import annotations
 
@@ -11,15 +15,14 @@ from pathlib import Path
 
 import torch
 
-from vriksha.engine.native import _build, _compiler
+from vriksha.engine.native import _compiler, build, isa
 from vriksha.errors import VrikshaError
 from vriksha.loading.packed import PackedWeight
 
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("quant_kernels.c")
-VARIANTS = {"scalar": 1, "avx2": 2, "avx512": 4}  # the bits of vq_variants()
-CPU_FLAGS = {"avx2": ("avx2", "fma", "f16c"), "avx512": ("avx512f",)}  # what each variant needs
+PATHS = {"scalar": 1, "avx2": 2, "avx512": 4}  # the bits of vq_variants()
 _KINDS = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "int8": 3}
 _I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 
@@ -31,7 +34,7 @@ class QuantKernelError(VrikshaError):
 class QuantKernels:
     """Typed entry points; activations fp32 on the CPU. `variant` is the fastest one this build has."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, variant: isa.Variant) -> None:
         lib = ctypes.CDLL(str(path))
         lib.vq_variants.restype = _INT
         lib.vq_linear.argtypes = [_INT, _INT] + [_PTR] * 5 + [_I64] * 3 + [_INT]
@@ -40,22 +43,24 @@ class QuantKernels:
         lib.vq_dequantize.restype = _INT
         self._lib = lib
         self.path = path
+        self.isa = variant
         bits = lib.vq_variants()
-        self.variants = [name for name, bit in VARIANTS.items() if bits & bit]
-        self.variant = self.variants[-1]
+        self.paths = [name for name, bit in PATHS.items() if bits & bit]
+        self.variant = self.paths[-1]  # the code path that runs
 
     def linear(
         self,
         x: torch.Tensor,
         weight: PackedWeight,
         bias: torch.Tensor | None = None,
-        variant: str | None = None,
+        path: str | None = None,
     ) -> torch.Tensor:
-        """x [M, in] (fp32, contiguous) @ dequantize(weight).T (+ bias) -> [M, out]."""
+        """x [M, in] (fp32, contiguous) @ dequantize(weight).T (+ bias) -> [M, out]; `path`: a code path of
+        this build (default: the widest)."""
         rows = x.shape[0]
         y = torch.empty(rows, weight.out_features, dtype=torch.float32)
         done = self._lib.vq_linear(
-            VARIANTS[variant or self.variant],
+            PATHS[path or self.variant],
             _KINDS[weight.qtype],
             weight.data.data_ptr(),
             weight.scale.data_ptr() if weight.scale is not None else None,
@@ -69,8 +74,8 @@ class QuantKernels:
         )
         if done != 0:
             raise QuantKernelError(
-                f"the {variant or self.variant} kernel cannot run a {weight.qtype} weight "
-                f"[{weight.out_features} x {weight.in_features}]; available variants: {self.variants}"
+                f"the {path or self.variant} kernel cannot run a {weight.qtype} weight "
+                f"[{weight.out_features} x {weight.in_features}]; this build's paths: {self.paths}"
             )
         return y
 
@@ -90,33 +95,33 @@ class QuantKernels:
         return out
 
 
-def cpu_flags() -> frozenset[str]:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith(("flags", "Features")):
-                return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
-
-
-def missing_flags(variant: str) -> list[str]:
-    """The CPU flags `variant` needs that this CPU lacks."""
-    have = cpu_flags()
-    return [f for f in CPU_FLAGS.get(variant, ()) if f not in have]
-
-
 @functools.cache
-def quant_kernels() -> QuantKernels | None:
-    """The quantized kernels, built on first call; None without a C compiler or with VRIKSHA_NATIVE=0."""
+def quant_kernels(variant: str | None = None) -> QuantKernels | None:
+    """The quantized kernels of `variant` (default: the widest this CPU runs), built on first call; None
+    without a C compiler, with VRIKSHA_NATIVE=0, or where the CPU lacks the variant's flags."""
     if os.environ.get("VRIKSHA_NATIVE", "1") == "0":
         return None
     compiler = _compiler()
     if compiler is None:
         logger.info("no C compiler found (set CC): packed weights cannot be served")
         return None
+    chosen = isa.variant(variant) if variant is not None else isa.best_variant()
+    if not isa.runnable(chosen) or missing_flags(chosen):
+        return None
     try:
-        return QuantKernels(_build(compiler, SOURCE))
+        return QuantKernels(build_variant(compiler, chosen), chosen)
     except (OSError, RuntimeError) as exc:
         logger.warning("quantized CPU kernels unavailable: %s", exc)
         return None
+
+
+def build_variant(compiler: str, variant: isa.Variant) -> Path:
+    """The quantized kernels' library of `variant` (compiles whether or not this CPU runs it)."""
+    extra = ("-mf16c",) if "-mavx2" in variant.cflags else ()
+    return build(compiler, variant, (SOURCE,), (), "quant_kernels", extra)
+
+
+def missing_flags(variant: isa.Variant) -> list[str]:
+    """The CPU flags the quantized build of `variant` needs that this CPU lacks."""
+    need = set(variant.cpu_flags) | ({"f16c"} if "-mavx2" in variant.cflags else set())
+    return sorted(need - isa.cpu_flags())
