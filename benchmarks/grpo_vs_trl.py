@@ -3,6 +3,8 @@
     python benchmarks/grpo_vs_trl.py                       # 12 steps each, 8 prompts x 8 generations x 32 tokens
     python benchmarks/grpo_vs_trl.py --steps 1             # a smoke run
     python benchmarks/grpo_vs_trl.py --only vriksha        # one side
+    python benchmarks/grpo_vs_trl.py --only vriksha --modes sync,async,server,server-async --eval-episodes 128
+                                                           # vriksha's rollout modes against each other
 
 Both sides train the embedded SmolLM2-135M-Instruct (float32, CPU unless CUDA is present) on the
 `arithmetic` environment (level 1: one-digit a + b or a - b) with the environment's reward (0.9 for
@@ -11,6 +13,15 @@ optimizer step per 8 x 8 completions, no KL term. Each side runs in its own subp
 the other, so they never compete for the CPU. Printed: seconds per step (median of steps 2..N and
 mean), mean reward at the start and end, wall time until the moving-average reward reaches the
 target, and the speed ratio; written: `<out>/grpo_vs_trl.json` and `<out>/grpo_vs_trl.png`.
+
+vriksha's modes (`--modes`): `sync` (colocated engine, play then train: the default side), `async`
+(colocated, `rollout.max_staleness` K: a producer thread plays the next batch under weights K versions
+old while this one trains), `server` (one `vriksha serve` process, weights pushed after each update) and
+`server-async` (the server plays the next batch while the trainer trains). In the server modes the
+trainer process and the server are pinned to disjoint halves of the CPUs (`--trainer-cores`,
+`--server-cores`), each with as many threads as cores; the colocated modes get all of them. Compared:
+steps per hour (from the median step time) and held-out success (`--eval-episodes`, greedy, before and
+after) against `sync`: a mode is faster at equal success when its success is within the seeds' spread.
 """
 
 from __future__ import annotations
@@ -37,14 +48,64 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--target", type=float, default=0.8, help="reward whose first crossing is timed")
     p.add_argument("--only", choices=["both", "trl", "vriksha"], default="both")
+    p.add_argument(
+        "--modes",
+        default="sync",
+        help="vriksha's rollout modes, comma-separated: sync, async, server, server-async",
+    )
+    p.add_argument("--max-staleness", type=int, default=1, help="K of the async modes")
+    p.add_argument(
+        "--eval-episodes", type=int, default=0, help="held-out episodes before and after (vriksha)"
+    )
+    p.add_argument("--trainer-cores", default=None, help="server modes: CPUs of the trainer, e.g. 0")
+    p.add_argument("--server-cores", default=None, help="server modes: CPUs of the server, e.g. 1")
     p.add_argument("--out", default="runs/bench_grpo", help="output directory")
     p.add_argument(
         "--reuse",
         action="store_true",
         help="take a side that --only skips from <out>/<side>_rows.json of a past run",
     )
-    p.add_argument("--worker", choices=["trl", "vriksha"], help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in MODES]
+    if bad or not modes:
+        p.error(f"--modes: unknown {bad or modes}; choose from {', '.join(MODES)}")
+    args.mode_list = modes
+    return args
+
+
+MODES = ("sync", "async", "server", "server-async")
+
+
+def side_name(mode: str) -> str:
+    return "vriksha" if mode == "sync" else f"vriksha-{mode}"
+
+
+def _cores(spec: str | None, default: set[int]) -> set[int]:
+    return default if spec is None else {int(c) for c in spec.split(",") if c.strip()}
+
+
+def pinned_server(args: argparse.Namespace, out: Path):
+    """A `vriksha serve` of the embedded model on the server cores; this process moves to the trainer cores."""
+    import torch
+
+    from vriksha.engine.config import EngineConfig
+    from vriksha.train.server_rollout import LocalServer, engine_flags
+
+    cpus = sorted(os.sched_getaffinity(0))
+    half = max(1, len(cpus) // 2)
+    trainer = _cores(args.trainer_cores, set(cpus[:half]))
+    server = _cores(args.server_cores, set(cpus[half:]) or set(cpus))
+    os.sched_setaffinity(0, server)  # the server inherits the mask and the thread count at fork
+    os.environ["OMP_NUM_THREADS"] = str(len(server))
+    try:
+        srv = LocalServer(None, engine_flags(EngineConfig(), "float32"), out / "server.log")
+    finally:
+        os.sched_setaffinity(0, trainer)
+    torch.set_num_threads(len(trainer))
+    print(f"   trainer on CPUs {sorted(trainer)}, server on CPUs {sorted(server)} ({srv.url})", flush=True)
+    return srv
 
 
 # ---------------------------------------------------------------- the two workers
@@ -110,7 +171,7 @@ def run_trl(args: argparse.Namespace, out: Path) -> list[dict]:
     return rows
 
 
-def run_vriksha(args: argparse.Namespace, out: Path) -> list[dict]:
+def run_vriksha(args: argparse.Namespace, out: Path, mode: str = "sync") -> list[dict]:
     from vriksha.train.config import TrainConfig
     from vriksha.train.distributed import shutdown_distributed
     from vriksha.train.metrics import read_jsonl
@@ -125,27 +186,45 @@ def run_vriksha(args: argparse.Namespace, out: Path) -> list[dict]:
                 "prompts_per_step": args.prompts,
                 "max_new_tokens": args.max_new_tokens,
                 "temperature": 1.0,
+                "mode": "server" if mode.startswith("server") else "colocated",
+                "max_staleness": args.max_staleness if mode.endswith("async") else 0,
             },
             "optim": {"lr": args.vriksha_lr or args.lr},
             "grpo": {"micro_batch_groups": 4},  # 4 groups of 8 per forward/backward: bigger CPU matmuls
             "trainer": {
                 "steps": args.steps,
                 "seed": args.seed,
-                "eval_episodes": 0,
-                "output_dir": str(out / "vriksha"),
+                "eval_episodes": args.eval_episodes,
+                "output_dir": str(out / side_name(mode)),
                 "export": False,
                 "tensorboard": False,
             },
         }
     )
+    server = pinned_server(args, out) if mode.startswith("server") else None
+    if server is not None:
+        cfg.rollout.servers = [server.url]
     try:
         GRPOTrainer(cfg).fit()
     finally:
         shutdown_distributed()
-    return [
-        {"step": r["step"], "seconds": r["time/step_s"], "reward": r["reward/mean"]}
-        for r in read_jsonl(out / "vriksha" / "metrics.jsonl")
+        if server is not None:
+            server.stop()
+    run = out / side_name(mode)
+    evals = read_jsonl(run / "eval.jsonl")
+    rows = [
+        {
+            "step": r["step"],
+            "seconds": r["time/step_s"],
+            "reward": r["reward/mean"],
+            "staleness": r.get("async/staleness_mean", 0.0),
+        }
+        for r in read_jsonl(run / "metrics.jsonl")
     ]
+    if evals and rows:
+        rows[0]["eval_before"] = evals[0]["success_rate"]
+        rows[-1]["eval_after"] = evals[-1]["success_rate"]
+    return rows
 
 
 # ---------------------------------------------------------------- comparison
@@ -172,6 +251,10 @@ def summarise(rows: list[dict], target: float) -> dict:
         "reward_end": sum(tail) / len(tail) if tail else None,
         "seconds_to_target": crossed,
         "total_s": sum(secs),
+        "steps_per_hour": 3600.0 / statistics.median(steady) if steady else None,
+        "eval_before": next((r["eval_before"] for r in rows if "eval_before" in r), None),
+        "eval_after": next((r["eval_after"] for r in rows if "eval_after" in r), None),
+        "staleness_mean": sum(r.get("staleness", 0.0) for r in rows) / len(rows) if rows else None,
     }
 
 
@@ -207,13 +290,18 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     if args.worker:
-        rows = run_trl(args, out) if args.worker == "trl" else run_vriksha(args, out)
+        if args.worker == "trl":
+            rows = run_trl(args, out)
+        else:
+            mode = next(m for m in MODES if side_name(m) == args.worker)
+            rows = run_vriksha(args, out, mode)
         (out / f"{args.worker}_rows.json").write_text(json.dumps(rows))
         return 0
-    sides = ["trl", "vriksha"] if args.only == "both" else [args.only]
+    vriksha_sides = [side_name(m) for m in args.mode_list]
+    sides = {"both": ["trl", *vriksha_sides], "trl": ["trl"], "vriksha": vriksha_sides}[args.only]
     results = {}
     if args.reuse:
-        for side in {"trl", "vriksha"} - set(sides):
+        for side in {"trl", *map(side_name, MODES)} - set(sides):
             past = out / f"{side}_rows.json"
             if past.is_file():
                 rows = json.loads(past.read_text())
@@ -245,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{f' (vriksha {args.vriksha_lr})' if args.vriksha_lr else ''}, {args.steps} steps"
     )
     print(
-        f"{'':10} {'s/step (median)':>16} {'s/step (mean)':>14} {'reward start':>13} {'reward end':>11} {'s to ' + str(args.target):>10}"
+        f"{'':22} {'s/step (median)':>16} {'s/step (mean)':>14} {'reward start':>13} {'reward end':>11} "
+        f"{'s to ' + str(args.target):>10} {'steps/h':>8} {'held-out':>13} {'stale':>6}"
     )
     for side, r in results.items():
         s = r["summary"]
@@ -253,11 +342,16 @@ def main(argv: list[str] | None = None) -> int:
         def f(x, fmt):
             return "n/a" if x is None else format(x, fmt)
 
+        held = "n/a"
+        if s.get("eval_before") is not None and s.get("eval_after") is not None:
+            held = f"{100 * s['eval_before']:.0f}->{100 * s['eval_after']:.0f}%"
         print(
-            f"{side:10} {f(s['s_per_step_median'], '.2f'):>16} {f(s['s_per_step_mean'], '.2f'):>14} "
-            f"{f(s['reward_start'], '.3f'):>13} {f(s['reward_end'], '.3f'):>11} {f(s['seconds_to_target'], '.0f'):>10}"
+            f"{side:22} {f(s['s_per_step_median'], '.2f'):>16} {f(s['s_per_step_mean'], '.2f'):>14} "
+            f"{f(s['reward_start'], '.3f'):>13} {f(s['reward_end'], '.3f'):>11} "
+            f"{f(s['seconds_to_target'], '.0f'):>10} {f(s.get('steps_per_hour'), '.0f'):>8} {held:>13} "
+            f"{f(s.get('staleness_mean'), '.2f'):>6}"
         )
-    if len(results) == 2:
+    if "trl" in results and "vriksha" in results:
         t, v = results["trl"]["summary"], results["vriksha"]["summary"]
         if t["s_per_step_median"] and v["s_per_step_median"]:
             ratio = t["s_per_step_median"] / v["s_per_step_median"]
@@ -267,6 +361,12 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"time to reward {args.target}: {v['seconds_to_target'] / t['seconds_to_target']:.2f} of TRL's"
             )
+    base = results.get("vriksha", {}).get("summary", {}).get("steps_per_hour")
+    for side in vriksha_sides:
+        other = results.get(side, {}).get("summary", {}).get("steps_per_hour")
+        if side != "vriksha" and base and other:
+            print(f"{side}: {other / base:.2f}x the steps per hour of sync colocated")
+            results[f"ratio_steps_per_hour/{side}"] = other / base
     (out / "grpo_vs_trl.json").write_text(json.dumps({"args": vars(args), **results}, indent=2))
     plot({k: v for k, v in results.items() if isinstance(v, dict) and "rows" in v}, out / "grpo_vs_trl.png")
     print(f"\nwrote {out / 'grpo_vs_trl.json'} and {out / 'grpo_vs_trl.png'}")

@@ -169,5 +169,9 @@ class LLM:
     def weights_updated(self) -> None:
         self.engine.weights_updated()
 
+    def set_weight_version(self, version: int) -> None:
+        """The module's parameters now hold `version`: caches reset, later outputs report `version`."""
+        self.engine.set_weight_version(version)
+
     def stats(self) -> EngineStats:
         return self.engine.stats()

@@ -124,6 +124,12 @@ class RolloutConfig(_Section):
         False,
         description="server mode: after each push, check every server parameter's sha256 against the trainer's",
     )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="0: on-policy (play, then train); K >= 1: off-policy, the next steps' episodes are played "
+        "while this step trains, each under weights K versions old; older rollouts are dropped and counted",
+    )
 
 
 class OptimConfig(_Section):

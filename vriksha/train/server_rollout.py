@@ -237,6 +237,14 @@ class ServerRollout:
         self._push_all()
         self._pushed = True
 
+    def set_weight_version(self, version: int) -> None:
+        """Push the engine module's weights under `version` (off-policy rollouts name the version they load)."""
+        if self._pushed and version == self.version:
+            return
+        self.version = version
+        self._push_all()
+        self._pushed = True
+
     def _push_all(self) -> None:
         if self.rank == 0:
             for c in self.clients:

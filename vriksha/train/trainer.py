@@ -3,6 +3,8 @@
 for step in steps:
     sync the engine's weights with the policy (aliased with one rank, all-gathered otherwise)
     play this rank's prompts x group_size episodes through the engine
+      (rollout.max_staleness K >= 1: take the batch a producer thread played ahead, under weights K
+       versions old, and hand it this step's weights afterwards; see async_rollout.py)
     group-relative advantages; groups with no reward variance are counted and skipped
     micro-batched GRPO loss (global token normalisation) -> backward -> clip -> AdamW -> schedule
     log; evaluate every eval_interval; checkpoint every checkpoint_interval
@@ -19,7 +21,7 @@ import resource
 import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -39,6 +41,9 @@ from vriksha.train.parallelize import check_tp_degree, parallelize
 from vriksha.train.policy import load_policy
 from vriksha.train.precision import TrainPrecision, resolve_precision
 from vriksha.train.rollout import Episode, RolloutWorker
+
+if TYPE_CHECKING:
+    from vriksha.train.offpolicy import OffPolicy
 from vriksha.train.update import policy_update
 
 logger = logging.getLogger(__name__)
@@ -121,6 +126,14 @@ class GRPOTrainer:
         model.to(pd.device)
         # the engine's own full copy: kept in step by full_tensor() of the sharded parameters
         self.engine_module = copy.deepcopy(model).eval().requires_grad_(False)
+        # off-policy: the producer's module, loaded only between its batches (so not aliased with the policy)
+        off_policy = cfg.rollout.max_staleness > 0
+        if off_policy and pd.world_size > 1:
+            raise ConfigError(
+                f"rollout.max_staleness: off-policy rollouts run with one trainer process in this version "
+                f"(got {pd.world_size}); train with --nproc 1 or set rollout.max_staleness=0"
+            )
+        producer_module = copy.deepcopy(model).eval().requires_grad_(False) if off_policy else None
         chosen = [resolve_precision(cfg.model.mixed_precision, model, pd.device) if pd.is_main else None]
         dist.broadcast_object_list(chosen, src=0)  # one measurement, the same mode on every rank
         self.precision: TrainPrecision = chosen[0]
@@ -148,7 +161,11 @@ class GRPOTrainer:
                     f"trainer.steps: {cfg.trainer.steps} is below the checkpoint's step {self.start_step}"
                 )
         self.engine_weights = EngineWeights(self.policy, self.engine_module, pd.world_size)
-        if cfg.rollout.mode == "server":
+        self.offpolicy: OffPolicy | None = None
+        if off_policy:
+            # evaluation and export run on an engine in this process over the current weights
+            self.llm = build_engine(self.engine_module, self.tokenizer, cfg.rollout.engine)
+        elif cfg.rollout.mode == "server":
             from vriksha.train.server_rollout import ServerRollout
 
             self.llm = ServerRollout(
@@ -163,6 +180,10 @@ class GRPOTrainer:
         else:
             self.llm = build_engine(self.engine_module, self.tokenizer, cfg.rollout.engine)
         self.worker = RolloutWorker(self.llm, self.tokenizer, cfg.env, cfg.rollout)
+        if producer_module is not None:
+            from vriksha.train.offpolicy import OffPolicy
+
+            self.offpolicy = OffPolicy(self, producer_module)
         self.metrics = MetricsWriter(
             self.out_dir,
             enabled=pd.is_main,
@@ -194,15 +215,14 @@ class GRPOTrainer:
         self._engine_stale = False
         return time.perf_counter() - t0
 
-    def _rollout(self, step: int) -> list[list[Episode]]:
+    def _rollout(self, step: int, worker: RolloutWorker | None = None) -> list[list[Episode]]:
         cfg = self.cfg
+        worker = worker or self.worker
         idx = shard_range(cfg.rollout.prompts_per_step, self.pd.rank, self.pd.world_size)
         seeds = [episode_seed(cfg.trainer.seed, step, i) for i in idx]
         sampling = [episode_seed(cfg.trainer.seed, step, i, 1) for i in idx]
         with phase("train.rollout"):
-            return self.worker.play(
-                seeds, cfg.env.train_split, cfg.rollout.group_size, sampling_seeds=sampling
-            )
+            return worker.play(seeds, cfg.env.train_split, cfg.rollout.group_size, sampling_seeds=sampling)
 
     def evaluate(self, step: int) -> dict[str, Any]:
         """Greedy, one episode per held-out seed, split round-robin over ranks."""
@@ -243,16 +263,23 @@ class GRPOTrainer:
     def _step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        sync_s = self._sync_engine()
-        t1 = time.perf_counter()
-        mine = self._rollout(step)
+        offp: dict[str, Any] = {}
+        stale = False
+        if self.offpolicy is None:
+            sync_s = self._sync_engine()
+            t1 = time.perf_counter()
+            mine = self._rollout(step)
+            rollout_s = time.perf_counter() - t1
+        else:  # played ahead by the producer; a batch past max_staleness is dropped
+            sync_s = 0.0
+            mine, rollout_s, stale, offp = self.offpolicy.take(step)
         groups = self._tp_gather(mine)
         own = range(self.pd.tp_rank * len(mine), (self.pd.tp_rank + 1) * len(mine))  # mine within groups
         t2 = time.perf_counter()
         with phase("train.reward"):
             rewards = torch.tensor([[e.reward for e in g] for g in groups], dtype=torch.float64)
             adv = group_advantages(rewards, scale=cfg.grpo.scale_rewards)
-            kept = [i for i in range(len(groups)) if bool(adv.keep[i])]
+            kept = [i for i in range(len(groups)) if bool(adv.keep[i]) and not stale]
         result = policy_update(
             self.policy,
             self.optimizer,
@@ -272,6 +299,9 @@ class GRPOTrainer:
             self.scheduler.step()
         self._engine_stale = result.optimizer_steps > 0
         t3 = time.perf_counter()
+        if self.offpolicy is not None:
+            self.engine_weights.sync()  # a no-op while the engine module aliases the policy
+            sync_s = self.offpolicy.publish(step)
         episodes = [e for g in mine for e in g]
         local = {
             "rewards": [e.reward for e in episodes],
@@ -287,10 +317,12 @@ class GRPOTrainer:
             "loss": result.loss,
             "stats": result.stats,
             "entropy": result.entropy_sum,
-            "times": (sync_s, t2 - t1, t3 - t2),
+            "times": (sync_s, rollout_s, t3 - t2),
             "memory": _peak_memory_gb(self.pd.device),
         }
-        return self._reduce(step, _gather(local), result.grad_norm, time.perf_counter() - t0)
+        row = self._reduce(step, _gather(local), result.grad_norm, time.perf_counter() - t0)
+        row.update(offp)
+        return row
 
     def _reduce(
         self, step: int, parts: list[dict[str, Any]], grad_norm: float, step_s: float
@@ -347,6 +379,7 @@ class GRPOTrainer:
                 "time/train_s": max(p["times"][2] for p in parts),
                 "time/step_s": step_s,
                 "perf/tokens_per_s": sum(lengths) / step_s if step_s > 0 else 0.0,
+                "perf/steps_per_hour": 3600.0 / step_s if step_s > 0 else 0.0,
             }
         )
         for rank, p in enumerate(parts):
@@ -358,12 +391,16 @@ class GRPOTrainer:
 
     def _checkpoint(self, step: int) -> None:
         state = {"elapsed_s": self._elapsed, "world_size": self.pd.world_size, "mesh": self.pd.shape}
+        if self.offpolicy is not None:  # the batches played ahead under older weights (see offpolicy.py)
+            state.update(self.offpolicy.state(step))
         save_checkpoint(self.out_dir, step, self.policy, self.optimizer, self.scheduler, state, self.pd.rank)
 
     def fit(self) -> dict[str, Any]:
         try:
             return self._fit()
         finally:
+            if self.offpolicy is not None:
+                self.offpolicy.close()
             close = getattr(self.llm, "close", None)  # server mode: stop the server it started
             if close is not None:
                 close()
@@ -398,10 +435,15 @@ class GRPOTrainer:
             row["precision"] = self.precision.mode
             self.metrics.log_step(row)
             bar.update(1)
+            extra = {}
+            if "async/staleness_mean" in row:
+                extra = {"stale": f"{row['async/staleness_mean']:.1f}", "drop": row["async/dropped_total"]}
             bar.set_postfix(
                 reward=f"{row['reward/mean']:.3f}",
                 tok_s=f"{row['perf/tokens_per_s']:.0f}",
                 skip=f"{row['groups/zero_variance']}/{row['groups/total']}",
+                st_h=f"{row['perf/steps_per_hour']:.0f}",
+                **extra,
             )
             if profiler is not None:
                 profiler.step()
