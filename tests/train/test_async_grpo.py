@@ -57,7 +57,9 @@ def test_batch_older_than_max_staleness_is_dropped_and_counted():
     groups = [[_episode()] * 2 for _ in range(3)]
     ok = StalenessStats.of(RolloutBatch(step=5, version=2, groups=groups), trainer_version=4, max_staleness=2)
     assert ok.lag == 2 and ok.dropped == 0 and len(ok.kept) == 3 and ok.histogram == [0, 0, 3]
-    old = StalenessStats.of(RolloutBatch(step=5, version=1, groups=groups), trainer_version=4, max_staleness=2)
+    old = StalenessStats.of(
+        RolloutBatch(step=5, version=1, groups=groups), trainer_version=4, max_staleness=2
+    )
     assert old.lag == 3 and old.dropped == 3 and old.kept == [] and old.histogram == [0, 0, 0]
     with pytest.raises(AsyncRolloutError, match="newer than the trainer"):
         StalenessStats.of(RolloutBatch(step=5, version=6, groups=groups), trainer_version=4, max_staleness=2)
@@ -140,9 +142,7 @@ def test_update_published_mid_batch_waits_for_the_next_batch(tiny_model_dir):  #
 
 @pytest.mark.slow
 def test_async_run_trains_with_bounded_staleness(tiny_model_dir, tmp_path):  # noqa: F811
-    cfg = _config(
-        tmp_path, tiny_model_dir, "async", steps=3, eval_episodes=2, eval_interval=0, export=False
-    )
+    cfg = _config(tmp_path, tiny_model_dir, "async", steps=3, eval_episodes=2, eval_interval=0, export=False)
     _run([str(cfg), "--set", "rollout.max_staleness=1"])
     rows = _rows(tmp_path / "async")
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -159,9 +159,7 @@ def test_async_run_trains_with_bounded_staleness(tiny_model_dir, tmp_path):  # n
 def test_restored_queue_past_a_smaller_bound_is_dropped(tiny_model_dir, tmp_path):  # noqa: F811
     """Stopped at step 2 with K = 2, the checkpoint holds steps 3 and 4 (versions 0 and 1); resumed with
     K = 1 they lag 2 versions and are dropped, counted, and trained on by no optimizer step."""
-    cfg = _config(
-        tmp_path, tiny_model_dir, "shrink", steps=4, eval_episodes=0, eval_interval=0, export=False
-    )
+    cfg = _config(tmp_path, tiny_model_dir, "shrink", steps=4, eval_episodes=0, eval_interval=0, export=False)
     _run([str(cfg), "--set", "rollout.max_staleness=2", "--set", "trainer.stop_after=2"])
     state = json.loads((tmp_path / "shrink" / "checkpoints" / "step_000002" / "trainer.json").read_text())
     assert [(b["step"], b["version"]) for b in state["rollout_queue"]] == [(3, 0), (4, 1)]
@@ -205,9 +203,7 @@ def test_killed_async_run_resumes_to_the_uninterrupted_one(tiny_model_dir, tmp_p
 
 @pytest.mark.slow
 def test_server_mode_async_pushes_each_version_once(tiny_model_dir, tmp_path):  # noqa: F811
-    cfg = _config(
-        tmp_path, tiny_model_dir, "srv", steps=3, eval_episodes=2, eval_interval=0, export=False
-    )
+    cfg = _config(tmp_path, tiny_model_dir, "srv", steps=3, eval_episodes=2, eval_interval=0, export=False)
     _run(
         [
             str(cfg),
