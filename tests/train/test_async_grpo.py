@@ -75,6 +75,20 @@ def test_batch_round_trips_through_a_checkpoint_dict():
     assert again == b
 
 
+def test_run_summary_sums_the_staleness_histogram():
+    from vriksha.train.metrics import rollout_summary
+
+    rows = [
+        {"time/step_s": 2.0, "async/staleness_hist": [4, 0], "async/dropped_total": 0},
+        {"time/step_s": 1.0, "async/staleness_hist": [0, 4], "async/dropped_total": 0},
+        {"time/step_s": 1.0, "async/staleness_hist": [0, 0], "async/dropped_total": 4},
+    ]
+    out = rollout_summary(rows)
+    assert out["staleness_hist"] == [4, 4] and out["staleness_mean"] == 0.5
+    assert out["dropped_groups"] == 4 and out["steps_per_hour"] == pytest.approx(2700.0)
+    assert set(rollout_summary([{"time/step_s": 1.0}])) == {"steps_per_hour"}  # on-policy runs
+
+
 def test_max_staleness_config_is_validated():
     from vriksha.errors import ConfigError
     from vriksha.train.config import TrainConfig
@@ -153,6 +167,8 @@ def test_async_run_trains_with_bounded_staleness(tiny_model_dir, tmp_path):  # n
     assert all(r["async/dropped_groups"] == 0 for r in rows)
     assert all(r["perf/steps_per_hour"] > 0 and r["time/rollout_wait_s"] >= 0 for r in rows)
     assert any(r["grad_norm"] > 0 for r in rows)
+    summary = json.loads((tmp_path / "async" / "summary.json").read_text())["rollouts"]
+    assert summary["staleness_hist"] == [4, 8] and summary["dropped_groups"] == 0
 
 
 @pytest.mark.slow

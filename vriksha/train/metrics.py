@@ -14,7 +14,14 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MEASURED_PREFIXES", "MetricsWriter", "read_jsonl", "summary_table", "write_plots"]
+__all__ = [
+    "MEASURED_PREFIXES",
+    "MetricsWriter",
+    "read_jsonl",
+    "rollout_summary",
+    "summary_table",
+    "write_plots",
+]
 
 # keys that measure time or memory and so differ between otherwise identical runs
 MEASURED_PREFIXES = ("time/", "perf/", "memory/")
@@ -155,3 +162,18 @@ def summary_table(before: dict[str, Any] | None, after: dict[str, Any] | None) -
     if episodes:
         lines.append(f"\n({episodes} held-out episodes, greedy decoding)")
     return "\n".join(lines)
+
+
+def rollout_summary(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over the whole run: steps per hour of training time and, for off-policy runs, the staleness
+    histogram (groups trained per lag), its mean and the groups dropped."""
+    seconds = sum(r.get("time/step_s", 0.0) for r in history)
+    out: dict[str, Any] = {"steps_per_hour": 3600.0 * len(history) / seconds if seconds > 0 else None}
+    hists = [r["async/staleness_hist"] for r in history if "async/staleness_hist" in r]
+    if hists:
+        total = [sum(h[i] for h in hists if i < len(h)) for i in range(max(len(h) for h in hists))]
+        groups = sum(total)
+        out["staleness_hist"] = total
+        out["staleness_mean"] = sum(i * n for i, n in enumerate(total)) / groups if groups else None
+        out["dropped_groups"] = history[-1].get("async/dropped_total", 0)
+    return out

@@ -36,7 +36,7 @@ from vriksha.train.config import OptimConfig, TrainConfig
 from vriksha.train.distributed import EngineWeights, ParallelDims, init_distributed, shard_range
 from vriksha.train.export import export_model
 from vriksha.train.grpo import LossStats, group_advantages
-from vriksha.train.metrics import MetricsWriter, summary_table, write_plots
+from vriksha.train.metrics import MetricsWriter, rollout_summary, summary_table, write_plots
 from vriksha.train.parallelize import check_tp_degree, parallelize
 from vriksha.train.policy import load_policy
 from vriksha.train.precision import TrainPrecision, resolve_precision
@@ -480,5 +480,6 @@ class GRPOTrainer:
             table = summary_table(before, after)
             (self.out_dir / "summary.md").write_text(table + "\n")
             out.update({"plots": [str(p) for p in plots], "table": table, "before": before, "after": after})
+            out["rollouts"] = rollout_summary(self.metrics.history)
             (self.out_dir / "summary.json").write_text(json.dumps(out, indent=2, default=str))
         return out
