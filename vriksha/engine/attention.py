@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -71,17 +72,23 @@ class AttentionBatch:
         return self._masks[key]
 
 
-_current: AttentionBatch | LayoutProbe | None = None
+class _Context(threading.local):
+    """The batch of the engine forward running in this thread: per thread, so that an engine's forward
+    and a plain forward (training, another engine) in other threads of the process never see it."""
+
+    batch: AttentionBatch | LayoutProbe | None = None
+
+
+_context = _Context()
 
 
 @contextlib.contextmanager
 def forward_context(batch: AttentionBatch | LayoutProbe) -> Iterator[None]:
-    global _current
-    previous, _current = _current, batch
+    previous, _context.batch = _context.batch, batch
     try:
         yield
     finally:
-        _current = previous
+        _context.batch = previous
 
 
 def _layer_window(module: torch.nn.Module, kwargs: dict) -> int | None:
@@ -99,7 +106,7 @@ def paged_attention(
     dropout: float = 0.0,
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
-    batch = _current
+    batch = _context.batch
     if batch is None or isinstance(batch, LayoutProbe):
         # a forward outside the engine (training, a plain HF call) behaves exactly like the family's own attention
         if isinstance(batch, LayoutProbe):
@@ -223,7 +230,7 @@ def _reference_attention(module, query, key, value, attention_mask, scaling, dro
 
 
 def _mask(*args, **kwargs):
-    if _current is not None:
+    if _context.batch is not None:
         return None  # the engine builds its own masks from the batch layout
     from transformers.masking_utils import sdpa_mask
 
