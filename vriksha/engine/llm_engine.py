@@ -25,6 +25,7 @@ from vriksha.engine.request import Request
 from vriksha.engine.sampler import Sampler
 from vriksha.engine.sampling_params import SamplingParams
 from vriksha.engine.scheduler import Scheduler
+from vriksha.engine.speculative import Speculator
 from vriksha.engine.stats import EngineStats
 from vriksha.engine.validation import Prompt, check_request, tokenize_prompt
 from vriksha.errors import InvalidRequestError, VrikshaError
@@ -148,6 +149,8 @@ class LLMEngine:
             config.enable_prefix_caching, self.allocator, self.table, cache_events
         )
         self.scheduler = Scheduler(config, self.cache)
+        if config.speculative != "none":
+            self.scheduler.speculator = Speculator(config, self.max_model_len)
         self.runner = ModelRunner(model, self.pool, self.table, config, gguf=gguf)
         self.quantization = self.runner.quantization
         if tp is not None:
@@ -251,7 +254,7 @@ class LLMEngine:
         for i in range(params.n):
             req = Request(request_id, i, ids, params, self.eos_token_ids, prompt=text)
             if params.seed is not None:
-                req.generator = torch.Generator().manual_seed(params.seed + i)
+                req.seed = params.seed + i
             req.bad_word_ids = bad_words
             if grammar is not None:
                 req.grammar = grammar.matcher(params.structured_outputs)
@@ -333,6 +336,11 @@ class LLMEngine:
         if batch.num_tokens == 0:
             return []
         logits = self.runner.forward(batch)
+        draft_logits = None
+        if batch.drafts:  # the draft runs' rows come last
+            logits, draft_logits = logits.split(
+                [logits.shape[0] - batch.num_draft_rows, batch.num_draft_rows]
+            )
         sampled = batch.sampled_requests
         if logits.shape[0] > len(sampled):  # rows past the sampled ones: prompt positions (prompt_logprobs)
             record_prompt_logprobs(batch, logits[len(sampled) :])
@@ -360,6 +368,16 @@ class LLMEngine:
                 self._grammar.prefetch(
                     [sampled[i].grammar for i in constrained if not sampled[i].is_finished]
                 )
+        if draft_logits is not None:
+            with phase("engine.verify"):
+                now = time.monotonic()
+                finished += self.scheduler.speculator.verify(
+                    batch.drafts,
+                    draft_logits,
+                    self.sampler,
+                    lambda r, t, lp, top: self._append(r, t, lp, top, now),
+                )
+                touched.update(r.request.request_id for r in batch.drafts)
         self.scheduler.postprocess(batch, finished)
         return self._collect(touched)
 
@@ -508,4 +526,17 @@ class LLMEngine:
             cached_prompt_tokens=self._cached_prompt_tokens,
             generation_tokens=self._generation_tokens,
             num_retracted=self.scheduler.num_retracted,
+            **self._speculation_stats(),
+        )
+
+    def _speculation_stats(self) -> dict[str, int]:
+        spec = self.scheduler.speculator
+        if spec is None:
+            return {}
+        c = spec.counters
+        return dict(
+            spec_runs=c.runs,
+            spec_draft_tokens=c.draft_tokens,
+            spec_accepted_tokens=c.accepted_tokens,
+            spec_emitted_tokens=c.emitted_tokens,
         )

@@ -96,6 +96,9 @@ class ModelRunner:
         for chunk in batch.prefills:
             ids.extend(chunk.request.all_token_ids[chunk.start : chunk.end])
             positions.extend(range(chunk.start, chunk.end))
+        for run in batch.drafts:
+            ids.extend(run.token_ids)
+            positions.extend(range(run.start, run.start + run.num_tokens))
         table = self.table.table
         slot_parts: list[torch.Tensor] = []
         attn = AttentionBatch(
@@ -120,6 +123,14 @@ class ModelRunner:
             attn.prefills.append(PrefillSegment(offset, chunk.end - chunk.start, chunk.start, kv_slots))
             slot_parts.append(kv_slots[chunk.start :])
             offset += chunk.end - chunk.start
+        draft_rows: list[int] = []
+        for run in batch.drafts:  # attended like a prefill chunk over the cached prefix, every row sampled
+            end = run.start + run.num_tokens
+            kv_slots = table[run.request.row, :end]
+            attn.prefills.append(PrefillSegment(offset, run.num_tokens, run.start, kv_slots))
+            slot_parts.append(kv_slots[run.start :])
+            draft_rows.extend(range(offset, offset + run.num_tokens))
+            offset += run.num_tokens
         attn.slot_mapping = torch.cat(slot_parts).to(self.device)
         sample_index: list[int] = list(range(len(batch.decodes)))
         offset = len(batch.decodes)
@@ -128,6 +139,7 @@ class ModelRunner:
             if chunk.sample:
                 sample_index.append(offset - 1)
         sample_index.extend(extra_rows(batch))  # prompt positions of requests asking for prompt_logprobs
+        sample_index.extend(draft_rows)
         input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)[None]
         position_ids = torch.tensor(positions, dtype=torch.int64, device=self.device)[None]
         return (
@@ -140,7 +152,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Logits [num_sampled, vocab] for the requests that sample a token this step, followed by the rows of
-        prompt positions whose log-probabilities were asked for (`prompt_logprobs.extra_rows`)."""
+        prompt positions whose log-probabilities were asked for (`prompt_logprobs.extra_rows`), then every
+        position of the draft runs."""
         with phase("engine.prepare_batch"):
             input_ids, position_ids, attn, sample_index = self._build(batch)
         if self.tensor_parallel is not None:

@@ -7,8 +7,6 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from vriksha.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -45,7 +43,7 @@ class Request:
     cache_node: TreeNode | None = None
     num_cached_prompt_tokens: int = 0  # prompt tokens served from the prefix cache at first admission
     admitted_once: bool = False
-    generator: torch.Generator | None = None
+    seed: int | None = None  # the sequence's own seed: its draws depend on (seed, position) only
     bad_word_ids: list[list[int]] = field(default_factory=list)  # token sequences never to complete
     grammar: Any = None  # a structured-output matcher (vriksha.engine.grammar.Matcher) when constrained
     prompt_logprobs: dict[int, dict[int, float]] = field(default_factory=dict)  # position -> {token: lp}

@@ -2,6 +2,11 @@
 
 Penalties, logit bias, token restrictions and grammar masks (`logits_processing`) shape what is sampled; the
 log-probabilities returned are those of the model's distribution before them.
+
+A seeded request's random draw for its output token at position p depends on (seed, p) alone, never on how
+many draws came before: so a step that scores several positions of one request at once (speculative decoding)
+samples each exactly as one-token steps would, and a draw made for a position that is then thrown away
+changes nothing after it.
 """
 
 from __future__ import annotations
@@ -24,14 +29,18 @@ class SampleResult:
 class Sampler:
     def __init__(self, seed: int = 0) -> None:
         self.generator = torch.Generator().manual_seed(seed)
+        self._keyed = torch.Generator()  # re-seeded per (request seed, position)
 
     def __call__(
         self,
         logits: torch.Tensor,
         requests: list[Request],
         bitmask: tuple[list[int], torch.Tensor] | None = None,
+        offsets: list[int] | None = None,
     ) -> SampleResult:
-        """`bitmask`: (rows, int32 masks) of the requests constrained by a grammar this step."""
+        """`bitmask`: (rows, int32 masks) of the requests constrained by a grammar this step. `offsets`: row
+        i samples the request's output token at len(output) + offsets[i] (default 0: the next one); a request
+        may fill several rows."""
         logits = logits.float()
         logprobs = torch.log_softmax(logits, dim=-1)
         if bitmask is not None or any(_shaped(r) for r in requests):
@@ -50,7 +59,11 @@ class Sampler:
             # samples on every device
             noise = torch.empty(probs.shape, dtype=probs.dtype)
             for i, req in enumerate(requests):
-                gen = req.generator if req.generator is not None else self.generator
+                if req.seed is None:
+                    gen = self.generator
+                else:
+                    position = len(req.output_token_ids) + (offsets[i] if offsets is not None else 0)
+                    gen = self._keyed.manual_seed(draw_seed(req.seed, position))
                 noise[i].exponential_(generator=gen)
             token_ids = (probs / noise.to(probs.device)).argmax(dim=-1)
             if any(greedy):
@@ -75,7 +88,9 @@ class Sampler:
     @staticmethod
     def _filtered_probs(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:
         device = logits.device
-        temps = torch.tensor([max(r.params.temperature, 1e-5) for r in requests], dtype=logits.dtype, device=device)
+        temps = torch.tensor(
+            [max(r.params.temperature, 1e-5) for r in requests], dtype=logits.dtype, device=device
+        )
         scaled = logits / temps[:, None]
         top_k = [r.params.top_k for r in requests]
         top_p = [r.params.top_p for r in requests]
@@ -99,6 +114,17 @@ class Sampler:
             probs = probs.masked_fill(probs < threshold, 0.0)
             probs = probs / probs.sum(dim=-1, keepdim=True)
         return probs
+
+
+_MASK64 = (1 << 64) - 1
+
+
+def draw_seed(seed: int, position: int) -> int:
+    """The generator seed of a seeded request's draw at output position `position` (splitmix64 of both)."""
+    z = (seed * 0x9E3779B97F4A7C15 + position + 1) & _MASK64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
 
 
 def _shaped(req: Request) -> bool:

@@ -18,6 +18,7 @@ from vriksha.engine.batch import ForwardBatch, PrefillChunk
 from vriksha.engine.cache_manager import CacheManager
 from vriksha.engine.config import EngineConfig
 from vriksha.engine.request import Request, Status
+from vriksha.engine.speculative import Speculator, settle
 from vriksha.profiling import phase
 
 logger = logging.getLogger(__name__)
@@ -30,6 +31,7 @@ class Scheduler:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_retracted = 0
+        self.speculator: Speculator | None = None  # set by the engine when speculative decoding is on
 
     # ---- queue -------------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -70,6 +72,8 @@ class Scheduler:
         release the requests that finished (their KV goes to the cache)."""
         for req in batch.decodes:
             req.num_computed += 1
+        for run in batch.drafts:
+            settle(run, self.cache)
         for chunk in batch.prefills:
             chunk.request.num_computed = chunk.end
             self.cache.cache_req(chunk.request, finished=False)
@@ -98,8 +102,13 @@ class Scheduler:
         with phase("engine.schedule"):
             decodes = self._schedule_decodes()
             budget = self.config.max_num_batched_tokens - len(decodes)
-            prefills = self._schedule_prefills(budget, reserve=len(decodes))
-            return ForwardBatch(decodes=decodes, prefills=prefills)
+            reserve = len(decodes)
+            drafts = []
+            if self.speculator is not None and decodes:
+                decodes, drafts = self.speculator.plan(decodes, self.cache, budget)
+                budget -= sum(len(r.draft) for r in drafts)
+            prefills = self._schedule_prefills(budget, reserve=reserve)
+            return ForwardBatch(decodes=decodes, prefills=prefills, drafts=drafts)
 
     def _schedule_decodes(self) -> list[Request]:
         decodes = [r for r in self.running if r.uncomputed == 1]

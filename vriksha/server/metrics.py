@@ -110,6 +110,20 @@ class _EngineCollector(Collector):
         yield gauge(
             "engine_generation_tokens", "tokens the engine has generated, since start", s.generation_tokens
         )
+        proposed, accepted = getattr(s, "spec_draft_tokens", 0), getattr(s, "spec_accepted_tokens", 0)
+        yield gauge("spec_draft_tokens", "tokens proposed by speculative decoding, since start", proposed)
+        yield gauge(
+            "spec_accepted_tokens", "proposed tokens the model's own sampling kept, since start", accepted
+        )
+        yield gauge(
+            "spec_acceptance_rate", "accepted / proposed tokens, since start", accepted / max(1, proposed)
+        )
+        runs, emitted = getattr(s, "spec_runs", 0), getattr(s, "spec_emitted_tokens", 0)
+        yield gauge(
+            "spec_tokens_per_step",
+            "tokens a request emitted per step that verified proposals, since start (1 would be no gain)",
+            emitted / max(1, runs),
+        )
         yield gauge("process_peak_rss_bytes", "peak resident memory of the server process", peak_rss_bytes())
 
 
