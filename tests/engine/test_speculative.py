@@ -55,11 +55,13 @@ def test_attention_moves_the_cycling_models_logits(cycler, default_tokenizer):
     without, _ = pair(cycling_llama(0.0), default_tokenizer)
     a, b = with_attention.generate(prompts, params), without.generate(prompts, params)
     same = [
-        (x.outputs[0], y.outputs[0]) for x, y in zip(a, b) if x.outputs[0].token_ids == y.outputs[0].token_ids
+        (x.outputs[0], y.outputs[0])
+        for x, y in zip(a, b, strict=True)
+        if x.outputs[0].token_ids == y.outputs[0].token_ids
     ]
     assert same
     for x, y in same:
-        assert max(abs(p - q) for p, q in zip(x.token_logprobs, y.token_logprobs)) > 100 * LP_TOL
+        assert max(abs(p - q) for p, q in zip(x.token_logprobs, y.token_logprobs, strict=True)) > 100 * LP_TOL
 
 
 def pair(model, tokenizer, **options):
@@ -141,6 +143,14 @@ def test_greedy_output_is_unchanged_and_proposals_are_accepted(cycler, default_t
     assert 0 < stats.spec_acceptance_rate <= 1.0
     assert stats.generation_tokens == plain.stats().generation_tokens == 4 * 80
     assert plain.stats().spec_runs == 0
+    from vriksha.server.metrics import _EngineCollector
+
+    gauges = {
+        m.name: m.samples[0].value for m in _EngineCollector(spec.stats, lambda: 0, lambda: 0).collect()
+    }
+    assert gauges["vriksha_spec_acceptance_rate"] == pytest.approx(stats.spec_acceptance_rate)
+    assert gauges["vriksha_spec_tokens_per_step"] == pytest.approx(stats.spec_tokens_per_step)
+    assert gauges["vriksha_spec_accepted_tokens"] == stats.spec_accepted_tokens
     assert_balanced(spec)
 
 
