@@ -2,10 +2,36 @@
 
 from __future__ import annotations
 
+import json
+import logging
 import os
 from pathlib import Path
+from typing import Any
+
+logger = logging.getLogger(__name__)
 
 
 def cache_dir() -> Path:
     """`$VRIKSHA_CACHE`, default `~/.cache/vriksha`."""
     return Path(os.environ.get("VRIKSHA_CACHE", Path.home() / ".cache" / "vriksha")).expanduser()
+
+
+def read_json(name: str) -> dict[str, Any]:
+    """The JSON object kept as `name` in the cache dir; empty where it is missing or unreadable."""
+    try:
+        return json.loads((cache_dir() / name).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def write_json(name: str, data: dict[str, Any], what: str) -> None:
+    """Replace `name` in the cache dir with `data` at once (a reader never sees half a file); a failure to
+    write is logged as a warning naming `what` was not saved, never raised."""
+    path = cache_dir() / name
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        os.replace(tmp, path)
+    except OSError as exc:
+        logger.warning("could not save %s to %s: %s", what, path, exc)

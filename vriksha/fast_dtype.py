@@ -17,7 +17,6 @@ pins "auto" to one dtype for a process and its children without measuring.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import time
@@ -30,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 import vriksha.device as devices
-from vriksha.cache import cache_dir
+from vriksha.cache import read_json, write_json
 from vriksha.cpu_features import cpu_features
 from vriksha.errors import ConfigError, VrikshaError
 
@@ -207,23 +206,13 @@ def _cache_key(shapes: Sequence[LinearShape], device: torch.device, names: Seque
 
 
 def _read_cache() -> dict[str, Any]:
-    try:
-        return json.loads((cache_dir() / CACHE_FILE).read_text())
-    except (OSError, ValueError):
-        return {}
+    return read_json(CACHE_FILE)
 
 
 def _write_cache(key: str, record: dict[str, Any]) -> None:
-    path = cache_dir() / CACHE_FILE
     known = _read_cache()
     known[key] = record
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(known, indent=1))
-        os.replace(tmp, path)
-    except OSError as exc:
-        logger.warning("could not save the dtype choice to %s: %s", path, exc)
+    write_json(CACHE_FILE, known, "the dtype choice")
 
 
 def choose_dtype(

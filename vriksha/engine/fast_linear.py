@@ -12,20 +12,15 @@ Derived weight layouts are rebuilt by `refresh()` after the weights change in pl
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import json
 import logging
-import os
-import time
-from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 
 import vriksha.device as devices
-from vriksha.cache import cache_dir
 from vriksha.engine.installation import ModuleInstallation
+from vriksha.engine.measured_router import MeasuredRouter, Runner, cold_copies, time_cold
 from vriksha.engine.native import DTYPES, Kernels
 
 logger = logging.getLogger(__name__)
@@ -42,14 +37,6 @@ BUCKETS = (
 )  # representative batch sizes; a call uses the smallest bucket >= its rows
 PATHS = ("linear", "transposed", "mkldnn", "native")
 MIN_GAIN = 0.05  # keep a derived weight copy only if it saves at least 5% per bucket on average
-COLD_BYTES = 96 << 20  # timing cycles through copies of a weight until they exceed the last-level cache
-
-
-def _bucket(rows: int) -> int:
-    for i, b in enumerate(BUCKETS):
-        if rows <= b:
-            return i
-    return len(BUCKETS) - 1
 
 
 @functools.cache
@@ -92,23 +79,6 @@ class _Layouts:
         return F.linear(x, self.linear.weight, bias)
 
 
-def _time(
-    fn: Callable[[int], torch.Tensor], copies: int, min_seconds: float = 0.05, max_reps: int = 30
-) -> float:
-    """Best time of `fn(copy)` over repetitions, each on the next copy of the weight."""
-    fn(0)
-    best = float("inf")
-    start = time.perf_counter()
-    for _ in range(max_reps):
-        copy = (_ + 1) % copies
-        t = time.perf_counter()
-        fn(copy)
-        best = min(best, time.perf_counter() - t)
-        if time.perf_counter() - start > min_seconds and _ >= 2:
-            break
-    return best
-
-
 def _choose(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: Kernels | None) -> list[str]:
     """The fastest path per bucket for one shape, timed on random data out of cache.
 
@@ -119,7 +89,7 @@ def _choose(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: K
     derived = ["transposed"] + (["mkldnn"] if _mkldnn_available(dtype) else [])
     free = ["linear"] + (["native"] if native is not None and dtype in DTYPES else [])
     weight_bytes = out_f * in_f * torch.empty((), dtype=dtype).element_size()
-    copies = max(1, min(64, COLD_BYTES // max(weight_bytes, 1)))
+    copies = cold_copies(weight_bytes)
     layouts = [
         _Layouts(torch.nn.Linear(in_f, out_f, bias=has_bias, dtype=dtype), set(derived), native)
         for _ in range(copies)
@@ -129,7 +99,7 @@ def _choose(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: K
         for rows in BUCKETS:
             x = torch.randn(rows, in_f, dtype=dtype)
             times.append(
-                {p: _time(lambda c, p=p, x=x: layouts[c].run(p, x), copies) for p in [*free, *derived]}
+                {p: time_cold(lambda c, p=p, x=x: layouts[c].run(p, x), copies) for p in [*free, *derived]}
             )
 
     def best_of(t: dict[str, float], paths: list[str]) -> str:
@@ -152,28 +122,35 @@ def _profile_key(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, nati
     )
 
 
-class FastLinear:
+class FastLinear(MeasuredRouter):
     """Routes the engine's CPU linear calls of one model to the fastest measured path."""
+
+    CACHE_FILE = "fast_linear.json"
+    WHAT = "linear-path plan"
 
     def __init__(
         self, model: torch.nn.Module, installation: ModuleInstallation, native: Kernels | None = None
     ) -> None:
+        super().__init__()
         self.layouts: list[_Layouts] = []
         self.native = native
-        self.active = False
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
         if not linears or not devices.is_host(linears[0].weight.device):
             return
-        plan = self._plan(linears)
+        plan = self.measured(linears)
         for linear in linears:
-            choice = plan[self._key(linear)]
+            choice = plan[self.key(linear)]
             if set(choice) == {"linear"}:
                 continue
             layouts = _Layouts(linear, set(choice) - {"linear", "native"}, native)
             self.layouts.append(layouts)
-            installation.replace_forward(linear, self._make_forward(linear, layouts, choice))
+            runners: list[Runner | None] = [
+                None if path == "linear" else functools.partial(layouts.run, path) for path in choice
+            ]
+            runners.append(runners[-1])  # rows above the last bucket take its path
+            installation.replace_forward(linear, self.routed_forward(linear, BUCKETS, runners))
 
-    def _key(self, linear: torch.nn.Linear) -> str:
+    def key(self, linear: torch.nn.Linear) -> str:
         return _profile_key(
             linear.out_features,
             linear.in_features,
@@ -182,59 +159,16 @@ class FastLinear:
             f"native-{self.native.variant.name}" if self.native is not None else "torch",
         )
 
-    def _plan(self, linears: list[torch.nn.Linear]) -> dict[str, list[str]]:
-        path = cache_dir() / "fast_linear.json"
-        try:
-            known = json.loads(path.read_text())
-        except (OSError, ValueError):
-            known = {}
-        changed = False
-        for linear in linears:
-            key = self._key(linear)
-            if key not in known or len(known[key]) != len(BUCKETS):
-                known[key] = _choose(
-                    linear.out_features,
-                    linear.in_features,
-                    linear.weight.dtype,
-                    linear.bias is not None,
-                    self.native,
-                )
-                logger.info("linear %s: %s", key, dict(zip(BUCKETS, known[key], strict=True)))
-                changed = True
-        if changed:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(known, indent=1))
-                os.replace(tmp, path)
-            except OSError as exc:
-                logger.warning("could not save the linear-path plan to %s: %s", path, exc)
-        return known
+    def measure_one(self, linear: torch.nn.Linear) -> list[str]:
+        return _choose(
+            linear.out_features, linear.in_features, linear.weight.dtype, linear.bias is not None, self.native
+        )
 
-    @contextlib.contextmanager
-    def engaged(self) -> Iterator[None]:
-        """Route the linear calls made inside this block (the engine's forward pass)."""
-        previous, self.active = self.active, True
-        try:
-            yield
-        finally:
-            self.active = previous
+    def valid(self, record: list[str]) -> bool:
+        return len(record) == len(BUCKETS)
 
-    def _make_forward(self, linear: torch.nn.Linear, layouts: _Layouts, choice: list[str]) -> Callable:
-        original = linear.forward
-        in_f = linear.in_features
-
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            if not self.active or x.requires_grad:
-                return original(x)
-            rows = x.numel() // in_f
-            path = choice[_bucket(rows)]
-            if path == "linear":
-                return original(x)
-            out = layouts.run(path, x.reshape(rows, in_f))
-            return out.reshape(*x.shape[:-1], out.shape[-1])
-
-        return forward
+    def describe(self, record: list[str]) -> dict[int, str]:
+        return dict(zip(BUCKETS, record, strict=True))
 
     def refresh(self) -> None:
         for layouts in self.layouts:

@@ -13,21 +13,17 @@ decode step streams them, and kept in `$VRIKSHA_CACHE/quant_linear.json`.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import json
 import logging
-import os
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vriksha.cache import cache_dir
-from vriksha.engine.fast_linear import COLD_BYTES, _time
 from vriksha.engine.installation import ModuleInstallation
+from vriksha.engine.measured_router import MeasuredRouter, Runner, bucket_index, cold_copies, time_cold
 from vriksha.engine.native import Kernels
 from vriksha.engine.native.quant import SOURCE, QuantKernels
 from vriksha.loading.packed import BLOCK_BYTES, PackedWeight, requantize_int8_, row_bytes
@@ -35,10 +31,6 @@ from vriksha.loading.packed import BLOCK_BYTES, PackedWeight, requantize_int8_, 
 logger = logging.getLogger(__name__)
 
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # rows per call; a call uses the smallest bucket >= its rows
-
-
-def _bucket(rows: int) -> int | None:
-    return next((i for i, b in enumerate(BUCKETS) if rows <= b), None)
 
 
 def _random_packed(qtype: str, out_f: int, in_f: int) -> PackedWeight:
@@ -60,18 +52,20 @@ def measure(
 ) -> dict[str, list[float]]:
     """Seconds per call at each bucket: the packed kernel and the faster of `F.linear` and the native fp32
     kernel, each on weights out of cache."""
-    packed_copies = max(1, min(64, COLD_BYTES // row_bytes(qtype, in_f) // out_f))
-    fp32_copies = max(1, min(64, COLD_BYTES // (4 * out_f * in_f)))
+    packed_copies = cold_copies(row_bytes(qtype, in_f) * out_f)
+    fp32_copies = cold_copies(4 * out_f * in_f)
     packed = [_random_packed(qtype, out_f, in_f) for _ in range(packed_copies)]
     weights = [torch.randn(out_f, in_f) for _ in range(fp32_copies)]
     times: dict[str, list[float]] = {"packed": [], "fp32": []}
     with torch.inference_mode():
         for rows in BUCKETS:
             x = torch.randn(rows, in_f)
-            times["packed"].append(_time(lambda c, x=x: kernels.linear(x, packed[c]), packed_copies, 0.02))
-            t = _time(lambda c, x=x: F.linear(x, weights[c]), fp32_copies, 0.02)
+            times["packed"].append(
+                time_cold(lambda c, x=x: kernels.linear(x, packed[c]), packed_copies, 0.02)
+            )
+            t = time_cold(lambda c, x=x: F.linear(x, weights[c]), fp32_copies, 0.02)
             if fp32 is not None:
-                t = min(t, _time(lambda c, x=x: fp32.linear(x, weights[c]), fp32_copies, 0.02))
+                t = min(t, time_cold(lambda c, x=x: fp32.linear(x, weights[c]), fp32_copies, 0.02))
             times["fp32"].append(t)
     return times
 
@@ -80,8 +74,11 @@ def _source_digest() -> str:
     return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
 
 
-class QuantLinear:
+class QuantLinear(MeasuredRouter):
     """The packed layers of one model: measured routes, installed forwards, refresh after weight updates."""
+
+    CACHE_FILE = "quant_linear.json"
+    WHAT = "packed linear"
 
     def __init__(
         self,
@@ -90,9 +87,9 @@ class QuantLinear:
         kernels: QuantKernels,
         fp32: Kernels | None = None,
     ) -> None:
+        super().__init__()
         self.kernels = kernels
         self.fp32 = fp32
-        self.active = False
         self.enabled = True
         modules = dict(model.named_modules())
         self.layers: list[tuple[nn.Linear, PackedWeight]] = []
@@ -112,49 +109,34 @@ class QuantLinear:
             self.layers.append((module, weight))
         self.times: dict[str, dict[str, list[float]]] | None = None  # filled by measure()
 
-    def _key(self, weight: PackedWeight) -> str:
+    def key(self, weight: PackedWeight) -> str:
         return (
             f"v1:{weight.qtype}:{weight.out_features}x{weight.in_features}:{self.kernels.variant}:"
             f"t{torch.get_num_threads()}:{torch.__version__}:{_source_digest()}:"
             f"{'native' if self.fp32 is not None else 'torch'}"
         )
 
+    def measure_one(self, weight: PackedWeight) -> dict[str, list[float]]:
+        return measure(weight.qtype, weight.out_features, weight.in_features, self.kernels, self.fp32)
+
+    def valid(self, record: dict[str, list[float]]) -> bool:
+        return len(record.get("packed", ())) == len(BUCKETS)
+
     def measure(self) -> dict[str, dict[str, list[float]]]:
         """Seconds per call of each packed shape at each bucket, packed and fp32 (measured once, cached)."""
-        path = cache_dir() / "quant_linear.json"
-        try:
-            known = json.loads(path.read_text())
-        except (OSError, ValueError):
-            known = {}
-        changed = False
-        for _, weight in self.layers:
-            key = self._key(weight)
-            if key not in known or len(known[key].get("packed", ())) != len(BUCKETS):
-                known[key] = measure(
-                    weight.qtype, weight.out_features, weight.in_features, self.kernels, self.fp32
-                )
-                logger.info("packed linear %s: %s", key, known[key])
-                changed = True
-        if changed:
-            try:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(known, indent=1))
-                os.replace(tmp, path)
-            except OSError as exc:
-                logger.warning("could not save the packed-linear timings to %s: %s", path, exc)
-        self.times = {self._key(w): known[self._key(w)] for _, w in self.layers}
+        known = self.measured([w for _, w in self.layers])
+        self.times = {self.key(w): known[self.key(w)] for _, w in self.layers}
         return self.times
 
     def step_seconds(self, rows: int = 1) -> tuple[float, float]:
         """(packed, fp32) seconds of all packed layers' calls in one forward of `rows` rows, as measured."""
-        i = _bucket(rows)
-        if i is None:
+        i = bucket_index(BUCKETS, rows)
+        if i == len(BUCKETS):
             raise ValueError(f"rows must be at most {BUCKETS[-1]}, got {rows}")
         if self.times is None:
             self.measure()
-        packed = sum(self.times[self._key(w)]["packed"][i] for _, w in self.layers)
-        fp32 = sum(self.times[self._key(w)]["fp32"][i] for _, w in self.layers)
+        packed = sum(self.times[self.key(w)]["packed"][i] for _, w in self.layers)
+        fp32 = sum(self.times[self.key(w)]["fp32"][i] for _, w in self.layers)
         return packed, fp32
 
     def formats(self) -> dict[str, int]:
@@ -166,34 +148,22 @@ class QuantLinear:
         for module, weight in self.layers:
             route = [True] * len(BUCKETS)
             if measured:
-                t = (self.times or self.measure())[self._key(weight)]
+                t = (self.times or self.measure())[self.key(weight)]
                 route = [p < f for p, f in zip(t["packed"], t["fp32"], strict=True)]
             installation.replace_forward(module, self._make_forward(module, weight, route))
 
+    def routes(self, x: torch.Tensor) -> bool:
+        return self.enabled and x.dtype == torch.float32 and super().routes(x)
+
     def _make_forward(self, module: nn.Linear, weight: PackedWeight, route: list[bool]) -> Callable:
-        original = module.forward
-        in_f, out_f, kernels = module.in_features, module.out_features, self.kernels
+        kernels = self.kernels
 
-        def forward(x: torch.Tensor) -> torch.Tensor:
-            if not (self.active and self.enabled) or x.requires_grad or x.dtype != torch.float32:
-                return original(x)
-            rows = x.numel() // in_f
-            i = _bucket(rows)
-            if i is None or not route[i]:
-                return original(x)
-            out = kernels.linear(x.reshape(rows, in_f).contiguous(), weight, module.bias)
-            return out.reshape(*x.shape[:-1], out_f)
+        def run(x: torch.Tensor) -> torch.Tensor:
+            return kernels.linear(x.contiguous(), weight, module.bias)
 
-        return forward
-
-    @contextlib.contextmanager
-    def engaged(self) -> Iterator[None]:
-        """Route the packed layers' calls made inside this block (the engine's forward pass)."""
-        previous, self.active = self.active, True
-        try:
-            yield
-        finally:
-            self.active = previous
+        runners: list[Runner | None] = [run if packed else None for packed in route]
+        runners.append(None)  # rows above the last bucket take the fp32 path
+        return self.routed_forward(module, BUCKETS, runners)
 
     def refresh(self) -> None:
         """After an in-place weight update: int8 weights are quantized again from the new fp32 values; GGUF

@@ -1,0 +1,131 @@
+"""The base of the engine's linear-layer routers: route a layer's calls while the engine is engaged, choosing
+a path per shape and batch-size bucket by measurement, the measurements cached in a JSON under the cache dir.
+
+`FastLinear` (fp32/bf16 paths) and `QuantLinear` (packed weights) share the pieces here: `engaged()`, the
+installed `forward` that sends a call to its bucket's runner or back to the layer's own forward, the timing
+of a candidate on weights out of cache (as a decode step streams the whole model), and the measure-once
+cache. Each subclass names its cache file and says what one layer's key, measurement and valid record are.
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar
+
+import torch
+
+from vriksha.cache import read_json, write_json
+
+logger = logging.getLogger(__name__)
+
+COLD_BYTES = 96 << 20  # timing cycles through copies of a weight until they exceed the last-level cache
+
+Runner = Callable[[torch.Tensor], torch.Tensor]  # [rows, in] -> [rows, out]
+
+
+def cold_copies(weight_bytes: int) -> int:
+    """How many copies of a weight of this size the timing cycles through to keep it out of cache."""
+    return max(1, min(64, COLD_BYTES // max(weight_bytes, 1)))
+
+
+def time_cold(
+    fn: Callable[[int], torch.Tensor], copies: int, min_seconds: float = 0.05, max_reps: int = 30
+) -> float:
+    """Best time of `fn(copy)` over repetitions, each on the next copy of the weight."""
+    fn(0)
+    best = float("inf")
+    start = time.perf_counter()
+    for rep in range(max_reps):
+        copy = (rep + 1) % copies
+        t = time.perf_counter()
+        fn(copy)
+        best = min(best, time.perf_counter() - t)
+        if time.perf_counter() - start > min_seconds and rep >= 2:
+            break
+    return best
+
+
+def bucket_index(buckets: Sequence[int], rows: int) -> int:
+    """The index of the smallest bucket >= rows; `len(buckets)` for rows above the last bucket."""
+    return bisect.bisect_left(buckets, rows)
+
+
+class MeasuredRouter:
+    """Routes the calls of some linear layers of one model while engaged; a subclass measures the paths."""
+
+    CACHE_FILE: ClassVar[str]  # under the cache dir
+    WHAT: ClassVar[str]  # what one record is, in logs and warnings
+
+    def __init__(self) -> None:
+        self.active = False
+
+    @contextlib.contextmanager
+    def engaged(self) -> Iterator[None]:
+        """Route the layers' calls made inside this block (the engine's forward pass)."""
+        previous, self.active = self.active, True
+        try:
+            yield
+        finally:
+            self.active = previous
+
+    def routes(self, x: torch.Tensor) -> bool:
+        """Whether a call on `x` may be routed at all (else it takes the layer's own forward)."""
+        return self.active and not x.requires_grad
+
+    def routed_forward(
+        self, linear: torch.nn.Linear, buckets: Sequence[int], runners: Sequence[Runner | None]
+    ) -> Callable[[torch.Tensor], torch.Tensor]:
+        """A `forward` for `linear`: while routing, a call of `rows` rows goes to
+        `runners[bucket_index(buckets, rows)]` (one runner per bucket, then one for rows above the last);
+        where that is None, or outside `engaged()`, to the layer's own forward."""
+        if len(runners) != len(buckets) + 1:
+            raise ValueError(
+                f"need {len(buckets) + 1} runners (one per bucket and one above), got {len(runners)}"
+            )
+        original = linear.forward
+        in_f = linear.in_features
+
+        def forward(x: torch.Tensor) -> torch.Tensor:
+            if not self.routes(x):
+                return original(x)
+            rows = x.numel() // in_f
+            run = runners[bisect.bisect_left(buckets, rows)]
+            if run is None:
+                return original(x)
+            out = run(x.reshape(rows, in_f))
+            return out.reshape(*x.shape[:-1], out.shape[-1])
+
+        return forward
+
+    def key(self, item: Any) -> str:
+        """The cache key of one layer's measurement (shape, dtype, kernels, threads, versions)."""
+        raise NotImplementedError
+
+    def measure_one(self, item: Any) -> Any:
+        """Measure one layer's paths; the record is kept in the cache as JSON."""
+        raise NotImplementedError
+
+    def valid(self, record: Any) -> bool:
+        """Whether a cached record is complete for the current buckets."""
+        raise NotImplementedError
+
+    def describe(self, record: Any) -> Any:
+        return record
+
+    def measured(self, items: Sequence[Any]) -> dict[str, Any]:
+        """The cache file's records, with those of `items` measured where missing or stale (and saved)."""
+        known = read_json(self.CACHE_FILE)
+        changed = False
+        for item in items:
+            key = self.key(item)
+            if key not in known or not self.valid(known[key]):
+                known[key] = self.measure_one(item)
+                logger.info("%s %s: %s", self.WHAT, key, self.describe(known[key]))
+                changed = True
+        if changed:
+            write_json(self.CACHE_FILE, known, f"the {self.WHAT} timings")
+        return known
