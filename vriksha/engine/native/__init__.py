@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "kernels.c", HERE / "kernels_bf16.c")
-HEADERS = (HERE / "simd.h",)
+HEADERS = (HERE / "simd.h", HERE / "tiles.h")
 DTYPES = (torch.float32, torch.bfloat16)
 _I64, _F32, _PTR, _INT = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int
 

@@ -13,6 +13,15 @@
 
 #include "simd.h"
 
+static inline void prefetch_row(const float* p, int64_t n) {
+  for (int64_t e = 0; e < n; e += 16) __builtin_prefetch(p + e);
+}
+
+#define TILE_T float
+#define TILE_LOAD8 _mm256_loadu_ps
+#define TILE_PREFETCH_KEY prefetch_row
+#include "tiles.h"
+
 /* Four weight rows against one input row: each weight element is loaded once per input row. */
 static inline void dot4(const float* w, int64_t in, const float* x, float* out4) {
   const float *w0 = w, *w1 = w + in, *w2 = w + 2 * in, *w3 = w + 3 * in;
@@ -38,9 +47,9 @@ static inline void dot4(const float* w, int64_t in, const float* x, float* out4)
 #ifdef VRIKSHA_AVX2
 /* Four weight rows against two input rows: eight dot products sharing every load. */
 static inline void dot4x2(const float* w, int64_t in, const float* x0, const float* x1, float* y0, float* y1) {
-  const float *w0 = w, *w1 = w + in, *w2 = w + 2 * in, *w3 = w + 3 * in;
 #ifdef VRIKSHA_AVX512
   if (in % 16 == 0) {
+    const float *w0 = w, *w1 = w + in, *w2 = w + 2 * in, *w3 = w + 3 * in;
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
     for (int64_t i = 0; i < in; i += 16) {
       __m512 u = _mm512_loadu_ps(x0 + i), v = _mm512_loadu_ps(x1 + i), k;
@@ -56,16 +65,7 @@ static inline void dot4x2(const float* w, int64_t in, const float* x0, const flo
     return;
   }
 #endif
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-  for (int64_t i = 0; i < in; i += 8) {
-    __m256 u = _mm256_loadu_ps(x0 + i), v = _mm256_loadu_ps(x1 + i), k;
-    k = _mm256_loadu_ps(w0 + i); a0 = _mm256_fmadd_ps(k, u, a0); b0 = _mm256_fmadd_ps(k, v, b0);
-    k = _mm256_loadu_ps(w1 + i); a1 = _mm256_fmadd_ps(k, u, a1); b1 = _mm256_fmadd_ps(k, v, b1);
-    k = _mm256_loadu_ps(w2 + i); a2 = _mm256_fmadd_ps(k, u, a2); b2 = _mm256_fmadd_ps(k, v, b2);
-    k = _mm256_loadu_ps(w3 + i); a3 = _mm256_fmadd_ps(k, u, a3); b3 = _mm256_fmadd_ps(k, v, b3);
-  }
-  _mm_storeu_ps(y0, hsum8x4(a0, a1, a2, a3));
-  _mm_storeu_ps(y1, hsum8x4(b0, b1, b2, b3));
+  tile_dot4x2(w, in, x0, x1, y0, y1);
 }
 #endif
 
@@ -105,10 +105,6 @@ void linear_f32(const float* w, const float* bias, const float* x, float* y,
   }
 }
 
-static inline void prefetch_row(const float* p, int64_t n) {
-  for (int64_t e = 0; e < n; e += 16) __builtin_prefetch(p + e);
-}
-
 /* One request, one KV head: `group` query heads over n KV slots. scores [group * n], acc [group * dv]. */
 NO_AUTO_VECTORIZE
 static void attend(const float* qh, const float* k_pool, const float* v_pool, const int64_t* row, int64_t n,
@@ -118,48 +114,13 @@ static void attend(const float* qh, const float* k_pool, const float* v_pool, co
   (void)ahead;
   int64_t j = 0;
 #ifdef VRIKSHA_AVX2
-  if (d % 8 == 0) {
-    /* two key rows against up to three query heads per pass: six dot products sharing five loads a step */
-    for (; j + 2 <= n; j += 2) {
-      if (j + ahead + 1 < n) {
-        prefetch_row(k_pool + (row[j + ahead] * kv_heads + h) * d, d);
-        prefetch_row(k_pool + (row[j + ahead + 1] * kv_heads + h) * d, d);
-      }
-      const float* k0 = k_pool + (row[j] * kv_heads + h) * d;
-      const float* k1 = k_pool + (row[j + 1] * kv_heads + h) * d;
-      for (int64_t g = 0; g < group; g += 3) {
-        int64_t cnt = group - g < 3 ? group - g : 3;
-        const float *q0 = qh + g * d, *q1 = q0 + (cnt > 1 ? d : 0), *q2 = q0 + (cnt > 2 ? 2 * d : 0);
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, b0 = a0, b1 = a0, b2 = a0;
-        for (int64_t i = 0; i < d; i += 8) {
-          __m256 u = _mm256_loadu_ps(k0 + i), v = _mm256_loadu_ps(k1 + i), qv;
-          qv = _mm256_loadu_ps(q0 + i); a0 = _mm256_fmadd_ps(qv, u, a0); b0 = _mm256_fmadd_ps(qv, v, b0);
-          qv = _mm256_loadu_ps(q1 + i); a1 = _mm256_fmadd_ps(qv, u, a1); b1 = _mm256_fmadd_ps(qv, v, b1);
-          qv = _mm256_loadu_ps(q2 + i); a2 = _mm256_fmadd_ps(qv, u, a2); b2 = _mm256_fmadd_ps(qv, v, b2);
-        }
-        float r[8];
-        _mm_storeu_ps(r, hsum8x4(a0, a1, a2, b0));
-        _mm_storeu_ps(r + 4, hsum8x4(b1, b2, b2, b2));
-        float* sg = scores + g * n + j;
-        sg[0] = r[0] * scale;
-        sg[1] = r[3] * scale;
-        if (cnt > 1) { sg[n] = r[1] * scale; sg[n + 1] = r[4] * scale; }
-        if (cnt > 2) { sg[2 * n] = r[2] * scale; sg[2 * n + 1] = r[5] * scale; }
-      }
-    }
-  }
+  if (d % 8 == 0) j = tile_key_pairs(qh, k_pool, row, j, n, kv_heads, h, d, group, scale, scores);
 #endif
   for (; j < n; j++) {
     const float* kj = k_pool + (row[j] * kv_heads + h) * d;
     for (int64_t g = 0; g < group; g++) scores[g * n + j] = dot_f32(qh + g * d, kj, d) * scale;
   }
-  for (int64_t g = 0; g < group; g++) {
-    float* sg = scores + g * n;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < n; j++) mx = sg[j] > mx ? sg[j] : mx;
-    float inv = 1.f / exp_shifted_sum(sg, n, mx);
-    for (int64_t j = 0; j < n; j++) sg[j] *= inv;
-  }
+  for (int64_t g = 0; g < group; g++) softmax_inplace(scores + g * n, n);
   int64_t e0 = 0;
 #ifdef VRIKSHA_AVX2
   /* 32 output values of up to three heads held in twelve registers while the value rows stream past */

@@ -10,6 +10,11 @@
 
 #include "simd.h"
 
+#define TILE_T bf16
+#define TILE_LOAD8 load8_bf16
+#define TILE_PREFETCH_KEY(p, d) __builtin_prefetch(p)
+#include "tiles.h"
+
 /* sum a[i] * float(b[i]) over n values: a float32, b bf16. */
 static inline float dot_f32_bf16(const float* a, const bf16* b, int64_t n) {
   int64_t i = 0;
@@ -59,36 +64,8 @@ static void attend_bf16(const float* qf, const bf16* qb, const bf16* k_pool, con
   }
 #endif
 #ifdef VRIKSHA_AVX2
-  if (d % 8 == 0) {
-    /* two key rows against up to three query heads per pass: each key element widened once, used thrice */
-    for (; j + 2 <= n; j += 2) {
-      if (j + 5 < n) {
-        __builtin_prefetch(k_pool + (row[j + 4] * kv_heads + h) * d);
-        __builtin_prefetch(k_pool + (row[j + 5] * kv_heads + h) * d);
-      }
-      const bf16* k0 = k_pool + (row[j] * kv_heads + h) * d;
-      const bf16* k1 = k_pool + (row[j + 1] * kv_heads + h) * d;
-      for (int64_t g = 0; g < group; g += 3) {
-        int64_t cnt = group - g < 3 ? group - g : 3;
-        const float *q0 = qf + g * d, *q1 = q0 + (cnt > 1 ? d : 0), *q2 = q0 + (cnt > 2 ? 2 * d : 0);
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, b0 = a0, b1 = a0, b2 = a0;
-        for (int64_t i = 0; i < d; i += 8) {
-          __m256 u = load8_bf16(k0 + i), v = load8_bf16(k1 + i), qv;
-          qv = _mm256_loadu_ps(q0 + i); a0 = _mm256_fmadd_ps(qv, u, a0); b0 = _mm256_fmadd_ps(qv, v, b0);
-          qv = _mm256_loadu_ps(q1 + i); a1 = _mm256_fmadd_ps(qv, u, a1); b1 = _mm256_fmadd_ps(qv, v, b1);
-          qv = _mm256_loadu_ps(q2 + i); a2 = _mm256_fmadd_ps(qv, u, a2); b2 = _mm256_fmadd_ps(qv, v, b2);
-        }
-        float r[8];
-        _mm_storeu_ps(r, hsum8x4(a0, a1, a2, b0));
-        _mm_storeu_ps(r + 4, hsum8x4(b1, b2, b2, b2));
-        float* sg = scores + g * n + j;
-        sg[0] = r[0] * scale;
-        sg[1] = r[3] * scale;
-        if (cnt > 1) { sg[n] = r[1] * scale; sg[n + 1] = r[4] * scale; }
-        if (cnt > 2) { sg[2 * n] = r[2] * scale; sg[2 * n + 1] = r[5] * scale; }
-      }
-    }
-  }
+  /* two key rows against up to three query heads per pass: each key element widened once, used thrice */
+  if (d % 8 == 0) j = tile_key_pairs(qf, k_pool, row, j, n, kv_heads, h, d, group, scale, scores);
 #endif
   for (; j < n; j++) {
     const bf16* kj = k_pool + (row[j] * kv_heads + h) * d;
@@ -162,24 +139,6 @@ static inline void dot4_bf16(const bf16* w, int64_t in, const float* x, float* o
   for (int k = 0; k < 4; k++) out4[k] = dot_f32_bf16(x, w + k * in, in);
 }
 
-#ifdef VRIKSHA_AVX2
-/* Four bf16 weight rows against two float32 input rows (in % 8 == 0): each weight load serves both. */
-static inline void dot4x2_bf16(const bf16* w, int64_t in, const float* x0, const float* x1, float* y0,
-                               float* y1) {
-  const bf16 *w0 = w, *w1 = w + in, *w2 = w + 2 * in, *w3 = w + 3 * in;
-  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-  for (int64_t i = 0; i < in; i += 8) {
-    __m256 u = _mm256_loadu_ps(x0 + i), v = _mm256_loadu_ps(x1 + i), k;
-    k = load8_bf16(w0 + i); a0 = _mm256_fmadd_ps(k, u, a0); b0 = _mm256_fmadd_ps(k, v, b0);
-    k = load8_bf16(w1 + i); a1 = _mm256_fmadd_ps(k, u, a1); b1 = _mm256_fmadd_ps(k, v, b1);
-    k = load8_bf16(w2 + i); a2 = _mm256_fmadd_ps(k, u, a2); b2 = _mm256_fmadd_ps(k, v, b2);
-    k = load8_bf16(w3 + i); a3 = _mm256_fmadd_ps(k, u, a3); b3 = _mm256_fmadd_ps(k, v, b3);
-  }
-  _mm_storeu_ps(y0, hsum8x4(a0, a1, a2, a3));
-  _mm_storeu_ps(y1, hsum8x4(b0, b1, b2, b3));
-}
-#endif
-
 /* y[m, o] = bf16(sum_i W[o, i] x[m, i] + b[o]), W [out, in] bf16 as nn.Linear stores it; float32 sums. */
 void linear_bf16(const bf16* w, const bf16* bias, const bf16* x, bf16* y, int64_t out, int64_t in, int64_t m,
                  int threads) {
@@ -205,7 +164,7 @@ void linear_bf16(const bf16* w, const bf16* bias, const bf16* x, bf16* y, int64_
     if (in % 8 == 0 && cnt == 4) {
       float s1[4];
       for (; r + 2 <= m; r += 2) {
-        dot4x2_bf16(w + o * in, in, xf + r * in, xf + (r + 1) * in, s0, s1);
+        tile_dot4x2(w + o * in, in, xf + r * in, xf + (r + 1) * in, s0, s1);
         for (int k = 0; k < 4; k++) {
           float b = bias ? bf16_to_f32(bias[o + k]) : 0.f;
           y[r * out + o + k] = f32_to_bf16(s0[k] + b);
