@@ -17,6 +17,7 @@ import torch
 from vriksha.engine.cache_events import CacheEventSink
 from vriksha.engine.kv_pool import SlotAllocator
 from vriksha.errors import VrikshaError
+from vriksha.prefix_tree import common_length, subtree
 
 _node_ids = itertools.count()
 
@@ -74,16 +75,6 @@ class InsertResult:
         if not self._values:
             return torch.empty(0, dtype=torch.int64, device=self.node.value.device)
         return self._values[0] if len(self._values) == 1 else torch.cat(self._values)
-
-
-def _common_length(key: list[int], tokens: list[int], start: int) -> int:
-    n = min(len(key), len(tokens) - start)
-    if key[:n] == tokens[start : start + n]:
-        return n
-    i = 0
-    while key[i] == tokens[start + i]:
-        i += 1
-    return i
 
 
 def _as_list(token_ids: Sequence[int] | torch.Tensor) -> list[int]:
@@ -146,7 +137,7 @@ class RadixCache:
             child = node.children.get(tokens[pos])
             if child is None:
                 break
-            n = _common_length(child.key, tokens, pos)
+            n = common_length(child.key, tokens, pos)
             if n < len(child.key):
                 child = self._split(child, n)
             child.last_access = now
@@ -230,10 +221,10 @@ class RadixCache:
                 if child.lock_ref > 0:
                     stack.append(child)
                     continue
-                subtree = self._subtree(child)
-                if subtree:
-                    self.allocator.free(torch.cat([n.value for n in subtree]))
-                size = sum(len(n) for n in subtree)
+                below = subtree(child)
+                if below:
+                    self.allocator.free(torch.cat([n.value for n in below]))
+                size = sum(len(n) for n in below)
                 freed += size
                 self._evictable -= size
                 if events is not None:
@@ -283,13 +274,4 @@ class RadixCache:
 
     def _nodes(self) -> list[TreeNode]:
         """Every node except the root."""
-        return self._subtree(self.root)[1:]
-
-    @staticmethod
-    def _subtree(top: TreeNode) -> list[TreeNode]:
-        out, stack = [], [top]
-        while stack:
-            node = stack.pop()
-            out.append(node)
-            stack.extend(node.children.values())
-        return out
+        return subtree(self.root)[1:]

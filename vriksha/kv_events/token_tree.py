@@ -8,6 +8,8 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from vriksha.prefix_tree import common_length, subtree
+
 
 @dataclass(eq=False, slots=True)
 class _Node:
@@ -18,16 +20,6 @@ class _Node:
 
     def __len__(self) -> int:
         return len(self.key)
-
-
-def _common(key: list[int], tokens: Sequence[int], start: int) -> int:
-    n = min(len(key), len(tokens) - start)
-    if key[:n] == list(tokens[start : start + n]):
-        return n
-    i = 0
-    while key[i] == tokens[start + i]:
-        i += 1
-    return i
 
 
 class TokenTree:
@@ -55,7 +47,7 @@ class TokenTree:
             child = node.children.get(tokens[pos])
             if child is None:
                 break
-            n = _common(child.key, tokens, pos)
+            n = common_length(child.key, tokens, pos)
             if n < len(child.key):
                 if not split:
                     return node, pos + n
@@ -99,7 +91,7 @@ class TokenTree:
         child = node.children.pop(tokens[start], None) if start < len(tokens) else None
         if child is None:
             return 0
-        dropped = sum(len(n) for n in self._subtree(child))
+        dropped = sum(len(n) for n in subtree(child))
         self.size -= dropped
         return dropped
 
@@ -124,7 +116,7 @@ class TokenTree:
     def evict_to(self, max_tokens: int) -> None:
         """Drop least recently used leaves until at most `max_tokens` remain."""
         while self.size > max_tokens:
-            leaves = [n for n in self._subtree(self.root)[1:] if not n.children]
+            leaves = [n for n in subtree(self.root)[1:] if not n.children]
             if not leaves:
                 return
             for leaf in sorted(leaves, key=lambda n: n.last_access):
@@ -144,13 +136,4 @@ class TokenTree:
             if not node.children and node is not self.root:
                 out.add(path)
             stack.extend((c, path) for c in node.children.values())
-        return out
-
-    @staticmethod
-    def _subtree(top: _Node) -> list[_Node]:
-        out, stack = [], [top]
-        while stack:
-            node = stack.pop()
-            out.append(node)
-            stack.extend(node.children.values())
         return out
