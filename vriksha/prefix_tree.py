@@ -2,17 +2,20 @@
 KV slots) and the token tree that mirrors it from KV events (`kv_events/token_tree.py`, nodes without KV).
 
 A leaf module (it imports nothing of vriksha), so the engine and the router's side share it without either
-importing the other. A node is anything with `children: dict[int, node]` keyed by its first token.
+importing the other. A node is anything with a `key` (its run of tokens), `children` (a dict keyed by each
+child's first token) and a `last_access` stamp.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 
 class PrefixNode(Protocol):
+    key: list[int]
     children: dict[int, Any]
+    last_access: int
 
 
 N = TypeVar("N", bound=PrefixNode)
@@ -28,6 +31,34 @@ def common_length(key: list[int], tokens: Sequence[int], start: int) -> int:
     while key[i] == tokens[start + i]:
         i += 1
     return i
+
+
+def walk(
+    root: N,
+    tokens: Sequence[int],
+    now: int,
+    split: Callable[[N, int], N] | None,
+    entered: list[N] | None = None,
+) -> tuple[N, int]:
+    """Follow `tokens` down from `root`, stamping `last_access = now` on each node entered: the deepest node
+    whose path is a prefix of `tokens`, and how many tokens it covers. Where the match ends inside a node,
+    `split(node, n)` cuts it after n tokens so that the returned node ends exactly there; with no `split`,
+    the walk stops above that node, the tokens matched into it counted. `entered` gets each node entered."""
+    node, pos = root, 0
+    while pos < len(tokens):
+        child = node.children.get(tokens[pos])
+        if child is None:
+            break
+        n = common_length(child.key, tokens, pos)
+        if n < len(child.key):
+            if split is None:
+                return node, pos + n
+            child = split(child, n)
+        child.last_access = now
+        if entered is not None:
+            entered.append(child)
+        node, pos = child, pos + n
+    return node, pos
 
 
 def subtree(top: N) -> list[N]:

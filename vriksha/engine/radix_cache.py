@@ -17,7 +17,7 @@ import torch
 from vriksha.engine.cache_events import CacheEventSink
 from vriksha.engine.kv_pool import SlotAllocator
 from vriksha.errors import VrikshaError
-from vriksha.prefix_tree import common_length, subtree
+from vriksha.prefix_tree import subtree, walk
 
 _node_ids = itertools.count()
 
@@ -131,19 +131,10 @@ class RadixCache:
     def _walk(self, tokens: list[int], now: int) -> tuple[TreeNode, int, list[torch.Tensor]]:
         """Follow `tokens` down the tree, splitting where the match ends inside a node and stamping access
         times; returns the last node reached, the tokens matched and the slot tensors along the way."""
-        node, pos, values = self.root, 0, []
-        node.last_access = now
-        while pos < len(tokens):
-            child = node.children.get(tokens[pos])
-            if child is None:
-                break
-            n = common_length(child.key, tokens, pos)
-            if n < len(child.key):
-                child = self._split(child, n)
-            child.last_access = now
-            values.append(child.value)
-            node, pos = child, pos + n
-        return node, pos, values
+        self.root.last_access = now
+        entered: list[TreeNode] = []
+        node, pos = walk(self.root, tokens, now, self._split, entered)
+        return node, pos, [n.value for n in entered]
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut `child` after its first `n` tokens; the new upper node inherits lock_ref and access time."""

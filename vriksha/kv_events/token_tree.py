@@ -8,7 +8,7 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from vriksha.prefix_tree import common_length, subtree
+from vriksha.prefix_tree import subtree, walk
 
 
 @dataclass(eq=False, slots=True)
@@ -42,19 +42,7 @@ class TokenTree:
     def _walk(self, tokens: Sequence[int], split: bool) -> tuple[_Node, int]:
         """The deepest node whose path is a prefix of `tokens` and how many tokens it covers; with `split`,
         a node the match ends inside is cut so that the returned node ends exactly there."""
-        node, pos, now = self.root, 0, next(self._clock)
-        while pos < len(tokens):
-            child = node.children.get(tokens[pos])
-            if child is None:
-                break
-            n = common_length(child.key, tokens, pos)
-            if n < len(child.key):
-                if not split:
-                    return node, pos + n
-                child = self._split(child, n)
-            child.last_access = now
-            node, pos = child, pos + n
-        return node, pos
+        return walk(self.root, tokens, next(self._clock), self._split if split else None)
 
     def _split(self, child: _Node, n: int) -> _Node:
         parent = child.parent
