@@ -15,6 +15,16 @@ def host() -> torch.device:
     return torch.device(HOST_TYPE)
 
 
+# the torch device type each Triton backend compiles for (Triton names its backends by vendor; ROCm's
+# torch calls its devices cuda too)
+TRITON_BACKEND_TYPES = {"nvidia": "cuda", "amd": "cuda", "intel": "xpu"}
+
+
+def triton_device_types(backends: list[str]) -> set[str]:
+    """The torch device types of Triton's installed `backends` (`triton.backends.backends`)."""
+    return {TRITON_BACKEND_TYPES[b] for b in backends if b in TRITON_BACKEND_TYPES}
+
+
 def is_host(device: torch.device | str) -> bool:
     """True for the CPU (memory the process can read directly, where the native C kernels run)."""
     return torch.device(device).type == HOST_TYPE

@@ -4,7 +4,8 @@ A kernel set supplies the operations the engine's forward runs outside Transform
 the residual add fused), SiLU gating, rotary embedding, decode attention over the KV pool in place, and a
 linear kernel that `FastLinear` measures against torch's paths. `TorchKernels` is torch's ops (every device
 and dtype); `NativeKernels` the engine's C kernels (CPU, float32 and bfloat16), one set per
-instruction-set variant. `select(name, device, dtype)` resolves `--kernels auto|torch|native|<name>`;
+instruction-set variant; `triton` the Triton kernels (triton_kernels.py) on the devices Triton compiles
+for, when triton is installed. `select(name, device, dtype)` resolves `--kernels auto|torch|native|<name>`;
 `available(device, dtype)` lists the sets that run there, best first.
 
 Adding a set: subclass `TorchKernels`, override the operations it speeds up, and `register()` it with a
@@ -13,7 +14,10 @@ priority and the devices and dtypes it supports (docs/kernels.md).
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -109,6 +113,8 @@ class KernelSetSpec:
     supports: Callable[[torch.device, torch.dtype], bool]
     build: Callable[[], TorchKernels | None]  # None: cannot run here after all (no compiler, ...)
     native: bool = False  # the engine option `native_kernels=False` leaves these out
+    automatic: Callable[[torch.device, torch.dtype], bool] | None = None  # where `auto` may take it (None:
+    # wherever it runs); a set it leaves out is still chosen by name
 
 
 _REGISTRY: dict[str, KernelSetSpec] = {}
@@ -149,6 +155,53 @@ for _variant in isa.VARIANTS:
     )
 
 
+def _triton_interpreted() -> bool:
+    """Triton's interpreter is on (`TRITON_INTERPRET=1`, read when triton is imported): its kernels run on
+    CPU tensors, slowly; for tests, so `auto` never takes it."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def _triton_device_types() -> frozenset[str]:
+    """The device types Triton compiles for here (none where triton is not installed)."""
+    if importlib.util.find_spec("triton") is None:
+        return frozenset()
+    try:
+        from triton.backends import backends
+    except Exception as exc:  # a broken install must not take the engine down: the set is just not offered
+        logger.info("triton is installed but its backends do not load (%s); no triton kernel set", exc)
+        return frozenset()
+    return frozenset(devices.triton_device_types(list(backends)))
+
+
+def _triton_supports(device: torch.device, dtype: torch.dtype) -> bool:
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        return False
+    if devices.is_host(device):
+        return _triton_interpreted() and importlib.util.find_spec("triton") is not None
+    return device.type in _triton_device_types()
+
+
+def _build_triton() -> TorchKernels | None:
+    try:
+        from vriksha.engine.triton_kernels import TritonKernels
+    except Exception as exc:
+        logger.warning("the triton kernel set does not load (%s); keeping the next set", exc)
+        return None
+    return TritonKernels()
+
+
+register(
+    KernelSetSpec(
+        "triton",
+        200,  # above `native`, which never runs where Triton compiles
+        _triton_supports,
+        _build_triton,
+        automatic=lambda device, dtype: not devices.is_host(device),
+    )
+)
+
+
 def names() -> list[str]:
     return sorted(_REGISTRY, key=lambda n: -_REGISTRY[n].priority)
 
@@ -171,6 +224,9 @@ def select(
     candidates = available(device, dtype, include_native)
     if name == "auto":
         for candidate in candidates:
+            automatic = _REGISTRY[candidate].automatic
+            if automatic is not None and not automatic(device, dtype):
+                continue
             built = _REGISTRY[candidate].build()
             if built is not None:
                 return built
