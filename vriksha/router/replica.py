@@ -3,10 +3,10 @@ count), its KV event mirror, and what was routed there but not yet confirmed by 
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 
+from vriksha.prefix_tree import common_prefix_len
 from vriksha.router.config import ReplicaSpec
 from vriksha.router.subscriber import EventSubscriber
 
@@ -42,12 +42,13 @@ class Replica:
     def cached_prefix(self, tokens: list[int]) -> int:
         """Tokens of `tokens` this replica holds (mirror) or will hold shortly (pending)."""
         best = self.events.tree.match(tokens) if self.events is not None and self.events.synced else 0
-        if self.pending:
+        if self.pending and tokens:
             now = time.monotonic()
             self.pending = [p for p in self.pending if p[0] > now]
+            first = tokens[0]
             for _, p in self.pending:
-                if len(p) > best:
-                    best = max(best, len(os.path.commonprefix([p, tokens])))
+                if len(p) > best and p[0] == first:
+                    best = max(best, common_prefix_len(p, tokens))
         return best
 
     def add_pending(self, tokens: list[int], ttl_s: float, cap: int = 256) -> None:

@@ -1,17 +1,61 @@
 """The prompt's token ids as the replicas' engine will see them: the same tokenizer, the same chat template
-and the same request validation as `vriksha serve` (so a bad request gets the same 4xx here)."""
+and the same request validation as `vriksha serve` (so a bad request gets the same 4xx here).
+
+Tokenizing is most of the router's own time per request, so encoding goes straight to the Rust tokenizer
+(the `transformers` wrapper around it costs as much again) and the ids of recent prompt texts are kept:
+a retried request, or the same prompt sent n times (sampling several answers, RL rollouts), is tokenized once.
+"""
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any
 
 from vriksha.server.prompts import completion_prompts, render_chat
 from vriksha.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 
+class CachedEncoder:
+    """A tokenizer whose `encode(text, add_special_tokens=False)` is memoised (LRU, bounded in entries and
+    characters) and, where the tokenizer has a Rust backend, bypasses the Python wrapper; everything else is
+    the tokenizer's own."""
+
+    def __init__(self, tokenizer: Any, max_entries: int = 2048, max_chars: int = 8 << 20) -> None:
+        self._tok = tokenizer
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
+        self._cache: OrderedDict[str, list[int]] = OrderedDict()
+        self._chars = 0
+        self.max_entries, self.max_chars = max_entries, max_chars
+        self.hits = self.misses = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._tok, name)
+
+    def encode(self, text: str, add_special_tokens: bool = True, **kwargs: Any) -> list[int]:
+        if add_special_tokens or kwargs or not isinstance(text, str):
+            return self._tok.encode(text, add_special_tokens=add_special_tokens, **kwargs)
+        ids = self._cache.get(text)
+        if ids is not None:
+            self._cache.move_to_end(text)
+            self.hits += 1
+            return list(ids)
+        self.misses += 1
+        if self._backend is not None:
+            ids = self._backend.encode(text, add_special_tokens=False).ids
+        else:
+            ids = self._tok.encode(text, add_special_tokens=False)
+        if len(text) <= self.max_chars // 4:
+            self._cache[text] = ids
+            self._chars += len(text)
+            while len(self._cache) > self.max_entries or self._chars > self.max_chars:
+                old, _ = self._cache.popitem(last=False)
+                self._chars -= len(old)
+        return list(ids)
+
+
 class PromptTokens:
     def __init__(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer if isinstance(tokenizer, CachedEncoder) else CachedEncoder(tokenizer)
 
     @classmethod
     def for_model(cls, model: str | None) -> PromptTokens:
