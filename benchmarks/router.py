@@ -7,11 +7,21 @@ kv_aware, on two workloads:
 
 Per policy and workload: prefix-cache hit rate (cached / prompt tokens, as the replicas report them) beside
 the rate one shared cache would reach, throughput, TTFT and ITL p50/p99; per router the latency it adds
-(a one-token request through it against the same request sent straight to a replica). Loopback only.
+(a one-token request through it against the same request sent straight to the replica that served it).
+Loopback only.
+
+The default sizes are the regime where routing matters: each replica's KV pool holds 2560 tokens
+(`--kv-tokens`, passed as `vriksha serve --kv-cache-memory-gb`), the 12 groups' prefixes (300 words, about
+310 tokens each: about 3700 tokens) and the 12 conversations (about 270 tokens each at their last turn) do
+not fit in one pool but do in two. Round robin sends every group to both replicas, whose LRU caches then
+cycle through all 12 prefixes and keep almost none; a prefix-aware policy keeps half the groups on each.
+"One shared cache" is one replica whose pool is the two pools together. With `--kv-tokens 0 --groups 4
+--per-group 8 --conversations 4` (the engine's default pool, 1 GiB on the CPU: every prefix fits
+everywhere) round robin already reaches the ideal hit rate on shared prefixes.
 
     python benchmarks/router.py                                     # the embedded model, default sizes
     python benchmarks/router.py --model /tmp/tiny --groups 2 --per-group 2 --prefix-words 40 \
-        --conversations 2 --turns 2 --max-tokens 4 --overhead-samples 5            # a smoke run
+        --conversations 2 --turns 2 --max-tokens 4 --overhead-samples 5 --kv-tokens 200   # a smoke run
 
 With `--pd` (or `--pd-only`) also the prefill/decode scenario (benchmarks/router_pd.py): long prompts mixed
 into short chats, 1 prefill + 1 decode replica against 2 colocated ones on the same cores:
@@ -64,6 +74,25 @@ class Result:
     error: str = ""
 
 
+def kv_bytes_per_token(model: str | None) -> int:
+    """K and V of one token over all layers, float32 (the CPU engine's dtype for the embedded model)."""
+    from vriksha.loading.loader import resolve_model_path
+
+    cfg = json.loads((Path(resolve_model_path(model)) / "config.json").read_text())
+    cfg = cfg.get("text_config", cfg)
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    kv_heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+    return 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * 4
+
+
+def kv_bound(args: argparse.Namespace, tokens: int) -> list[str]:
+    """`vriksha serve` flags that size its KV pool to `tokens` (none for 0: the engine's default)."""
+    if tokens <= 0:
+        return []
+    gib = tokens * kv_bytes_per_token(args.model) / 2**30
+    return ["--kv-cache-memory-gb", f"{gib:.9f}"]
+
+
 class Fleet:
     """The replicas and whichever router is running in front of them."""
 
@@ -79,6 +108,7 @@ class Fleet:
             cmd += ["--kv-events-endpoint", f"tcp://127.0.0.1:{r['events']}"]
             cmd += ["--kv-events-vllm-endpoint", f"tcp://127.0.0.1:{r['vllm']}"]
             cmd += ["--model", args.model] if args.model else []
+            cmd += kv_bound(args, args.kv_tokens)
             if shutil.which("taskset"):
                 cores = range(i * args.threads, (i + 1) * args.threads)
                 cmd = ["taskset", "-c", ",".join(str(c % ncpu) for c in cores), *cmd]
@@ -244,32 +274,57 @@ def summary(results: list[Result], duration: float) -> dict:
     }
 
 
-def overhead(router_url: str, replica_url: str, model: str, n: int) -> dict:
-    """A one-token request, alternately direct and through the router: the difference of their latencies."""
+def overhead(router_url: str, replica_urls: list[str], model: str, n: int) -> dict:
+    """A one-token request through the router against the same request straight to the replica that served
+    it (named in the router's x-vriksha-replica header; else the mean of one direct request to each replica),
+    their order alternating so neither always runs second: the difference of their latencies."""
     body = {"model": model, "prompt": "Hi", "max_tokens": 1, "temperature": 0}
     diffs = []
     with httpx.Client(timeout=60) as c:
-        for _ in range(n):
+
+        def timed(url: str) -> tuple[float, httpx.Response]:
             t0 = time.perf_counter()
-            c.post(f"{replica_url}/v1/completions", json=body)
-            t1 = time.perf_counter()
-            c.post(f"{router_url}/v1/completions", json=body)
-            diffs.append((time.perf_counter() - t1) - (t1 - t0))
+            resp = c.post(f"{url}/v1/completions", json=body)
+            return time.perf_counter() - t0, resp
+
+        for i in range(n):
+            direct = {}
+            if i % 2:
+                direct = {u: timed(u)[0] for u in replica_urls}
+            routed, resp = timed(router_url)
+            if not direct:
+                direct = {u: timed(u)[0] for u in replica_urls}
+            served = resp.headers.get("x-vriksha-replica")
+            base = direct[served] if served in direct else sum(direct.values()) / len(direct)
+            diffs.append(routed - base)
     return {"added_p50_ms": pct(diffs, 50) * 1000, "added_p99_ms": pct(diffs, 99) * 1000}
 
 
 WORKLOADS = {"shared-prefix": shared_prefix, "multi-turn": multi_turn}
 
 
-def run(args: argparse.Namespace, log_dir: Path) -> dict:
-    fleet = Fleet(args, log_dir)
-    rows: dict = {"ideal": {}, "policies": {}}
+def ideal(args: argparse.Namespace, log_dir: Path) -> dict:
+    """The hit rate of one shared cache as large as the fleet's together: the whole workload on one replica
+    whose KV pool is the sum of theirs."""
+    one = argparse.Namespace(**{**vars(args), "replicas": 1, "kv_tokens": args.kv_tokens * args.replicas})
+    fleet = Fleet(one, log_dir)
     try:
-        for name, fn in WORKLOADS.items():  # one shared cache: everything on one replica
+        out = {}
+        for name, fn in WORKLOADS.items():
             fleet.flush()
-            rows["ideal"][name] = summary(asyncio.run(fn(fleet.replicas[0]["url"], fleet.model, args)), 1.0)[
-                "hit_rate"
-            ]
+            out[name] = summary(asyncio.run(fn(fleet.replicas[0]["url"], fleet.model, args)), 1.0)["hit_rate"]
+        return out
+    finally:
+        fleet.stop()
+
+
+def run(args: argparse.Namespace, log_dir: Path) -> dict:
+    rows: dict = {"ideal": ideal(args, log_dir), "policies": {}}
+    fleet = Fleet(args, log_dir)
+    rows["kv_tokens"] = [
+        httpx.get(f"{r['url']}/load", timeout=10).json().get("kv_total_tokens") for r in fleet.replicas
+    ]
+    try:
         for policy in args.policies:
             try:
                 url = fleet.start_router(policy)
@@ -283,7 +338,9 @@ def run(args: argparse.Namespace, log_dir: Path) -> dict:
                     t0 = time.perf_counter()
                     results = asyncio.run(fn(url, fleet.model, args))
                     row[name] = summary(results, time.perf_counter() - t0)
-                row["overhead"] = overhead(url, fleet.replicas[0]["url"], fleet.model, args.overhead_samples)
+                row["overhead"] = overhead(
+                    url, [r["url"] for r in fleet.replicas], fleet.model, args.overhead_samples
+                )
             finally:
                 fleet.stop_router()
             rows["policies"][policy] = row
@@ -293,7 +350,7 @@ def run(args: argparse.Namespace, log_dir: Path) -> dict:
 
 
 def report(rows: dict) -> str:
-    lines = []
+    lines = [f"KV pool per replica: {rows.get('kv_tokens')} tokens; ideal: one cache of their sum"]
     head = f"{'policy':<18}{'workload':<15}{'hit':>7}{'ideal':>7}{'req/s':>8}{'tok/s':>8}"
     head += f"{'TTFT p50':>10}{'p99':>8}{'ITL p50':>9}{'p99':>8}{'added p50':>11}{'p99':>7}"
     lines.append(head)
@@ -346,10 +403,17 @@ def main() -> None:
     ap.add_argument("--replicas", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1, help="threads (and pinned cores) per replica")
     ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
-    ap.add_argument("--groups", type=int, default=4)
-    ap.add_argument("--per-group", type=int, default=8)
+    ap.add_argument(
+        "--kv-tokens",
+        type=int,
+        default=2560,
+        help="each replica's KV pool in tokens (vriksha serve --kv-cache-memory-gb, computed from the model's "
+        "shape); 0: the engine's default, which holds every prefix of the default sizes",
+    )
+    ap.add_argument("--groups", type=int, default=12)
+    ap.add_argument("--per-group", type=int, default=6)
     ap.add_argument("--prefix-words", type=int, default=300, help="words of each group's shared prefix")
-    ap.add_argument("--conversations", type=int, default=4)
+    ap.add_argument("--conversations", type=int, default=12)
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=4)
