@@ -58,7 +58,7 @@ def test_cached_encoder_gives_the_tokenizers_ids(tokenizer) -> None:
     assert enc.bos_token_id == tokenizer.bos_token_id  # everything else is the tokenizer's
 
 
-def test_parse_fast_path_and_errors_as_a_replica_words_them() -> None:
+def test_parse_errors_as_a_replica_words_them() -> None:
     body = json.dumps({"model": "m", "prompt": "Hi", "max_tokens": 1}).encode()
     assert _parse(CompletionRequest, body).prompt == "Hi"
     with pytest.raises(RequestValidationError) as bad_json:
@@ -82,6 +82,25 @@ def test_parse_fast_path_and_errors_as_a_replica_words_them() -> None:
         b'[{"model": "m", "prompt": "x"}]',
     ],
 )
-def test_parse_fast_path_refuses_what_a_replica_refuses(body: bytes) -> None:
+def test_parse_refuses_what_a_replica_refuses(body: bytes) -> None:
     with pytest.raises(RequestValidationError):
         _parse(CompletionRequest, body)
+
+
+def test_pending_prompts_count_until_they_expire_or_settle() -> None:
+    import time
+
+    from vriksha.router.config import ReplicaSpec
+    from vriksha.router.replica import Replica
+
+    r = Replica(ReplicaSpec("http://r0"), 0, healthy=True)
+    a, b = list(range(100)), list(range(50)) + [7] * 50
+    r.add_pending(a, ttl_s=30.0)
+    r.add_pending(b, ttl_s=30.0)
+    assert r.cached_prefix(list(range(80)) + [1]) == 80  # a's run, past where b leaves it
+    assert r.cached_prefix(list(range(50)) + [7, 7, 3]) == 52  # b's
+    assert r.cached_prefix([5, 1]) == 0
+    r.settle_pending(a, grace_s=0.0)  # a's request ended: its events are due, stop assuming it
+    time.sleep(0.01)
+    assert r.cached_prefix(list(range(80))) == 50  # only b is left
+    assert [p for _, p in r.pending] == [b]

@@ -3,6 +3,7 @@ count), its KV event mirror, and what was routed there but not yet confirmed by 
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -29,6 +30,7 @@ class Replica:
     # prompts routed here whose KV events have not arrived yet: (expiry, tokens)
     pending: list[tuple[float, list[int]]] = field(default_factory=list)
     failures: int = 0
+    soonest_expiry: float = math.inf  # of `pending`: expired entries are dropped only once one is due
 
     @property
     def url(self) -> str:
@@ -44,15 +46,22 @@ class Replica:
         best = self.events.tree.match(tokens) if self.events is not None and self.events.synced else 0
         if self.pending and tokens:
             now = time.monotonic()
-            self.pending = [p for p in self.pending if p[0] > now]
-            first = tokens[0]
+            if now >= self.soonest_expiry:
+                self.pending = [p for p in self.pending if p[0] > now]
+                self.soonest_expiry = min((p[0] for p in self.pending), default=math.inf)
+            n = len(tokens)
             for _, p in self.pending:
-                if len(p) > best and p[0] == first:
+                if best >= n:
+                    break
+                # p can beat `best` only if it also agrees at position `best`: an O(1) test first
+                if len(p) > best and p[best] == tokens[best]:
                     best = max(best, common_prefix_len(p, tokens))
         return best
 
     def add_pending(self, tokens: list[int], ttl_s: float, cap: int = 256) -> None:
-        self.pending.append((time.monotonic() + ttl_s, tokens))
+        expiry = time.monotonic() + ttl_s
+        self.pending.append((expiry, tokens))
+        self.soonest_expiry = min(self.soonest_expiry, expiry)
         if len(self.pending) > cap:
             del self.pending[0]
 
@@ -60,5 +69,7 @@ class Replica:
         """The request for `tokens` ended: its KV events are due within moments, stop assuming them soon."""
         for i, (expiry, p) in enumerate(self.pending):
             if p is tokens:
-                self.pending[i] = (min(expiry, time.monotonic() + grace_s), p)
+                expiry = min(expiry, time.monotonic() + grace_s)
+                self.pending[i] = (expiry, p)
+                self.soonest_expiry = min(self.soonest_expiry, expiry)
                 return
