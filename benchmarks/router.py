@@ -166,7 +166,11 @@ class Fleet:
     def stop_router(self) -> None:
         if self.router is not None:
             self.router.terminate()
-            self.router.wait(30)
+            try:
+                self.router.wait(60)
+            except subprocess.TimeoutExpired:  # a busy machine: it has had its chance to drain
+                self.router.kill()
+                self.router.wait(30)
             self.router = None
 
     def flush(self) -> None:
