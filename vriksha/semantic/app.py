@@ -25,10 +25,11 @@ from vriksha.router.proxy import Forwarder, NoReplicaError
 from vriksha.router.tokens import PromptTokens
 from vriksha.semantic import rewrite
 from vriksha.semantic.cache import SemanticCache, scope_key
-from vriksha.semantic.classify import RouteClassifier
+from vriksha.semantic.classify import Classified, RouteClassifier
 from vriksha.semantic.config import Pool, RoutesConfig
 from vriksha.semantic.decisions import Route
 from vriksha.semantic.metrics import SemanticMetrics
+from vriksha.semantic.signals import SignalValues
 from vriksha.server.auth import APIKeyMiddleware
 from vriksha.server.errors import ModelNotFoundError, ServerError, install_error_handlers
 from vriksha.server.protocol import ChatCompletionRequest, CompletionRequest
@@ -145,19 +146,12 @@ def create_semantic_app(
         body = json.loads(raw)
         text = rewrite.routing_text(body)
         if req.model in pools:
-            routes = [Route("explicit", req.model, None, "the client named the pool")]
-            emb = (
-                await classifier.batcher.embed(text)
-                if cache is not None and text and not req.stream
-                else None
+            result = Classified(
+                [Route("explicit", req.model, None, "the client named the pool")], SignalValues(), None
             )
         elif req.model == cfg.virtual_model:
             result = await classifier.classify(text)
-            metrics.embed_seconds.observe(result.embed_s)
             metrics.decide_seconds.observe(result.decide_s)
-            routes, emb = result.routes, result.emb
-            if emb is None and cache is not None and text and not req.stream:
-                emb = await classifier.batcher.embed(text)
         else:
             names = [cfg.virtual_model, *pools]
             raise ModelNotFoundError(
@@ -165,8 +159,20 @@ def create_semantic_app(
                 f"pool by name: {names} (see GET /v1/models)",
                 param="model",
             )
+        emb = result.emb
+        if emb is not None:
+            metrics.embed_seconds.observe(result.embed_s)
         skipped: list[str] = []
-        for route in routes:
+        i = 0
+        while True:
+            if i == len(result.routes):
+                if result.complete:
+                    break
+                result = await classifier.complete(text, result)  # the settled routes all fell through
+                emb = result.emb
+                metrics.embed_seconds.observe(result.embed_s)
+            route = result.routes[i]
+            i += 1
             if route.pool is None:
                 metrics.blocked.labels(route.decision).inc()
                 raise BlockedError(
@@ -184,8 +190,11 @@ def create_semantic_app(
                     ", ".join(f"{s} (no live replica)" for s in skipped)
                 )
             scope = None
-            cacheable = cache is not None and emb is not None and not req.stream
+            cacheable = cache is not None and bool(text) and not req.stream
             if cacheable and (cfg.cache.cache_sampled or not rewrite.sampled(out)):
+                if emb is None:  # only the cache needs it: embedded now, not before
+                    emb, embed_s = await classifier.embed(text)
+                    metrics.embed_seconds.observe(embed_s)
                 key = hashlib.sha256((presented_key(request) or "").encode()).hexdigest()
                 scope = scope_key(key, route.pool, path, out, text)
                 found = cache.lookup(scope, emb, text)

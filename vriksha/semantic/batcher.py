@@ -1,11 +1,14 @@
 """Micro-batching: concurrent requests' texts embedded together. The first text of a batch waits up to
-`max_wait_ms` for company (or until `max_batch`); texts arriving while a batch runs form the next one."""
+`max_wait_ms` for company (or until `max_batch`); texts arriving while a batch runs form the next one.
+A text seen recently (exactly the same string) is answered from a small LRU of embeddings, unbatched."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
@@ -21,11 +24,13 @@ class EmbedBatcher:
         max_batch: int = 32,
         max_wait_ms: float = 2.0,
         on_batch: Callable[[int, float], None] | None = None,
+        memo_entries: int = 0,
     ) -> None:
         self.encode = encode
         self.max_batch = max_batch
         self.max_wait_s = max_wait_ms / 1000.0
         self.on_batch = on_batch
+        self.memo = EmbeddingMemo(memo_entries)
         self._queue: asyncio.Queue[tuple[str, asyncio.Future]] | None = None
         self._worker: asyncio.Task | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="embed")
@@ -41,12 +46,17 @@ class EmbedBatcher:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     async def embed(self, text: str) -> torch.Tensor:
+        found = self.memo.get(text)
+        if found is not None:
+            return found
         if self._queue is None:
             self.start()
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         assert self._queue is not None
         self._queue.put_nowait((text, fut))
-        return await fut
+        emb = await fut
+        self.memo.put(text, emb)
+        return emb
 
     async def _run(self) -> None:
         assert self._queue is not None
@@ -84,3 +94,41 @@ class EmbedBatcher:
             for i, (_, f) in enumerate(live):
                 if not f.done():
                     f.set_result(emb[i])
+
+
+class EmbeddingMemo:
+    """The embeddings of the last `entries` distinct texts (exact string match, keyed by a 16-byte digest so a
+    long prompt costs no more than a short one), least recently used out."""
+
+    def __init__(self, entries: int) -> None:
+        self.entries = entries
+        self._items: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def get(self, text: str) -> torch.Tensor | None:
+        if self.entries <= 0:
+            return None
+        key = _digest(text)
+        emb = self._items.get(key)
+        if emb is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._items.move_to_end(key)
+        return emb
+
+    def put(self, text: str, emb: torch.Tensor) -> None:
+        if self.entries <= 0:
+            return
+        key = _digest(text)
+        self._items[key] = emb
+        self._items.move_to_end(key)
+        while len(self._items) > self.entries:
+            self._items.popitem(last=False)
+
+
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()

@@ -1,5 +1,8 @@
 """From a request's text to its ordered candidate routes: the signals (embedding batched across
-concurrent requests) and the decisions. Shared by the HTTP front, `vriksha route eval` and the benchmark."""
+concurrent requests) and the decisions. Shared by the HTTP front, `vriksha route eval` and the benchmark.
+
+`classify` computes the cheap signals first and embeds the text only when a rule that could still be taken
+needs an embedding signal; `complete` embeds later (a fall-through past the settled routes)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import torch
 
 from vriksha.semantic.batcher import EmbedBatcher
 from vriksha.semantic.config import RoutesConfig
-from vriksha.semantic.decisions import Route, candidates
+from vriksha.semantic.decisions import Route, candidates, settled
 from vriksha.semantic.embedder import Embedder
 from vriksha.semantic.signals import SignalSet, SignalValues
 
@@ -22,30 +25,50 @@ class Classified:
     emb: torch.Tensor | None
     embed_s: float = 0.0
     decide_s: float = 0.0
+    complete: bool = True  # False: `routes` are those the cheap signals settle; more may follow
 
 
 class RouteClassifier:
-    def __init__(self, cfg: RoutesConfig, embedder: Embedder, need_embedding: bool = False) -> None:
+    def __init__(self, cfg: RoutesConfig, embedder: Embedder, eager: bool = False) -> None:
+        """`eager`: embed every text before deciding (the behaviour without the cheap-signal shortcut)."""
         self.cfg = cfg
         self.embedder = embedder
         self.signals = SignalSet(cfg, embedder.encode)
-        self.need_embedding = need_embedding or self.signals.needs_embedding
+        self.eager = eager
         e = cfg.embedding
-        self.batcher = EmbedBatcher(embedder.encode, e.max_batch, e.max_wait_ms)
+        self.batcher = EmbedBatcher(embedder.encode, e.max_batch, e.max_wait_ms, memo_entries=e.memo_entries)
+
+    async def embed(self, text: str) -> tuple[torch.Tensor, float]:
+        t0 = time.perf_counter()
+        emb = await self.batcher.embed(text)
+        return emb, time.perf_counter() - t0
 
     async def classify(self, text: str) -> Classified:
-        emb = None
-        embed_s = 0.0
-        if self.need_embedding and text:
-            t0 = time.perf_counter()
-            emb = await self.batcher.embed(text)
-            embed_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        values = self.signals.text_values(text)
+        if not text:
+            values.pending.clear()  # nothing to embed: the embedding signals do not fire
+        routes, complete = settled(self.cfg, values)
+        decide_s = time.perf_counter() - t0
+        if not self.eager and (
+            complete or routes
+        ):  # a settled route to try first: embed on fall-through only
+            return Classified(routes, values, None, 0.0, decide_s, complete)
+        emb, embed_s = await self.embed(text)
         return self.decide(text, emb, embed_s)
+
+    async def complete(self, text: str, partial: Classified) -> Classified:
+        """Every candidate route of a request `classify` left incomplete (the text embedded now)."""
+        if partial.complete:
+            return partial
+        emb, embed_s = await self.embed(text)
+        return self.decide(text, emb, partial.embed_s + embed_s)
 
     def decide(self, text: str, emb: torch.Tensor | None, embed_s: float = 0.0) -> Classified:
         t0 = time.perf_counter()
         values = self.signals.text_values(text)
         if emb is not None:
             self.signals.embedding_values(emb, values)
+        values.pending.clear()
         routes = candidates(self.cfg, values)
         return Classified(routes, values, emb, embed_s, time.perf_counter() - t0)

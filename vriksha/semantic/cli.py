@@ -32,14 +32,13 @@ def register(subparsers: Any) -> None:
 
 def _setup(args: argparse.Namespace):
     from vriksha.semantic.config import load_routes
-    from vriksha.semantic.embedder import Embedder
+    from vriksha.semantic.embedder import embedder_for
     from vriksha.semantic.examples import classifier_signal, load_examples
 
     cfg = load_routes(args.routes)
     sig = classifier_signal(cfg, args.signal)
     examples = load_examples(args.examples, sig.labels)
-    model_dir = cfg.base_dir / cfg.embedding.path if cfg.embedding.path else None
-    return cfg, sig, examples, Embedder(model_dir, cfg.embedding.device)
+    return cfg, sig, examples, embedder_for(cfg)
 
 
 def fit_command(args: argparse.Namespace) -> int:

@@ -160,6 +160,10 @@ class EmbeddingConfig(_Strict):
     device: str | None = None  # cpu, cuda, ...; default: the accelerator when there is one
     max_batch: int = Field(32, ge=1)
     max_wait_ms: float = Field(2.0, ge=0.0)  # how long the first request of a batch waits for company
+    max_tokens: int = Field(256, ge=8, le=512)  # a text's tokens past this are not read (the model's: 256)
+    threads: int | None = Field(None, ge=1)  # torch threads for the embedding; default: torch's own
+    memo_entries: int = Field(4096, ge=0)  # embeddings of exactly repeated texts kept (LRU); 0: off
+    bucket: bool = True  # split a batch into runs of similar length instead of padding all to the longest
 
 
 class RoutesConfig(_Strict):

@@ -16,12 +16,11 @@ def semantic_app(path: str, base: RouterConfig) -> FastAPI:
     from vriksha.semantic.app import create_semantic_app
     from vriksha.semantic.classify import RouteClassifier
     from vriksha.semantic.config import load_routes
-    from vriksha.semantic.embedder import Embedder
+    from vriksha.semantic.embedder import embedder_for
 
     cfg = load_routes(path)
-    model_dir = cfg.base_dir / cfg.embedding.path if cfg.embedding.path else None
-    embedder = Embedder(model_dir, cfg.embedding.device)
-    classifier = RouteClassifier(cfg, embedder, need_embedding=cfg.cache.enabled)
+    embedder = embedder_for(cfg)
+    classifier = RouteClassifier(cfg, embedder)
     logger.info(
         "routes %s: %d pools, %d decisions, cache %s",
         path,

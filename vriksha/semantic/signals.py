@@ -28,9 +28,11 @@ class Fired:
 
 @dataclass(slots=True)
 class SignalValues:
-    """Fired signals by name; a classifier's fires as `name:label`."""
+    """Fired signals by name; a classifier's fires as `name:label`. `pending`: the signals not computed yet
+    (those that need the embedding, until it is there)."""
 
     fired: dict[str, Fired] = field(default_factory=dict)
+    pending: set[str] = field(default_factory=set)
 
     def __contains__(self, name: str) -> bool:
         return name in self.fired
@@ -108,7 +110,8 @@ class SignalSet:
         return bool(self.examples or self.classifiers)
 
     def text_values(self, text: str) -> SignalValues:
-        out = SignalValues()
+        """The cheap signals; the embedding ones are left pending."""
+        out = SignalValues(pending={*self.examples, *self.classifiers})
         for name, m in [*self.keywords.items(), *self.safety.items()]:
             hit = m.match(text)
             if hit is not None:
@@ -124,4 +127,5 @@ class SignalSet:
             label, p = c.predict(emb)
             if p >= c.cfg.threshold:
                 out.fired[f"{name}:{label}"] = Fired(p, f"{name} says {label} ({p:.2f})")
+        out.pending.clear()
         return out
