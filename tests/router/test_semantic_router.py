@@ -32,11 +32,15 @@ def _routes(fast: str, careful: str) -> dict:
                 {"name": "mathy", "keywords": ["integral", "solve"]},
                 {"name": "urgent", "keywords": ["urgent"]},
             ],
+            "embedding": [
+                {"name": "weather", "examples": ["will it rain tomorrow?", "what's the weather forecast"]}
+            ],
             "safety": [{"name": "jb", "kind": "jailbreak"}, {"name": "pii", "kind": "pii"}],
         },
         "decisions": [
             {"name": "deny", "when": "jb", "action": "block"},
-            {"name": "urgent", "when": "urgent", "pool": "gone"},
+            {"name": "urgent", "when": "urgent", "pool": "gone"},  # settled by a keyword: no embedding
+            {"name": "weather", "when": "weather", "pool": "careful"},  # embedded only when reached
             {"name": "private", "when": "pii", "pool": "careful"},
             {
                 "name": "maths",
@@ -130,6 +134,10 @@ def test_a_pool_without_live_replicas_falls_through_fast(semantic):
     assert time.monotonic() - started < 10
     assert "gone (no live replica)" in r.headers["x-vriksha-fallthrough"]
     assert _route(r)["pool"] == "fast"
+    # past the rule the keyword settled, the text is embedded and the walk goes on
+    r = _chat(semantic.url, "urgent: will it rain tomorrow in Paris?", temperature=0)
+    assert r.status_code == 200 and "gone (no live replica)" in r.headers["x-vriksha-fallthrough"]
+    assert _route(r)["decision"] == "weather" and _route(r)["pool"] == "careful"
     assert (
         metric(httpx.get(f"{semantic.url}/metrics").text, "vriksha_semantic_fallthrough_total", pool="gone")
         >= 1

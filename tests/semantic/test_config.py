@@ -94,3 +94,29 @@ def test_shipped_example_config_is_valid():
     cfg = load_routes(Path(__file__).resolve().parents[2] / "vriksha/semantic/prompts/routes.yaml")
     assert {p.name for p in cfg.pools} == {"fast", "careful"}
     assert cfg.signals.classifier[0].labels == ["chitchat", "math", "code", "writing", "factual"]
+
+
+def test_a_pool_takes_replicas_or_a_fleet_section_and_fleet_errors_name_the_field():
+    ok = copy.deepcopy(GOOD)
+    ok["pools"][0] = {
+        "name": "fast",
+        "fleet": {"replicas": 2, "threads": 1, "serve_args": ["--max-batch", "4"]},
+    }
+    cfg = parse_routes(ok)
+    assert cfg.pools[0].fleet.replicas == 2 and cfg.pools[0].replicas == []
+    assert cfg.pools[0].fleet.model is None and cfg.pools[0].fleet.serve_args == ["--max-batch", "4"]
+
+    def both(d):
+        d["pools"][0]["fleet"] = {"replicas": 1}
+
+    assert "pools.0: " in _bad(both) and "either `replicas`" in _bad(both)
+    assert "either `replicas`" in _bad(lambda d: d["pools"][0].pop("replicas"))
+
+    def fleet(**spec):
+        return lambda d: d["pools"].__setitem__(0, {"name": "fast", "fleet": spec})
+
+    assert "pools.0.fleet.replicas" in _bad(fleet(replicas=0))
+    assert "pools.0.fleet.threads" in _bad(fleet(threads=0))
+    assert "pools.0.fleet.gpus" in _bad(fleet(gpus=1))  # unknown field
+    msg = _bad(fleet(serve_args=["--port=9000", "--max-batch", "4"]))
+    assert "pools.0.fleet.serve_args" in msg and "--port" in msg

@@ -185,7 +185,12 @@ def handler(args: argparse.Namespace) -> int:
         lifespan="on",
     )
     server = _server_class()(uv_config, front)
-    server.run()
+    try:
+        server.run()
+    finally:
+        close = getattr(app.state, "close", None)  # the routes file's fleet pools
+        if close is not None:
+            close()
     if not server.started:
         raise ConfigError(
             f"the router did not start on {args.host}:{args.port}; is the port in use? pick another --port"

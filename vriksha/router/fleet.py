@@ -86,6 +86,44 @@ class Member:
     name: str
     proc: subprocess.Popen
     url: str
+    events: str | None = None  # its --kv-events-endpoint (None: a prefill replica publishes none)
+
+    @property
+    def spec(self) -> str:
+        """As `vriksha router --replica` takes it: URL or URL,EVENTS."""
+        return f"{self.url},{self.events}" if self.events else self.url
+
+
+def usable_cores() -> list[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+def cli_base() -> list[str]:
+    """`python -m vriksha.cli --log-level LEVEL`, the level this process logs at."""
+    level = logging.getLevelName(logging.getLogger().level)
+    return [sys.executable, "-m", "vriksha.cli", "--log-level", level]
+
+
+def spawn_replica(
+    name: str,
+    share: list[int],
+    common: list[str],
+    role: str = "both",
+    threads: int | None = None,
+) -> Member:
+    """One `vriksha serve` on free loopback ports, pinned to `share` with `threads` (default: one per core
+    of its share) OMP threads; `common`: flags every replica gets (model, API key, extra serve flags)."""
+    port, events = _free_port(), _free_port()
+    cmd = [*cli_base(), "serve", "--port", str(port)]
+    endpoint = f"tcp://127.0.0.1:{events}" if role != "prefill" else None
+    if endpoint:
+        cmd += ["--kv-events-endpoint", endpoint]
+    if role != "both":
+        cmd += ["--role", role]
+    proc = _spawn([*cmd, *common], share, threads or len(share))
+    return Member(f"{name} (cores {share})", proc, f"http://127.0.0.1:{port}", endpoint)
 
 
 def _spawn(cmd: list[str], cores: list[int] | None, threads: int | None) -> subprocess.Popen:
@@ -104,7 +142,7 @@ def _spawn(cmd: list[str], cores: list[int] | None, threads: int | None) -> subp
     return subprocess.Popen(cmd, env=env, preexec_fn=prepare)
 
 
-def _wait_healthy(m: Member, timeout_s: float) -> None:
+def wait_healthy(m: Member, timeout_s: float) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if m.proc.poll() is not None:
@@ -147,19 +185,8 @@ def handler(args: argparse.Namespace) -> int:
         ["prefill"] * args.prefill + ["decode"] * args.decode if args.prefill else ["both"] * args.replicas
     )
     extra = [a for a in args.serve_args if a != "--"]
-    cores = (
-        sorted(os.sched_getaffinity(0))
-        if hasattr(os, "sched_getaffinity")
-        else list(range(os.cpu_count() or 1))
-    )
-    shares = core_shares(cores, len(roles))
-    base = [
-        sys.executable,
-        "-m",
-        "vriksha.cli",
-        "--log-level",
-        logging.getLevelName(logging.getLogger().level),
-    ]
+    shares = core_shares(usable_cores(), len(roles))
+    base = cli_base()
     common = (["--model", args.model] if args.model else []) + (
         ["--api-key", args.api_key] if args.api_key else []
     )
@@ -175,22 +202,13 @@ def handler(args: argparse.Namespace) -> int:
     try:
         specs = []
         for i, (share, role) in enumerate(zip(shares, roles, strict=True)):
-            port, events = _free_port(), _free_port()
-            cmd = [*base, "serve", "--port", str(port)]
-            if role != "prefill":
-                cmd += ["--kv-events-endpoint", f"tcp://127.0.0.1:{events}"]
-            if role != "both":
-                cmd += ["--role", role]
-            url = f"http://127.0.0.1:{port}"
-            name = f"{'replica' if role == 'both' else role} {i} (cores {share})"
-            members.append(Member(name, _spawn([*cmd, *common, *extra], share, len(share)), url))
-            specs += (
-                ["--prefill", url] if role == "prefill" else ["--replica", f"{url},tcp://127.0.0.1:{events}"]
-            )
+            m = spawn_replica(f"{'replica' if role == 'both' else role} {i}", share, [*common, *extra], role)
+            members.append(m)
+            specs += ["--prefill", m.url] if role == "prefill" else ["--replica", m.spec]
         if args.prefill and args.pd_threshold is not None:
             specs += ["--pd-threshold", str(args.pd_threshold)]
         for m in members:
-            _wait_healthy(m, args.startup_timeout)
+            wait_healthy(m, args.startup_timeout)
         cmd = [
             *base,
             "router",
@@ -207,7 +225,7 @@ def handler(args: argparse.Namespace) -> int:
         )
         router = Member("router", _spawn(cmd, None, None), f"http://{args.host}:{args.port}")
         members.append(router)
-        _wait_healthy(router, args.startup_timeout)
+        wait_healthy(router, args.startup_timeout)
         logger.warning(
             "fleet of %d replicas (%s) behind %s (%s); Ctrl-C stops it",
             len(shares),

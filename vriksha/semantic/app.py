@@ -168,9 +168,11 @@ def create_semantic_app(
             if i == len(result.routes):
                 if result.complete:
                     break
-                result = await classifier.complete(text, result)  # the settled routes all fell through
+                had = emb
+                result = await classifier.complete(text, result, emb)  # the settled routes all fell through
                 emb = result.emb
-                metrics.embed_seconds.observe(result.embed_s)
+                if had is None:
+                    metrics.embed_seconds.observe(result.embed_s)
             route = result.routes[i]
             i += 1
             if route.pool is None:

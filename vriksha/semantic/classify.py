@@ -57,12 +57,15 @@ class RouteClassifier:
         emb, embed_s = await self.embed(text)
         return self.decide(text, emb, embed_s)
 
-    async def complete(self, text: str, partial: Classified) -> Classified:
-        """Every candidate route of a request `classify` left incomplete (the text embedded now)."""
+    async def complete(self, text: str, partial: Classified, emb: torch.Tensor | None = None) -> Classified:
+        """Every candidate route of a request `classify` left incomplete (the text embedded now unless its
+        embedding `emb` is at hand). Its first routes are `partial.routes`, the same ones in the same order."""
         if partial.complete:
             return partial
-        emb, embed_s = await self.embed(text)
-        return self.decide(text, emb, partial.embed_s + embed_s)
+        embed_s = 0.0
+        if emb is None:
+            emb, embed_s = await self.embed(text)
+        return self.decide(text, emb, embed_s)
 
     def decide(self, text: str, emb: torch.Tensor | None, embed_s: float = 0.0) -> Classified:
         t0 = time.perf_counter()

@@ -19,14 +19,45 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class FleetSpec(_Strict):
+    """Replicas `vriksha router --config` starts itself on this machine (as `vriksha fleet` does: each pinned
+    to its share of the cores, publishing KV events) and stops when it exits."""
+
+    replicas: int = Field(1, ge=1, le=64)
+    model: str | None = None  # HF directory or .gguf (relative to the routes file); default: the embedded one
+    threads: int | None = Field(None, ge=1)  # OMP threads per replica; default: one per core of its share
+    serve_args: list[str] = Field(default_factory=list)  # more `vriksha serve` flags, e.g. [--max-batch, "8"]
+    startup_timeout_s: float = Field(600.0, gt=0.0)  # per replica, until /health answers
+
+    @field_validator("serve_args")
+    @classmethod
+    def _owned(cls, v: list[str]) -> list[str]:
+        owned = {"--port", "--host", "--model", "--kv-events-endpoint", "--role", "--api-key"}
+        bad = sorted({a.split("=", 1)[0] for a in v} & owned)
+        if bad:
+            raise ValueError(f"{bad} are set by the router for each replica: drop them (the model: `model`)")
+        return v
+
+
 class Pool(_Strict):
-    """Replicas serving one model set up one way; `vriksha router` picks a replica inside it."""
+    """Replicas serving one model set up one way; `vriksha router` picks a replica inside it. The replicas
+    are given (`replicas`: URLs) or started by the router (`fleet`)."""
 
     name: str = Field(pattern=_NAME)
-    replicas: list[str] = Field(min_length=1)  # URL or URL,EVENTS as `vriksha router --replica`
+    replicas: list[str] = Field(default_factory=list)  # URL or URL,EVENTS as `vriksha router --replica`
+    fleet: FleetSpec | None = None
     policy: Literal["round_robin", "least_load", "cache_aware", "precise"] = "least_load"
     served_model: str | None = None  # the name the replicas expect; None: asked from their /v1/models
     tokenizer: str | None = None  # the replicas' model, for the policy's tokens; None: the embedded one
+    # (a fleet pool: its fleet's model)
+
+    @model_validator(mode="after")
+    def _source(self) -> Pool:
+        if bool(self.replicas) == (self.fleet is not None):
+            raise ValueError(
+                "give the pool either `replicas` (URLs) or a `fleet` section, not both or neither"
+            )
+        return self
 
     @field_validator("replicas")
     @classmethod
