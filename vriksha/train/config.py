@@ -200,6 +200,11 @@ class TrainerConfig(_Section):
     eval_episodes: int = Field(32, ge=0, description="held-out episodes per evaluation (0: no eval)")
     eval_max_new_tokens: int | None = Field(None, ge=1, description="defaults to rollout.max_new_tokens")
     checkpoint_interval: int = Field(0, ge=0, description="checkpoint every K steps (0: only at the end)")
+    checkpoint_at_end: bool = Field(
+        True,
+        description="checkpoint a finished run (false: a run that will not be resumed writes no final "
+        "checkpoint; one stopped by stop_after still does)",
+    )
     output_dir: str = Field("runs/grpo", description="where metrics, plots, checkpoints and the export go")
     export: bool = Field(True, description="save the final model as a Transformers directory")
     tensorboard: bool = Field(True, description="write TensorBoard logs when tensorboard is installed")

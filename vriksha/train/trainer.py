@@ -455,7 +455,7 @@ class GRPOTrainer:
         finished = step == tc.steps
         if finished and tc.eval_episodes and (not evals or evals[-1]["step"] != step):
             evals.append(self.evaluate(step))
-        if step > self.start_step or not self.resume:
+        if (step > self.start_step or not self.resume) and (tc.checkpoint_at_end or not finished):
             self._checkpoint(step)
         if profiler is not None:
             profiler.stop()
