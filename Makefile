@@ -11,12 +11,14 @@ PYTHON ?= python3
 # each part took. `install` is what `make demo` needs (the package and its runtime dependencies); `install-test`
 # adds the test extras (the peers the tests run against: openai, openenv-core, trl, lm-eval, vllm-router, ...).
 INSTALLER ?= auto
+# CI adds `gpu` (Triton), so that the Triton kernel set's tests run through Triton's interpreter.
+TEST_EXTRAS ?= test
 
 install:
 	@$(PYTHON) scripts/install.py --python $(PYTHON) --installer $(INSTALLER)
 
 install-test:
-	@$(PYTHON) scripts/install.py --python $(PYTHON) --installer $(INSTALLER) --extras test
+	@$(PYTHON) scripts/install.py --python $(PYTHON) --installer $(INSTALLER) --extras $(TEST_EXTRAS)
 
 # the main job on the embedded model: a short GRPO training with held-out success before and after
 demo: install
