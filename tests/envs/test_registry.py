@@ -3,8 +3,11 @@ names no package above it."""
 
 import inspect
 import logging
+import sys
 import textwrap
+import threading
 import tomllib
+import types
 from pathlib import Path
 
 import pytest
@@ -64,3 +67,61 @@ def test_the_repo_environment_is_declared_as_an_entry_point_not_named_by_the_reg
     cls = get_env_class(f"{module}:{attr}")
     assert cls.name == "repo"
     assert "repo2env" not in inspect.getsource(registry)
+
+
+def test_a_second_thread_waits_for_the_provider_the_first_is_importing(tmp_path, monkeypatch):
+    """While one thread imports a provider (slowly), another looking up the same environment waits for it
+    instead of finding the module marked loaded and the registry still without the name."""
+    gate = types.ModuleType("slow_env_gate")
+    gate.importing, gate.release = threading.Event(), threading.Event()
+    monkeypatch.setitem(sys.modules, "slow_env_gate", gate)
+    (tmp_path / "slow_envs.py").write_text(
+        textwrap.dedent(
+            """
+            import slow_env_gate
+            from vriksha.envs import Environment, Observation, StepResult, register_env
+
+            slow_env_gate.importing.set()
+            slow_env_gate.release.wait(10)
+
+            @register_env
+            class SlowEnv(Environment):
+                name = "test_slow_import"
+
+                def _reset(self, seed, options):
+                    return Observation(text="slow")
+
+                def _step(self, action):
+                    return StepResult(observation=Observation(), terminated=True, success=True)
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("VRIKSHA_ENV_MODULES", "slow_envs")
+    found: dict[str, object] = {}
+
+    def look_up(who: str) -> None:
+        try:
+            found[who] = get_env_class("test_slow_import").name
+        except Exception as exc:  # recorded, then asserted on
+            found[who] = exc
+
+    first = threading.Thread(target=look_up, args=("first",))
+    second = threading.Thread(target=look_up, args=("second",))
+    try:
+        first.start()
+        assert gate.importing.wait(10), "the provider module was never imported"
+        second.start()
+        second.join(1.0)  # without the lock it fails at once; with it, it waits for the import
+        gate.release.set()
+        first.join(10)
+        second.join(10)
+        assert found == {"first": "test_slow_import", "second": "test_slow_import"}
+    finally:
+        gate.release.set()
+        for t in (first, second):
+            if t.ident is not None:
+                t.join(10)
+        unregister_env("test_slow_import")
+        registry._loaded.discard("slow_envs")
+        sys.modules.pop("slow_envs", None)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import threading
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -29,6 +30,10 @@ BUILTIN_MODULE = "vriksha.envs.builtin"
 
 _REGISTRY: dict[str, type[Environment]] = {}
 _loaded: set[str] = set()  # modules and entry points already imported (or found broken)
+# Held while providers load: `_loaded` marks a module before its import has registered anything, so a second
+# thread must wait for the first rather than find the module "loaded" and the registry still empty. Re-entrant:
+# a provider may look up another environment while it is imported.
+_load_lock = threading.RLock()
 
 
 def register_env(cls: type[Environment]) -> type[Environment]:
@@ -93,13 +98,14 @@ def _load_providers(until: str | None = None) -> None:
     stopping once `until` is registered (looking up a built-in imports nothing else)."""
     extra = [m.strip() for m in os.environ.get("VRIKSHA_ENV_MODULES", "").split(",") if m.strip()]
     steps: list[Any] = [BUILTIN_MODULE, *_entry_points(until), *extra]
-    for step in steps:
-        if until is not None and until in _REGISTRY:
-            return
-        if isinstance(step, str):
-            _import(step)
-        else:
-            _load_entry_point(step)
+    with _load_lock:
+        for step in steps:
+            if until is not None and until in _REGISTRY:
+                return
+            if isinstance(step, str):
+                _import(step)
+            else:
+                _load_entry_point(step)
 
 
 def get_env_class(name: str) -> type[Environment]:
