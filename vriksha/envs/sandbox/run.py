@@ -8,6 +8,7 @@ namespaces it got and how the command ended.
 
 from __future__ import annotations
 
+import inspect
 import json
 import logging
 import os
@@ -18,7 +19,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import ParamSpec
 
 from vriksha.envs.core import phase
 from vriksha.envs.sandbox.errors import SandboxError, SandboxUnavailableError
@@ -26,6 +29,7 @@ from vriksha.envs.sandbox.interpreter import root_spec
 from vriksha.envs.sandbox.result import Drain, SandboxResult, classify, missing_protections
 
 logger = logging.getLogger(__name__)
+P = ParamSpec("P")
 
 __all__ = ["run_sandboxed", "SIMULATE_NO_NAMESPACES_ENV"]
 
@@ -87,7 +91,7 @@ def _interpreter_of(cmd: list[str], python: str) -> list[str]:
     return [python, *cmd[1:]] if cmd[0] in own or os.path.realpath(cmd[0]) in own else cmd
 
 
-def run_sandboxed(
+def run_unchecked(
     cmd: list[str],
     *,
     files: dict[str, str | bytes] | None = None,
@@ -104,39 +108,9 @@ def run_sandboxed(
     collect: list[str] | None = None,
     ro_paths: list[str | Path] | None = None,
 ) -> SandboxResult:
-    """Run `cmd` contained; see `vriksha.envs.sandbox` for what is isolated and how.
-
-    `files` are written into the working directory first (a private temp dir, removed afterwards,
-    unless `cwd` is given). `ro_paths` are further host paths bound in read-only at their own path
-    (a virtualenv the command runs from). `collect` names files to read back from it after the run. Raises
-    `SandboxUnavailableError` when the sandbox cannot run here, or cannot isolate and the user has
-    not opted in (VRIKSHA_ALLOW_UNSANDBOXED=1).
+    """Run `cmd` contained, without the check that the sandbox can isolate (the self-test uses it); see
+    `run_sandboxed`, which is this function behind that check, for the options.
     """
-    opts = dict(locals())
-    from vriksha.envs.sandbox.check import require_sandbox
-
-    require_sandbox(allow_network=allow_network)
-    with phase("env.sandbox"):
-        return run_unchecked(**opts)
-
-
-def run_unchecked(
-    cmd: list[str],
-    files: dict[str, str | bytes] | None = None,
-    cwd: Path | str | None = None,
-    timeout_s: float = 10.0,
-    cpu_s: float | None = None,
-    memory_mb: int = 1024,
-    max_procs: int = 64,
-    max_file_mb: int = 16,
-    allow_network: bool = False,
-    env: dict[str, str] | None = None,
-    stdin: str | bytes | None = None,
-    max_output_bytes: int = 64 * 1024,
-    collect: list[str] | None = None,
-    ro_paths: list[str | Path] | None = None,
-) -> SandboxResult:
-    """`run_sandboxed` without the check that the sandbox can isolate (the self-test uses it)."""
     if not cmd:
         raise SandboxError("run_sandboxed needs a non-empty command list")
     spec = root_spec()
@@ -264,6 +238,31 @@ def run_unchecked(
             shutil.rmtree(workdir, ignore_errors=True)
         elif uid is not None:
             _chown_tree(workdir, os.getuid())
+
+
+def _checked(run: Callable[P, SandboxResult]) -> Callable[P, SandboxResult]:
+    """`run` behind the check that the sandbox can isolate here (or that the user opted out of isolation)."""
+
+    def run_sandboxed(*args: P.args, **kwargs: P.kwargs) -> SandboxResult:
+        """Run `cmd` contained; see `vriksha.envs.sandbox` for what is isolated and how.
+
+        `files` are written into the working directory first (a private temp dir, removed afterwards,
+        unless `cwd` is given). `ro_paths` are further host paths bound in read-only at their own path
+        (a virtualenv the command runs from). `collect` names files to read back from it after the run. Raises
+        `SandboxUnavailableError` when the sandbox cannot run here, or cannot isolate and the user has
+        not opted in (VRIKSHA_ALLOW_UNSANDBOXED=1).
+        """
+        from vriksha.envs.sandbox.check import require_sandbox
+
+        require_sandbox(allow_network=bool(kwargs.get("allow_network", False)))
+        with phase("env.sandbox"):
+            return run(*args, **kwargs)
+
+    run_sandboxed.__signature__ = inspect.signature(run)  # type: ignore[attr-defined]
+    return run_sandboxed
+
+
+run_sandboxed = _checked(run_unchecked)
 
 
 def _feed(pipe, data: str | bytes) -> None:
