@@ -28,3 +28,7 @@ class EngineFailedError(VrikshaError):
 
 class OutOfKVMemoryError(VrikshaError):
     """A single request needs more KV memory than the whole pool holds."""
+
+
+class KVTransferError(VrikshaError):
+    """A K/V transfer failed (the other side is gone, timed out, or serves another model); nothing is kept."""

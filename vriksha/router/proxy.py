@@ -25,10 +25,8 @@ _TRANSPORT_ERRORS = (httpx.TransportError,)
 REPLICA_HEADER = "x-vriksha-replica"  # which replica answered
 
 
-class NoReplicaError(ServerError):
-    status = 503
-    type = "server_overloaded"
-    code = "no_healthy_replica"
+class NoReplicaError(ServerError, status=503, type="server_overloaded", code="no_healthy_replica"):
+    """No replica can take the request (none is healthy, or none has what the request needs)."""
 
 
 class _Attempt(Exception):

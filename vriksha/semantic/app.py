@@ -41,9 +41,8 @@ FALLTHROUGH_HEADER = "x-vriksha-fallthrough"  # the pools skipped for want of a 
 CACHE_HEADER = "x-vriksha-cache"  # hit; similarity=0.97 | miss | skip
 
 
-class BlockedError(ServerError):
-    type = "invalid_request_error"
-    code = "blocked_by_policy"
+class BlockedError(ServerError, type="invalid_request_error", code="blocked_by_policy"):
+    """A block decision refused the request, with the status the decision names."""
 
     def __init__(self, message: str, status: int, headers: dict[str, str]) -> None:
         super().__init__(message, headers=headers)

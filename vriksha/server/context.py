@@ -9,8 +9,8 @@ from vriksha.engine.sampling_params import SamplingParams
 from vriksha.server.errors import BadRequestError
 
 
-class ContextLengthError(BadRequestError):
-    code = "context_length_exceeded"
+class ContextLengthError(BadRequestError, code="context_length_exceeded"):
+    """The prompt plus the tokens asked for do not fit the model's context."""
 
 
 def prompt_length(tokenizer: Any, prompt: str | list[int]) -> int:

@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from vriksha.errors import (
     EngineFailedError,
     InvalidRequestError,
+    KVTransferError,
     OutOfKVMemoryError,
     PromptTooLongError,
     VrikshaError,
@@ -23,11 +24,20 @@ logger = logging.getLogger(__name__)
 
 
 class ServerError(VrikshaError):
-    """An error with an HTTP status and an OpenAI error type/code."""
+    """An error with an HTTP status and an OpenAI error type/code. A subclass declares what it changes in its
+    class line: `class ModelNotFoundError(ServerError, status=404, code="model_not_found")`."""
 
     status = 500
     type = "server_error"
     code: str | None = None
+
+    def __init_subclass__(
+        cls, status: int | None = None, type: str | None = None, code: str | None = None, **kwargs: Any
+    ) -> None:
+        super().__init_subclass__(**kwargs)
+        for name, value in (("status", status), ("type", type), ("code", code)):
+            if value is not None:
+                setattr(cls, name, value)
 
     def __init__(
         self, message: str, *, param: str | None = None, headers: dict[str, str] | None = None
@@ -37,45 +47,40 @@ class ServerError(VrikshaError):
         self.headers = headers or {}
 
 
-class BadRequestError(ServerError):
-    status = 400
-    type = "invalid_request_error"
+class BadRequestError(ServerError, status=400, type="invalid_request_error"):
+    """The request is malformed or asks for something this server cannot do."""
 
 
-class AuthenticationError(ServerError):
-    status = 401
-    type = "invalid_request_error"
-    code = "invalid_api_key"
+class AuthenticationError(ServerError, status=401, type="invalid_request_error", code="invalid_api_key"):
+    """No API key, or the wrong one."""
 
 
-class ModelNotFoundError(ServerError):
-    status = 404
-    type = "invalid_request_error"
-    code = "model_not_found"
+class ModelNotFoundError(ServerError, status=404, type="invalid_request_error", code="model_not_found"):
+    """The request names a model this server does not serve."""
 
 
-class ConflictError(ServerError):
-    status = 409
-    type = "invalid_request_error"
+class ConflictError(ServerError, status=409, type="invalid_request_error"):
+    """The request conflicts with an operation in progress."""
 
 
-class ServerOverloadedError(ServerError):
+class ServerOverloadedError(ServerError, status=503, type="server_overloaded", code="server_overloaded"):
     """The waiting queue is at its bound: retry after `Retry-After` seconds."""
 
-    status = 503
-    type = "server_overloaded"
-    code = "server_overloaded"
+
+class ShuttingDownError(ServerOverloadedError, code="server_shutting_down"):
+    """The server is draining after SIGTERM and takes no new requests."""
 
 
-class ShuttingDownError(ServerOverloadedError):
-    code = "server_shutting_down"
+class WrongRoleError(ServerError, status=404, type="invalid_request_error", code="wrong_role"):
+    """A prefill/decode endpoint asked of a replica started with another `--role`."""
 
 
-class ClientDisconnected(ServerError):
+class TransferFailedError(ServerError, status=502, type="server_error", code="kv_transfer_failed"):
+    """A K/V transfer between replicas could not be made; the request that needed it is not served."""
+
+
+class ClientDisconnected(ServerError, status=499, type="client_closed_request"):
     """The client went away before its response was ready; its engine requests were aborted."""
-
-    status = 499
-    type = "client_closed_request"
 
 
 def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
@@ -103,6 +108,8 @@ def to_response(exc: Exception) -> JSONResponse:
         return error_response(400, str(exc), "invalid_request_error", "invalid_value")
     if isinstance(exc, OutOfKVMemoryError):
         return error_response(400, str(exc), "invalid_request_error", "context_length_exceeded")
+    if isinstance(exc, KVTransferError):
+        return to_response(TransferFailedError(str(exc)))
     if isinstance(exc, EngineFailedError):
         return error_response(503, str(exc), "server_error", "engine_failed")
     if isinstance(exc, VrikshaError):

@@ -13,10 +13,8 @@ from vriksha.server.state import StateDep
 router = APIRouter()
 
 
-class KVEventsDisabledError(ServerError):
-    status = 404
-    type = "invalid_request_error"
-    code = "kv_events_disabled"
+class KVEventsDisabledError(ServerError, status=404, type="invalid_request_error", code="kv_events_disabled"):
+    """`/kv_events/snapshot` asked of a replica started without `--kv-events-endpoint`."""
 
 
 @router.get("/load")

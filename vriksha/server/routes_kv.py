@@ -6,6 +6,8 @@
 - `POST /kv/pull` (decode): bring a prompt's K/V into this replica's radix tree from a prefill replica
   (`prefill_url`) or from an `offer` already made; answers what was cached and what was fetched.
 - `GET /kv/transfers`: both sides' counters and what they hold now (offers, reservations).
+
+A failed transfer (`KVTransferError`) answers 502 `kv_transfer_failed`, through the server's error mapping.
 """
 
 from __future__ import annotations
@@ -16,28 +18,16 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import Field
 
-from vriksha.engine.kv_transfer import Descriptor, KVTransferError
+from vriksha.engine.kv_transfer import Descriptor
 from vriksha.engine.sampling_params import SamplingParams
 from vriksha.net.fields import TokenId
 from vriksha.server.context import check_context
-from vriksha.server.errors import ServerError
+from vriksha.server.errors import TransferFailedError, WrongRoleError
 from vriksha.server.kv_roles import KVRoles
 from vriksha.server.protocol import Strict
 from vriksha.server.state import StateDep
 
 router = APIRouter(prefix="/kv")
-
-
-class WrongRoleError(ServerError):
-    status = 404
-    type = "invalid_request_error"
-    code = "wrong_role"
-
-
-class TransferFailedError(ServerError):
-    status = 502
-    type = "server_error"
-    code = "kv_transfer_failed"
 
 
 class PrefillRequest(Strict):
@@ -80,10 +70,7 @@ async def prefill(req: PrefillRequest, request: Request, state: StateDep) -> Res
         raise TransferFailedError(f"start {req.start} is past the prompt's {len(req.token_ids)} tokens")
     stream = state.client.open(list(req.token_ids), params, "kv_prefill")
     await stream.final()
-    try:
-        desc = await side.offer(list(req.token_ids), req.start, req.transports, req.host_id, req.hold_s)
-    except KVTransferError as exc:
-        raise TransferFailedError(str(exc)) from exc
+    desc = await side.offer(list(req.token_ids), req.start, req.transports, req.host_id, req.hold_s)
     roles.watch_offers()
     return JSONResponse(desc.to_dict())
 
@@ -103,15 +90,10 @@ async def pull(req: PullRequest, request: Request, state: StateDep) -> Response:
         )
     tokens = list(req.token_ids)
     check_context(len(tokens), SamplingParams(max_tokens=1), int(state.max_model_len))
-    try:
-        if req.prefill_url is not None:
-            result = await side.pull(tokens, peer=roles.peer(req.prefill_url), min_new=req.min_new_tokens)
-        else:
-            result = await side.pull(
-                tokens, offer=Descriptor.from_dict(req.offer), min_new=req.min_new_tokens
-            )
-    except KVTransferError as exc:
-        raise TransferFailedError(str(exc)) from exc
+    if req.prefill_url is not None:
+        result = await side.pull(tokens, peer=roles.peer(req.prefill_url), min_new=req.min_new_tokens)
+    else:
+        result = await side.pull(tokens, offer=Descriptor.from_dict(req.offer), min_new=req.min_new_tokens)
     return JSONResponse(
         {
             "cached": result.cached,

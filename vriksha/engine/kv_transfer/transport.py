@@ -21,11 +21,7 @@ import torch
 import vriksha.device as devices
 from vriksha.engine.kv_layout import KVLayout, LayerKV
 from vriksha.engine.kv_pool import KVPool
-from vriksha.errors import VrikshaError
-
-
-class KVTransferError(VrikshaError):
-    """A K/V transfer failed (the other side is gone, timed out, or serves another model); nothing is kept."""
+from vriksha.errors import KVTransferError as KVTransferError  # raised by every transport
 
 
 @dataclass(frozen=True, slots=True)
