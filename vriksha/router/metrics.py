@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from vriksha.net.metrics import MetricSet
 from vriksha.router.replica import Replica
 
 P = "vriksha_router"
@@ -50,64 +50,43 @@ class _ReplicaCollector(Collector):
         yield from fams.values()
 
 
-class RouterMetrics:
+class RouterMetrics(MetricSet):
     def __init__(self, replicas: Callable[[], list[Replica]]) -> None:
-        self.registry = r = CollectorRegistry()
-        self.requests = Counter(
-            f"{P}_requests",
-            "requests by replica, endpoint and status",
-            ["replica", "endpoint", "status"],
-            registry=r,
+        super().__init__(P)
+        c = self.counter
+        self.requests = c(
+            "requests", "requests by replica, endpoint and status", ["replica", "endpoint", "status"]
         )
-        self.decisions = Counter(
-            f"{P}_decisions",
-            "routing decisions by policy, replica and reason",
-            ["policy", "replica", "reason"],
-            registry=r,
+        self.decisions = c(
+            "decisions", "routing decisions by policy, replica and reason", ["policy", "replica", "reason"]
         )
-        self.prompt_tokens = Counter(f"{P}_prompt_tokens", "prompt tokens routed", ["replica"], registry=r)
-        self.predicted_cached = Counter(
-            f"{P}_predicted_cached_tokens",
-            "prompt tokens the policy expected cached",
-            ["replica"],
-            registry=r,
+        self.prompt_tokens = c("prompt_tokens", "prompt tokens routed", ["replica"])
+        self.predicted_cached = c(
+            "predicted_cached_tokens", "prompt tokens the policy expected cached", ["replica"]
         )
-        self.retries = Counter(f"{P}_retries", "requests moved off a failed replica", ["replica"], registry=r)
-        self.stream_errors = Counter(
-            f"{P}_stream_errors", "streams cut because their replica failed mid-way", ["replica"], registry=r
+        self.retries = c("retries", "requests moved off a failed replica", ["replica"])
+        self.stream_errors = c(
+            "stream_errors", "streams cut because their replica failed mid-way", ["replica"]
         )
-        self.ejections = Counter(f"{P}_ejections", "replicas taken out of rotation", ["replica"], registry=r)
-        self.readmissions = Counter(
-            f"{P}_readmissions", "replicas put back in rotation", ["replica"], registry=r
-        )
-        self.resyncs = Counter(
-            f"{P}_resyncs", "mirror resyncs from a snapshot", ["replica", "reason"], registry=r
-        )
-        self.pd_transfers = Counter(
-            f"{P}_pd_transfers",
+        self.ejections = c("ejections", "replicas taken out of rotation", ["replica"])
+        self.readmissions = c("readmissions", "replicas put back in rotation", ["replica"])
+        self.resyncs = c("resyncs", "mirror resyncs from a snapshot", ["replica", "reason"])
+        self.pd_transfers = c(
+            "pd_transfers",
             "prefill/decode transfers by prefill and decode replica and status (ok, skipped, failed)",
             ["prefill", "decode", "status"],
-            registry=r,
         )
-        self.pd_tokens = Counter(
-            f"{P}_pd_fetched_tokens",
-            "prompt tokens whose K/V moved to the decode replica",
-            ["decode"],
-            registry=r,
+        self.pd_tokens = c(
+            "pd_fetched_tokens", "prompt tokens whose K/V moved to the decode replica", ["decode"]
         )
-        self.pd_seconds = Histogram(
-            f"{P}_pd_transfer_seconds",
+        self.pd_seconds = self.histogram(
+            "pd_transfer_seconds",
             "time of a prefill/decode transfer (the prefill and the K/V move), before the request is forwarded",
-            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
-            registry=r,
+            (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
         )
-        self.overhead = Histogram(
-            f"{P}_overhead_seconds",
+        self.overhead = self.histogram(
+            "overhead_seconds",
             "time from the request's arrival to its forwarding (parse, tokenize, choose)",
-            buckets=_OVERHEAD_BUCKETS,
-            registry=r,
+            _OVERHEAD_BUCKETS,
         )
-        r.register(_ReplicaCollector(replicas))
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+        self.read_at_scrape(_ReplicaCollector(replicas))

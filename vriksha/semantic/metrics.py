@@ -2,48 +2,29 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from vriksha.net.metrics import MetricSet
 
-P = "vriksha_semantic"
 _BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.25, 1.0)
 
 
-class SemanticMetrics:
+class SemanticMetrics(MetricSet):
     def __init__(self) -> None:
-        self.registry = r = CollectorRegistry()
-        self.routes = Counter(
-            f"{P}_routes", "requests by decision and pool", ["decision", "pool"], registry=r
+        super().__init__("vriksha_semantic")
+        self.routes = self.counter("routes", "requests by decision and pool", ["decision", "pool"])
+        self.fallthrough = self.counter(
+            "fallthrough", "decisions skipped because their pool had no live replica", ["pool"]
         )
-        self.fallthrough = Counter(
-            f"{P}_fallthrough",
-            "decisions skipped because their pool had no live replica",
-            ["pool"],
-            registry=r,
+        self.blocked = self.counter("blocked", "requests refused by a block decision", ["decision"])
+        self.cache_hits = self.counter("cache_hits", "answers served from the semantic cache", ["pool"])
+        self.cache_misses = self.counter(
+            "cache_misses", "cacheable requests not found in the semantic cache", ["pool"]
         )
-        self.blocked = Counter(
-            f"{P}_blocked", "requests refused by a block decision", ["decision"], registry=r
+        self.embed_seconds = self.histogram(
+            "embedding_seconds", "wait + embedding time per request", _BUCKETS
         )
-        self.cache_hits = Counter(
-            f"{P}_cache_hits", "answers served from the semantic cache", ["pool"], registry=r
+        self.decide_seconds = self.histogram(
+            "decision_seconds", "signals (classifier included) and decision time per request", _BUCKETS
         )
-        self.cache_misses = Counter(
-            f"{P}_cache_misses", "cacheable requests not found in the semantic cache", ["pool"], registry=r
+        self.batch_size = self.histogram(
+            "embedding_batch_size", "texts per embedding batch", (1, 2, 4, 8, 16, 32, 64)
         )
-        self.embed_seconds = Histogram(
-            f"{P}_embedding_seconds", "wait + embedding time per request", buckets=_BUCKETS, registry=r
-        )
-        self.decide_seconds = Histogram(
-            f"{P}_decision_seconds",
-            "signals (classifier included) and decision time per request",
-            buckets=_BUCKETS,
-            registry=r,
-        )
-        self.batch_size = Histogram(
-            f"{P}_embedding_batch_size",
-            "texts per embedding batch",
-            buckets=(1, 2, 4, 8, 16, 32, 64),
-            registry=r,
-        )
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)

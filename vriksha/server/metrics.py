@@ -7,9 +7,11 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector, generate_latest
+from prometheus_client import ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from vriksha.net.metrics import MetricSet
 
 PREFIX = "vriksha"
 _TTFT_BUCKETS = (
@@ -127,43 +129,25 @@ class _EngineCollector(Collector):
         yield gauge("process_peak_rss_bytes", "peak resident memory of the server process", peak_rss_bytes())
 
 
-class ServerMetrics:
+class ServerMetrics(MetricSet):
     """One registry per app, so several apps in one process (tests) do not collide."""
 
     def __init__(
         self, stats: Callable[[], Any], waiting: Callable[[], int], in_flight: Callable[[], int]
     ) -> None:
-        self.registry = CollectorRegistry()
-        r = self.registry
-        self.ttft = Histogram(
-            f"{PREFIX}_time_to_first_token_seconds", "time to first token", buckets=_TTFT_BUCKETS, registry=r
+        super().__init__(PREFIX)
+        self.ttft = self.histogram("time_to_first_token_seconds", "time to first token", _TTFT_BUCKETS)
+        self.tpot = self.histogram(
+            "time_per_output_token_seconds", "time per output token after the first", _TPOT_BUCKETS
         )
-        self.tpot = Histogram(
-            f"{PREFIX}_time_per_output_token_seconds",
-            "time per output token after the first",
-            buckets=_TPOT_BUCKETS,
-            registry=r,
+        self.e2e = self.histogram("e2e_request_latency_seconds", "request latency", _E2E_BUCKETS)
+        self.prompt_tokens = self.counter("prompt_tokens", "prompt tokens of finished requests")
+        self.cached_tokens = self.counter(
+            "cached_prompt_tokens", "prompt tokens served from the prefix cache"
         )
-        self.e2e = Histogram(
-            f"{PREFIX}_e2e_request_latency_seconds", "request latency", buckets=_E2E_BUCKETS, registry=r
+        self.generation_tokens = self.counter("generation_tokens", "generated tokens of finished requests")
+        self.requests = self.counter(
+            "requests", "requests by endpoint and outcome", ["endpoint", "finish_reason"]
         )
-        self.prompt_tokens = Counter(
-            f"{PREFIX}_prompt_tokens", "prompt tokens of finished requests", registry=r
-        )
-        self.cached_tokens = Counter(
-            f"{PREFIX}_cached_prompt_tokens", "prompt tokens served from the prefix cache", registry=r
-        )
-        self.generation_tokens = Counter(
-            f"{PREFIX}_generation_tokens", "generated tokens of finished requests", registry=r
-        )
-        self.requests = Counter(
-            f"{PREFIX}_requests",
-            "requests by endpoint and outcome",
-            ["endpoint", "finish_reason"],
-            registry=r,
-        )
-        ProcessCollector(registry=r)
-        r.register(_EngineCollector(stats, waiting, in_flight))
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+        ProcessCollector(registry=self.registry)
+        self.read_at_scrape(_EngineCollector(stats, waiting, in_flight))
