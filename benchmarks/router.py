@@ -37,8 +37,6 @@ import json
 import os
 import random
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,18 +45,43 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "benchmarks"), str(REPO)]
 from server_load import pct  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+from vriksha.net.launch import Child, StartupError, free_port, stop_all  # noqa: E402
+
 POLICIES = ("round_robin", "least_load", "cache_aware", "precise", "vllm:cache_aware", "vllm:kv_aware")
 WORDS = "river stone field light harvest market winter bridge lantern forest signal garden copper".split()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def replica_command(args: argparse.Namespace, index: int, port: int, *flags: str) -> list[str]:
+    """`vriksha serve --port PORT FLAGS` over `args.model`, pinned to the `index`-th `args.threads` cores where
+    `taskset` exists."""
+    cmd = [sys.executable, "-m", "vriksha.cli", "serve", "--port", str(port), *flags]
+    cmd += ["--model", args.model] if args.model else []
+    if shutil.which("taskset"):
+        ncpu = os.cpu_count() or 1
+        cores = range(index * args.threads, (index + 1) * args.threads)
+        cmd = ["taskset", "-c", ",".join(str(c % ncpu) for c in cores), *cmd]
+    return cmd
+
+
+def launch(cmd: list[str], name: str, log_dir: Path, url: str, threads: int | None = None) -> Child:
+    """`cmd` started with this checkout first on PYTHONPATH, its output in `log_dir/NAME.log`."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
+    return Child(cmd, name, f"{url}/health", log_path=log_dir / f"{name}.log", env=env, cwd=str(REPO)).start()
+
+
+def ready(children: list[Child], log_dir: Path, timeout_s: float = 600.0) -> None:
+    """Wait until each child answers /health; the benchmark stops with the reason if one does not."""
+    for c in children:
+        try:
+            c.wait_healthy(timeout_s, hint=f"; see {log_dir}")
+        except StartupError as exc:
+            raise SystemExit(str(exc)) from None
 
 
 @dataclass(slots=True)
@@ -98,42 +121,26 @@ class Fleet:
 
     def __init__(self, args: argparse.Namespace, log_dir: Path) -> None:
         self.args, self.log_dir = args, log_dir
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[Child] = []
         self.replicas: list[dict] = []
-        ncpu = os.cpu_count() or 1
         for i in range(args.replicas):
             r = {"port": free_port(), "events": free_port(), "vllm": free_port()}
             r["url"] = f"http://127.0.0.1:{r['port']}"
-            cmd = [sys.executable, "-m", "vriksha.cli", "serve", "--port", str(r["port"])]
-            cmd += ["--kv-events-endpoint", f"tcp://127.0.0.1:{r['events']}"]
-            cmd += ["--kv-events-vllm-endpoint", f"tcp://127.0.0.1:{r['vllm']}"]
-            cmd += ["--model", args.model] if args.model else []
-            cmd += kv_bound(args, args.kv_tokens)
-            if shutil.which("taskset"):
-                cores = range(i * args.threads, (i + 1) * args.threads)
-                cmd = ["taskset", "-c", ",".join(str(c % ncpu) for c in cores), *cmd]
+            cmd = replica_command(
+                args,
+                i,
+                r["port"],
+                "--kv-events-endpoint",
+                f"tcp://127.0.0.1:{r['events']}",
+                "--kv-events-vllm-endpoint",
+                f"tcp://127.0.0.1:{r['vllm']}",
+                *kv_bound(args, args.kv_tokens),
+            )
             self.replicas.append(r)
-            self.procs.append(self._spawn(cmd, f"replica{i}", {"OMP_NUM_THREADS": str(args.threads)}))
-        for r in self.replicas:
-            self._wait(f"{r['url']}/health")
+            self.procs.append(launch(cmd, f"replica{i}", log_dir, r["url"], args.threads))
+        ready(self.procs, log_dir)
         self.model = httpx.get(f"{self.replicas[0]['url']}/v1/models").json()["data"][0]["id"]
-        self.router: subprocess.Popen | None = None
-
-    def _spawn(self, cmd: list[str], name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-        e = dict(os.environ, PYTHONPATH=str(REPO), **(env or {}))
-        log = open(self.log_dir / f"{name}.log", "ab")
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=e, cwd=str(REPO))
-
-    def _wait(self, url: str, timeout_s: float = 600.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise SystemExit(f"{url} not healthy after {timeout_s} s; see {self.log_dir}")
+        self.router: Child | None = None
 
     def start_router(self, policy: str) -> str:
         port = free_port()
@@ -153,8 +160,8 @@ class Fleet:
             cmd += ["--model", self.args.model] if self.args.model else []
             for r in self.replicas:
                 cmd += ["--replica", f"{r['url']},tcp://127.0.0.1:{r['events']}"]
-        self.router = self._spawn(cmd, policy.replace(":", "-"))
-        self._wait(f"http://127.0.0.1:{port}/health")
+        self.router = launch(cmd, policy.replace(":", "-"), self.log_dir, f"http://127.0.0.1:{port}")
+        ready([self.router], self.log_dir)
         time.sleep(1.0)  # event subscriptions connect, first load polls land
         return f"http://127.0.0.1:{port}"
 
@@ -165,12 +172,7 @@ class Fleet:
 
     def stop_router(self) -> None:
         if self.router is not None:
-            self.router.terminate()
-            try:
-                self.router.wait(60)
-            except subprocess.TimeoutExpired:  # a busy machine: it has had its chance to drain
-                self.router.kill()
-                self.router.wait(30)
+            self.router.stop(60)  # a busy machine: it has had its chance to drain
             self.router = None
 
     def flush(self) -> None:
@@ -179,10 +181,7 @@ class Fleet:
 
     def stop(self) -> None:
         self.stop_router()
-        for p in self.procs:
-            p.terminate()
-        for p in self.procs:
-            p.wait(60)
+        stop_all(self.procs, 60)
 
 
 async def request(client: httpx.AsyncClient, url: str, model: str, prompt: str, args) -> Result:

@@ -20,16 +20,15 @@ p99 measures the noise floor of both setups rather than the stalls (the max colu
 from __future__ import annotations
 
 import asyncio
-import os
 import random
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import httpx
-import router as bench  # benchmarks/router.py: request(), free_port(), pct()
+import router as bench  # benchmarks/router.py: replica_command(), launch(), ready(), request(), pct()
+
+from vriksha.net.launch import Child
 
 
 class Setup:
@@ -37,52 +36,31 @@ class Setup:
 
     def __init__(self, args, log_dir: Path, disaggregated: bool) -> None:
         self.args, self.log_dir = args, log_dir
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[Child] = []
         kind = "pd" if disaggregated else "colocated"
         roles = ["prefill", "decode"] if disaggregated else ["both", "both"]
         router_cmd = [sys.executable, "-m", "vriksha.cli", "router", "--policy", args.pd_policy]
-        ncpu = os.cpu_count() or 1
         urls = []
         for i, role in enumerate(roles):
             port, events = bench.free_port(), bench.free_port()
             url = f"http://127.0.0.1:{port}"
-            cmd = [sys.executable, "-m", "vriksha.cli", "serve", "--port", str(port), "--role", role]
-            cmd += ["--model", args.model] if args.model else []
+            flags = ["--role", role]
             if role != "prefill":
-                cmd += ["--kv-events-endpoint", f"tcp://127.0.0.1:{events}"]
+                flags += ["--kv-events-endpoint", f"tcp://127.0.0.1:{events}"]
                 router_cmd += ["--replica", f"{url},tcp://127.0.0.1:{events}"]
             else:
                 router_cmd += ["--prefill", url, "--pd-threshold", str(args.pd_threshold)]
-            if shutil.which("taskset"):
-                cores = range(i * args.threads, (i + 1) * args.threads)
-                cmd = ["taskset", "-c", ",".join(str(c % ncpu) for c in cores), *cmd]
-            self.procs.append(self._spawn(cmd, f"{kind}-{role}{i}", {"OMP_NUM_THREADS": str(args.threads)}))
+            cmd = bench.replica_command(args, i, port, *flags)
+            self.procs.append(bench.launch(cmd, f"{kind}-{role}{i}", log_dir, url, args.threads))
             urls.append(url)
-        for url in urls:
-            self._wait(f"{url}/health")
+        bench.ready(self.procs, log_dir)
         self.model = httpx.get(f"{urls[-1]}/v1/models").json()["data"][0]["id"]
         port = bench.free_port()
         router_cmd += ["--port", str(port)] + (["--model", args.model] if args.model else [])
-        self.procs.append(self._spawn(router_cmd, f"{kind}-router"))
         self.url = f"http://127.0.0.1:{port}"
-        self._wait(f"{self.url}/health")
+        self.procs.append(bench.launch(router_cmd, f"{kind}-router", log_dir, self.url))
+        bench.ready(self.procs[-1:], log_dir)
         time.sleep(1.0)
-
-    def _spawn(self, cmd: list[str], name: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-        e = dict(os.environ, PYTHONPATH=str(bench.REPO), **(env or {}))
-        log = open(self.log_dir / f"{name}.log", "ab")
-        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=e, cwd=str(bench.REPO))
-
-    def _wait(self, url: str, timeout_s: float = 600.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(url, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        raise SystemExit(f"{url} not healthy after {timeout_s} s; see {self.log_dir}")
 
     def transfers(self) -> float:
         text = httpx.get(f"{self.url}/metrics", timeout=10).text
@@ -93,10 +71,7 @@ class Setup:
         )
 
     def stop(self) -> None:
-        for p in reversed(self.procs):
-            p.terminate()
-        for p in self.procs:
-            p.wait(60)
+        bench.stop_all(self.procs, 60)
 
 
 async def mixed(url: str, model: str, args) -> tuple[list, list, float]:

@@ -25,7 +25,7 @@ import torch
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from router import Fleet, free_port  # noqa: E402
+from router import Child, Fleet, free_port, launch, ready  # noqa: E402
 from server_load import pct  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -157,14 +157,15 @@ def cache_quality(cfg, embedder) -> dict:
     }
 
 
-def _router(fleet: Fleet, routes: dict, tmp: Path, name: str) -> tuple[str, object]:
+def _router(fleet: Fleet, routes: dict, tmp: Path, name: str) -> tuple[str, Child]:
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(routes))
     port = free_port()
     cmd = [sys.executable, "-m", "vriksha.cli", "router", "--config", str(path), "--port", str(port)]
-    proc = fleet._spawn(cmd, name)
-    fleet._wait(f"http://127.0.0.1:{port}/health")
-    return f"http://127.0.0.1:{port}", proc
+    url = f"http://127.0.0.1:{port}"
+    proc = launch(cmd, name, fleet.log_dir, url)
+    ready([proc], fleet.log_dir)
+    return url, proc
 
 
 async def _drive(url: str, bodies: list[dict], concurrency: int) -> tuple[float, int, int]:
@@ -224,8 +225,7 @@ def fleet_throughput(args: argparse.Namespace, tmp: Path, routes_path: Path) -> 
                 for e in held
             ]
             wall, ok, tokens = asyncio.run(_drive(url, bodies, args.fleet_concurrency))
-            proc.terminate()
-            proc.wait(30)
+            proc.stop(30)
             out[name] = {
                 "requests": len(bodies),
                 "ok": ok,

@@ -3,10 +3,7 @@ as real processes on loopback ports, each stopped however its test ends."""
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -14,16 +11,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.conftest import REPO, build_tiny_model, free_port
+from tests.server.conftest import REPO, build_tiny_model, child_env, free_port
+from vriksha.net.launch import Child, StartupError, vriksha_command
 
 STARTUP_TIMEOUT_S = 300.0
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
 
 
 def wait_until(check, timeout_s: float, what: str, interval_s: float = 0.2):
@@ -42,60 +33,24 @@ def wait_until(check, timeout_s: float, what: str, interval_s: float = 0.2):
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {last!r})")
 
 
-class Proc:
+class Proc(Child):
     """A subprocess with its log in a file, ready once GET `health_url` answers 200."""
 
     def __init__(self, cmd: list[str], log_path: Path, health_url: str, name: str) -> None:
-        self.cmd, self.log_path, self.health_url, self.name = cmd, log_path, health_url, name
-        self.proc: subprocess.Popen | None = None
+        super().__init__(cmd, name, health_url, log_path=log_path, env=child_env(), cwd=str(REPO))
 
     def start(self, wait: bool = True) -> Proc:
-        self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            self.cmd, stdout=self._log, stderr=subprocess.STDOUT, env=_env(), cwd=str(REPO)
-        )
+        super().start()
         if wait:
             self.wait_ready()
         return self
 
-    def log_tail(self, n: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
-
     def wait_ready(self, timeout_s: float = STARTUP_TIMEOUT_S) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            assert self.proc is not None
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_tail()}")
-            try:
-                if httpx.get(self.health_url, timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"{self.name} not healthy after {timeout_s} s:\n{self.log_tail()}")
-
-    def kill(self) -> None:
-        """kill -9."""
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=30)
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        self._log.close()
+        try:
+            self.wait_healthy(timeout_s)
+        except StartupError:
+            self.stop()
+            raise
 
 
 class Replica(Proc):
@@ -104,7 +59,7 @@ class Replica(Proc):
         self.url = f"http://127.0.0.1:{self.port}"
         self.events = f"tcp://127.0.0.1:{self.events_port}"
         self.vllm_events = f"tcp://127.0.0.1:{self.vllm_port}"
-        cmd = [sys.executable, "-m", "vriksha.cli", "--log-level", "INFO", "serve", "--model", str(model_dir)]
+        cmd = vriksha_command("serve", "--model", str(model_dir), log_level="INFO")
         cmd += ["--port", str(self.port), "--kv-events-endpoint", self.events, "--no-native-kernels"]
         if vllm_events:
             cmd += ["--kv-events-vllm-endpoint", self.vllm_events]
@@ -124,16 +79,7 @@ class Router(Proc):
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [
-            sys.executable,
-            "-m",
-            "vriksha.cli",
-            "--log-level",
-            "INFO",
-            "router",
-            "--model",
-            str(model_dir),
-        ]
+        cmd = vriksha_command("router", "--model", str(model_dir), log_level="INFO")
         cmd += ["--port", str(self.port), "--load-interval", "0.1", "--health-interval", "0.3", *extra]
         for r in replicas:
             cmd += ["--replica", r.spec]

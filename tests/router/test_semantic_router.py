@@ -14,8 +14,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.router.conftest import Proc, _env, metric
-from tests.server.conftest import REPO, free_port
+from tests.router.conftest import Proc, metric
+from tests.server.conftest import REPO, child_env, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -176,7 +176,7 @@ def _refused(tmp_path: Path, routes: dict) -> subprocess.CompletedProcess:
     path = tmp_path / "routes.yaml"
     path.write_text(yaml.safe_dump(routes))
     cmd = [sys.executable, "-m", "vriksha.cli", "router", "--config", str(path), "--port", str(free_port())]
-    return subprocess.run(cmd, capture_output=True, text=True, env=_env(), cwd=str(REPO), timeout=120)
+    return subprocess.run(cmd, capture_output=True, text=True, env=child_env(), cwd=str(REPO), timeout=120)
 
 
 def test_bad_config_and_missing_embedding_model_refuse_to_start(tmp_path: Path):

@@ -5,25 +5,25 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from vriksha.net.launch import Child, StartupError, free_port, vriksha_command
+
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 240.0
 TINY_MAX_MODEL_LEN = 2048
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def child_env() -> dict[str, str]:
+    """This environment with the worktree first on PYTHONPATH and one OpenMP thread unless set."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
 
 
 def build_tiny_model(out: Path) -> Path:
@@ -44,7 +44,7 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"))
 
 
-class ServerProcess:
+class ServerProcess(Child):
     """`python -m vriksha.cli serve ...` on 127.0.0.1:<free port>, its log in a file."""
 
     def __init__(
@@ -57,50 +57,24 @@ class ServerProcess:
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.api_key = api_key
-        self.log_path = log_path
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        env.setdefault("OMP_NUM_THREADS", "1")
-        cmd = [
-            sys.executable,
-            "-m",
-            "vriksha.cli",
-            "--log-level",
-            "INFO",
-            "serve",
-            "--port",
-            str(self.port),
-            *args,
-        ]
+        cmd = vriksha_command("serve", "--port", str(self.port), *args, log_level="INFO")
         if api_key:
             cmd += ["--api-key", api_key]
-        self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(
-            cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO), preexec_fn=preexec_fn
+        super().__init__(
+            cmd,
+            "server",
+            f"{self.base_url}/health",
+            log_path=log_path,
+            env=child_env(),
+            cwd=str(REPO),
+            preexec_fn=preexec_fn,
         )
-        self._wait_ready()
-
-    def log_tail(self, n: int = 4000) -> str:
+        self.start()
         try:
-            return self.log_path.read_text(errors="replace")[-n:]
-        except OSError:
-            return ""
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"server exited with {self.proc.returncode} during startup:\n{self.log_tail()}"
-                )
-            try:
-                if httpx.get(f"{self.base_url}/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise RuntimeError(f"server not healthy after {STARTUP_TIMEOUT_S} s:\n{self.log_tail()}")
+            self.wait_healthy(STARTUP_TIMEOUT_S)
+        except StartupError:
+            self.stop()
+            raise
 
     @property
     def headers(self) -> dict[str, str]:
@@ -117,22 +91,13 @@ class ServerProcess:
         return out
 
     def terminate(self, timeout: float = 60.0) -> int:
+        assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
         try:
             return self.proc.wait(timeout=timeout)
         finally:
-            self._log.close()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self._log.close()
+            self.close_log()
 
 
 @pytest.fixture(scope="module")

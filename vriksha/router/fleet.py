@@ -8,16 +8,12 @@ import argparse
 import logging
 import os
 import signal
-import socket
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from vriksha.errors import ConfigError
+from vriksha.net.launch import Child, free_port, stop_all, vriksha_command
 from vriksha.router.config import POLICIES
 
 logger = logging.getLogger(__name__)
@@ -62,12 +58,6 @@ def register(subparsers: Any) -> None:
     p.set_defaults(func=handler)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def core_shares(cores: list[int], n: int) -> list[list[int]]:
     """`cores` split into `n` contiguous shares, as even as possible; more replicas than cores share cores."""
     if n <= len(cores):
@@ -81,12 +71,18 @@ def core_shares(cores: list[int], n: int) -> list[list[int]]:
     return [[cores[i % len(cores)]] for i in range(n)]
 
 
-@dataclass(slots=True)
-class Member:
-    name: str
-    proc: subprocess.Popen
-    url: str
-    events: str | None = None  # its --kv-events-endpoint (None: a prefill replica publishes none)
+def usable_cores() -> list[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return sorted(os.sched_getaffinity(0))
+    return list(range(os.cpu_count() or 1))
+
+
+class Member(Child):
+    """A replica (or the router) of a fleet: its URL and, for a replica that publishes them, its KV events."""
+
+    def __init__(self, cmd: list[str], name: str, url: str, events: str | None = None, **kw: Any) -> None:
+        super().__init__(cmd, name, f"{url}/health", **kw)
+        self.url, self.events = url, events
 
     @property
     def spec(self) -> str:
@@ -94,39 +90,18 @@ class Member:
         return f"{self.url},{self.events}" if self.events else self.url
 
 
-def usable_cores() -> list[int]:
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    return list(range(os.cpu_count() or 1))
+def _log_level() -> str:
+    return logging.getLevelName(logging.getLogger().level)
 
 
-def cli_base() -> list[str]:
-    """`python -m vriksha.cli --log-level LEVEL`, the level this process logs at."""
-    level = logging.getLevelName(logging.getLogger().level)
-    return [sys.executable, "-m", "vriksha.cli", "--log-level", level]
-
-
-def spawn_replica(
+def _start(
+    cmd: list[str],
     name: str,
-    share: list[int],
-    common: list[str],
-    role: str = "both",
-    threads: int | None = None,
+    url: str,
+    cores: list[int] | None,
+    threads: int | None,
+    events: str | None = None,
 ) -> Member:
-    """One `vriksha serve` on free loopback ports, pinned to `share` with `threads` (default: one per core
-    of its share) OMP threads; `common`: flags every replica gets (model, API key, extra serve flags)."""
-    port, events = _free_port(), _free_port()
-    cmd = [*cli_base(), "serve", "--port", str(port)]
-    endpoint = f"tcp://127.0.0.1:{events}" if role != "prefill" else None
-    if endpoint:
-        cmd += ["--kv-events-endpoint", endpoint]
-    if role != "both":
-        cmd += ["--role", role]
-    proc = _spawn([*cmd, *common], share, threads or len(share))
-    return Member(f"{name} (cores {share})", proc, f"http://127.0.0.1:{port}", endpoint)
-
-
-def _spawn(cmd: list[str], cores: list[int] | None, threads: int | None) -> subprocess.Popen:
     env = dict(os.environ)
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
@@ -139,38 +114,27 @@ def _spawn(cmd: list[str], cores: list[int] | None, threads: int | None) -> subp
 
             ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
-    return subprocess.Popen(cmd, env=env, preexec_fn=prepare)
+    return Member(cmd, name, url, events, env=env, preexec_fn=prepare).start()  # type: ignore[return-value]
 
 
-def wait_healthy(m: Member, timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if m.proc.poll() is not None:
-            raise ConfigError(
-                f"{m.name} exited with status {m.proc.returncode} during startup; see its log above"
-            )
-        try:
-            if httpx.get(f"{m.url}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise ConfigError(f"{m.name} was not healthy after {timeout_s:.0f} s; raise --startup-timeout")
-
-
-def stop_all(members: list[Member], timeout_s: float = 30.0) -> None:
-    """SIGTERM in reverse start order (the router first), then SIGKILL what is left after `timeout_s`."""
-    for m in reversed(members):
-        if m.proc.poll() is None:
-            m.proc.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    for m in reversed(members):
-        try:
-            m.proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            logger.warning("%s did not stop in %.0f s; killing it", m.name, timeout_s)
-            m.proc.kill()
-            m.proc.wait(10)
+def spawn_replica(
+    name: str,
+    share: list[int],
+    common: list[str],
+    role: str = "both",
+    threads: int | None = None,
+) -> Member:
+    """One `vriksha serve` on free loopback ports, pinned to `share` with `threads` (default: one per core
+    of its share) OMP threads; `common`: flags every replica gets (model, API key, extra serve flags)."""
+    port = free_port()
+    cmd = vriksha_command("serve", "--port", str(port), log_level=_log_level())
+    endpoint = f"tcp://127.0.0.1:{free_port()}" if role != "prefill" else None
+    if endpoint:
+        cmd += ["--kv-events-endpoint", endpoint]
+    if role != "both":
+        cmd += ["--role", role]
+    url = f"http://127.0.0.1:{port}"
+    return _start([*cmd, *common], f"{name} (cores {share})", url, share, threads or len(share), endpoint)
 
 
 def handler(args: argparse.Namespace) -> int:
@@ -186,7 +150,6 @@ def handler(args: argparse.Namespace) -> int:
     )
     extra = [a for a in args.serve_args if a != "--"]
     shares = core_shares(usable_cores(), len(roles))
-    base = cli_base()
     common = (["--model", args.model] if args.model else []) + (
         ["--api-key", args.api_key] if args.api_key else []
     )
@@ -208,9 +171,8 @@ def handler(args: argparse.Namespace) -> int:
         if args.prefill and args.pd_threshold is not None:
             specs += ["--pd-threshold", str(args.pd_threshold)]
         for m in members:
-            wait_healthy(m, args.startup_timeout)
-        cmd = [
-            *base,
+            m.wait_healthy(args.startup_timeout, hint="; raise --startup-timeout")
+        cmd = vriksha_command(
             "router",
             "--host",
             args.host,
@@ -219,23 +181,23 @@ def handler(args: argparse.Namespace) -> int:
             "--policy",
             args.policy,
             *specs,
-        ]
-        cmd += (["--model", args.model] if args.model else []) + (
-            ["--api-key", args.api_key] if args.api_key else []
+            *common,
+            log_level=_log_level(),
         )
-        router = Member("router", _spawn(cmd, None, None), f"http://{args.host}:{args.port}")
+        router_url = f"http://{args.host}:{args.port}"
+        router = _start(cmd, "router", router_url, None, None)
         members.append(router)
-        wait_healthy(router, args.startup_timeout)
+        router.wait_healthy(args.startup_timeout, hint="; raise --startup-timeout")
         logger.warning(
             "fleet of %d replicas (%s) behind %s (%s); Ctrl-C stops it",
             len(shares),
             ", ".join(f"{roles.count(x)} {x}" for x in ("both", "prefill", "decode") if x in roles),
-            router.url,
+            router_url,
             args.policy,
         )
         while not stopping:
             for m in members:
-                if m.proc.poll() is not None:
+                if m.proc is not None and m.proc.poll() is not None:
                     logger.error("%s exited with status %s", m.name, m.proc.returncode)
                     if m is router:
                         return 1

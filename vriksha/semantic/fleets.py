@@ -8,7 +8,8 @@ import logging
 from pathlib import Path
 
 from vriksha.errors import ConfigError
-from vriksha.router.fleet import Member, core_shares, spawn_replica, stop_all, usable_cores, wait_healthy
+from vriksha.net.launch import StartupError, stop_all
+from vriksha.router.fleet import Member, core_shares, spawn_replica, usable_cores
 from vriksha.semantic.config import Pool, RoutesConfig
 
 logger = logging.getLogger(__name__)
@@ -57,14 +58,16 @@ class PoolFleets:
             for p in self.pools:
                 assert p.fleet is not None
                 for m in by_pool[p.name]:
-                    wait_healthy(m, p.fleet.startup_timeout_s)
+                    m.wait_healthy(
+                        p.fleet.startup_timeout_s, hint="; raise the pool's fleet.startup_timeout_s"
+                    )
                 p.replicas = [m.spec for m in by_pool[p.name]]
                 if p.tokenizer is None:
                     p.tokenizer = self.model(p)
                 logger.info(
                     "pool %s: started %d replicas (%s)", p.name, len(p.replicas), ", ".join(p.replicas)
                 )
-        except ConfigError as exc:
+        except (ConfigError, StartupError) as exc:
             self.stop()
             raise ConfigError(f"starting the fleet pools failed: {exc}") from None
         except BaseException:
