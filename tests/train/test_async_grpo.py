@@ -6,19 +6,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
-import subprocess
-import sys
 import threading
-import time
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.train.test_grpo_distributed import TIMING, _config, _run
-from tests.train.test_grpo_distributed import tiny_model_dir as tiny_model_dir  # noqa: F401 - a fixture
+from tests.train.trainer_runs import kill_at_checkpoint, metrics_rows, read_rows, run_trainer, write_config
 from vriksha.train.async_rollout import (
     AsyncRollout,
     AsyncRolloutError,
@@ -27,16 +21,6 @@ from vriksha.train.async_rollout import (
     planned_version,
 )
 from vriksha.train.rollout import Episode
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _rows(out: Path) -> list[dict]:
-    return [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-
-
-def _comparable(out: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if not k.startswith(TIMING)} for r in _rows(out)]
 
 
 def _episode(version_tag: int = 0) -> Episode:
@@ -102,7 +86,7 @@ def test_max_staleness_config_is_validated():
 # -- the partial-rollout rule on a real engine --------------------------------------------
 
 
-def test_update_published_mid_batch_waits_for_the_next_batch(tiny_model_dir):  # noqa: F811
+def test_update_published_mid_batch_waits_for_the_next_batch(tiny_model_dir):
     """Half of batch 2 is played, then version 1 (a zero LM head: every token exactly -log V) is
     published, then the other half: all of batch 2 comes from version 0, all of batch 3 from version 1."""
     from vriksha.engine.config import EngineConfig
@@ -155,10 +139,12 @@ def test_update_published_mid_batch_waits_for_the_next_batch(tiny_model_dir):  #
 
 
 @pytest.mark.slow
-def test_async_run_trains_with_bounded_staleness(tiny_model_dir, tmp_path):  # noqa: F811
-    cfg = _config(tmp_path, tiny_model_dir, "async", steps=3, eval_episodes=2, eval_interval=0, export=False)
-    _run([str(cfg), "--set", "rollout.max_staleness=1"])
-    rows = _rows(tmp_path / "async")
+def test_async_run_trains_with_bounded_staleness(tiny_model_dir, tmp_path):
+    cfg = write_config(
+        tmp_path, tiny_model_dir, "async", steps=3, eval_episodes=2, eval_interval=0, export=False
+    )
+    run_trainer([str(cfg), "--set", "rollout.max_staleness=1"])
+    rows = read_rows(tmp_path / "async")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["importance_weight/mean"]) for r in rows)
     assert [r["async/staleness_max"] for r in rows] == [0, 1, 1]  # step 1 is played under the start
@@ -172,15 +158,17 @@ def test_async_run_trains_with_bounded_staleness(tiny_model_dir, tmp_path):  # n
 
 
 @pytest.mark.slow
-def test_restored_queue_past_a_smaller_bound_is_dropped(tiny_model_dir, tmp_path):  # noqa: F811
+def test_restored_queue_past_a_smaller_bound_is_dropped(tiny_model_dir, tmp_path):
     """Stopped at step 2 with K = 2, the checkpoint holds steps 3 and 4 (versions 0 and 1); resumed with
     K = 1 they lag 2 versions and are dropped, counted, and trained on by no optimizer step."""
-    cfg = _config(tmp_path, tiny_model_dir, "shrink", steps=4, eval_episodes=0, eval_interval=0, export=False)
-    _run([str(cfg), "--set", "rollout.max_staleness=2", "--set", "trainer.stop_after=2"])
+    cfg = write_config(
+        tmp_path, tiny_model_dir, "shrink", steps=4, eval_episodes=0, eval_interval=0, export=False
+    )
+    run_trainer([str(cfg), "--set", "rollout.max_staleness=2", "--set", "trainer.stop_after=2"])
     state = json.loads((tmp_path / "shrink" / "checkpoints" / "step_000002" / "trainer.json").read_text())
     assert [(b["step"], b["version"]) for b in state["rollout_queue"]] == [(3, 0), (4, 1)]
-    _run([str(cfg), "--resume", "--set", "rollout.max_staleness=1"])
-    rows = _rows(tmp_path / "shrink")
+    run_trainer([str(cfg), "--resume", "--set", "rollout.max_staleness=1"])
+    rows = read_rows(tmp_path / "shrink")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert [r["async/dropped_groups"] for r in rows[2:]] == [4, 4]
     assert rows[-1]["async/dropped_total"] == 8
@@ -189,38 +177,25 @@ def test_restored_queue_past_a_smaller_bound_is_dropped(tiny_model_dir, tmp_path
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_killed_async_run_resumes_to_the_uninterrupted_one(tiny_model_dir, tmp_path):  # noqa: F811
-    cfg = _config(tmp_path, tiny_model_dir, "ref", steps=6, eval_episodes=0, checkpoint_interval=1)
+def test_killed_async_run_resumes_to_the_uninterrupted_one(tiny_model_dir, tmp_path):
+    cfg = write_config(tmp_path, tiny_model_dir, "ref", steps=6, eval_episodes=0, checkpoint_interval=1)
     sets = ["--set", "rollout.max_staleness=1", "--set", "trainer.export=false"]
-    _run([str(cfg), *sets])
-    killed = _config(tmp_path, tiny_model_dir, "killed", steps=6, eval_episodes=0, checkpoint_interval=1)
+    run_trainer([str(cfg), *sets])
+    killed = write_config(tmp_path, tiny_model_dir, "killed", steps=6, eval_episodes=0, checkpoint_interval=1)
     out = tmp_path / "killed"
-    env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "vriksha.train", str(killed), *sets],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 300
-        while not (out / "checkpoints" / "step_000002" / "manifest.json").exists():
-            assert proc.poll() is None and time.monotonic() < deadline, "the run ended before step 2"
-            time.sleep(0.05)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(30)
-    assert proc.returncode == -signal.SIGKILL
-    assert len(_rows(out)) < 6, "the run finished before it was killed"
-    _run([str(killed), "--resume", *sets])
-    assert _comparable(out) == _comparable(tmp_path / "ref")
-    assert [r["async/staleness_max"] for r in _rows(out)] == [0, 1, 1, 1, 1, 1]
+    assert kill_at_checkpoint([str(killed), *sets], out, step=2) == -signal.SIGKILL
+    assert len(read_rows(out)) < 6, "the run finished before it was killed"
+    run_trainer([str(killed), "--resume", *sets])
+    assert metrics_rows(out) == metrics_rows(tmp_path / "ref")
+    assert [r["async/staleness_max"] for r in read_rows(out)] == [0, 1, 1, 1, 1, 1]
 
 
 @pytest.mark.slow
-def test_server_mode_async_pushes_each_version_once(tiny_model_dir, tmp_path):  # noqa: F811
-    cfg = _config(tmp_path, tiny_model_dir, "srv", steps=3, eval_episodes=2, eval_interval=0, export=False)
-    _run(
+def test_server_mode_async_pushes_each_version_once(tiny_model_dir, tmp_path):
+    cfg = write_config(
+        tmp_path, tiny_model_dir, "srv", steps=3, eval_episodes=2, eval_interval=0, export=False
+    )
+    run_trainer(
         [
             str(cfg),
             "--set",
@@ -232,9 +207,9 @@ def test_server_mode_async_pushes_each_version_once(tiny_model_dir, tmp_path):  
         ]
     )
     out = tmp_path / "srv"
-    rows = _rows(out)
+    rows = read_rows(out)
     assert [r["async/staleness_max"] for r in rows] == [0, 1, 1]
-    syncs = [json.loads(x) for x in (out / "weight_sync.jsonl").read_text().splitlines()]
+    syncs = read_rows(out, "weight_sync.jsonl")
     # version 0 at the start, version 1 before step 3's batch; never during a batch
     assert [s["version"] for s in syncs] == [0, 1]
     assert all(s["bit_equal"] for s in syncs)

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.train.test_grpo_distributed import _config, _evals, _metrics
-from tests.train.test_grpo_distributed import tiny_model_dir as tiny_model_dir  # noqa: F401 - a fixture
+from tests.train.trainer_runs import eval_rows, metrics_rows, write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -34,9 +33,9 @@ def _train(args: list[str]) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tiny_model_dir, tmp_path_factory):  # noqa: F811
+def uninterrupted(tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("ref")
-    proc = _train([str(_config(tmp, tiny_model_dir, "full", export=False))])
+    proc = _train([str(write_config(tmp, tiny_model_dir, "full", export=False))])
     assert proc.returncode == 0, proc.stderr[-4000:]
     return tmp / "full"
 
@@ -61,8 +60,8 @@ def test_corrupt_newest_checkpoint_and_bad_pointer_fall_back_and_match(uninterru
     assert "'step_000006', which does not exist" in err and "repaired" in err
     assert "resuming from" in err and "step_000002" in err
     # steps 3 and 4 ran again from step 2's checkpoint and came out the same
-    assert _metrics(out) == _metrics(uninterrupted)
-    assert _evals(out) == _evals(uninterrupted)
+    assert metrics_rows(out) == metrics_rows(uninterrupted)
+    assert eval_rows(out) == eval_rows(uninterrupted)
     assert (ckpts / "latest").read_text() == "step_000004"
 
 
@@ -85,8 +84,8 @@ def test_nothing_usable_is_one_line_not_a_traceback(uninterrupted, tmp_path):
     "the uninterrupted run's (its rewards do not); --quantization none does not restore equality",
     strict=False,
 )
-def test_killed_with_sigkill_resumes_equal_to_uninterrupted(uninterrupted, tiny_model_dir, tmp_path):  # noqa: F811
-    cfg = _config(tmp_path, tiny_model_dir, "killed", export=False, checkpoint_interval=1)
+def test_killed_with_sigkill_resumes_equal_to_uninterrupted(uninterrupted, tiny_model_dir, tmp_path):
+    cfg = write_config(tmp_path, tiny_model_dir, "killed", export=False, checkpoint_interval=1)
     out = tmp_path / "killed"
     cmd, env = _cmd([str(cfg)])
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -103,8 +102,8 @@ def test_killed_with_sigkill_resumes_equal_to_uninterrupted(uninterrupted, tiny_
         if proc.poll() is None:
             proc.kill()
             proc.wait(30)
-    assert len(_metrics(out)) < 4  # it did not finish
+    assert len(metrics_rows(out)) < 4  # it did not finish
     resumed = _train([str(cfg), "--resume"])
     assert resumed.returncode == 0, resumed.stderr[-4000:]
-    assert _metrics(out) == _metrics(uninterrupted)
-    assert _evals(out) == _evals(uninterrupted)
+    assert metrics_rows(out) == metrics_rows(uninterrupted)
+    assert eval_rows(out) == eval_rows(uninterrupted)

@@ -10,8 +10,7 @@ import torch
 
 import vriksha.device as devices
 from tests.tiny_llama import embedded_tokenizer, tiny_llama
-from tests.train.test_grpo_distributed import _config, _run
-from tests.train.test_grpo_distributed import tiny_model_dir as tiny_model_dir  # noqa: F401 - a fixture
+from tests.train.trainer_runs import run_trainer, write_config
 from vriksha import fast_dtype
 from vriksha.errors import ConfigError
 from vriksha.train.config import load_config
@@ -105,12 +104,12 @@ def test_the_option_is_validated_and_defaults_to_auto():
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_the_trainer_reports_the_chosen_mode(tiny_model_dir, tmp_path):  # noqa: F811
+def test_the_trainer_reports_the_chosen_mode(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
     policy = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     expected = resolve_precision("auto", policy, devices.host()).mode  # measured here, or from the cache
-    cfg = _config(tmp_path, tiny_model_dir, "auto", steps=1, eval_episodes=0, export=False)
-    _run([str(cfg), "--set", "model.mixed_precision=auto"])
+    cfg = write_config(tmp_path, tiny_model_dir, "auto", steps=1, eval_episodes=0, export=False)
+    run_trainer([str(cfg), "--set", "model.mixed_precision=auto"])
     rows = [json.loads(x) for x in (tmp_path / "auto" / "metrics.jsonl").read_text().splitlines()]
     assert [r["precision"] for r in rows] == [expected]

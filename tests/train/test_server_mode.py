@@ -4,20 +4,19 @@ the server at the end."""
 
 from __future__ import annotations
 
-import json
 import socket
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.train.test_grpo_distributed import _config, _run, tiny_model_dir  # noqa: F401 - a fixture
+from tests.train.trainer_runs import kill_at_checkpoint, read_rows, run_trainer, write_config
 
 pytestmark = pytest.mark.slow
 
 
-def test_server_mode_two_steps_versions_advance_and_weights_match(tiny_model_dir, tmp_path):  # noqa: F811
-    cfg = _config(
+def test_server_mode_two_steps_versions_advance_and_weights_match(tiny_model_dir, tmp_path):
+    cfg = write_config(
         tmp_path,
         tiny_model_dir,
         "server",
@@ -27,7 +26,7 @@ def test_server_mode_two_steps_versions_advance_and_weights_match(tiny_model_dir
         checkpoint_interval=0,
         export=False,
     )
-    _run(
+    run_trainer(
         [
             str(cfg),
             "--set",
@@ -41,10 +40,10 @@ def test_server_mode_two_steps_versions_advance_and_weights_match(tiny_model_dir
         ]
     )
     out = tmp_path / "server"
-    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2]
-    syncs = [json.loads(x) for x in (out / "weight_sync.jsonl").read_text().splitlines()]
-    updates = sum(1 for r in rows if r["groups/zero_variance"] < r["groups/total"])
+    metrics = read_rows(out)
+    assert [r["step"] for r in metrics] == [1, 2]
+    syncs = read_rows(out, "weight_sync.jsonl")
+    updates = sum(1 for r in metrics if r["groups/zero_variance"] < r["groups/total"])
     assert updates >= 1, "the tiny digit model should give reward variance"
     # version 0 before step 1, then one push per update that changed the weights
     assert [s["version"] for s in syncs] == list(range(len(syncs)))
@@ -70,14 +69,9 @@ def test_server_mode_config_is_validated():
     assert Path(sys.executable).exists()
 
 
-def test_killed_trainer_resumes_and_resyncs_the_server(tiny_model_dir, tmp_path):  # noqa: F811
+def test_killed_trainer_resumes_and_resyncs_the_server(tiny_model_dir, tmp_path):
     """kill -9 of a server-mode trainer (its transfer never closed), then `--resume`: the same run owns the
     server again, finds it at another version than its checkpoint, re-syncs and finishes."""
-    import os
-    import signal
-    import subprocess
-    import time
-
     import httpx
 
     from tests.server.conftest import ServerProcess
@@ -86,7 +80,7 @@ def test_killed_trainer_resumes_and_resyncs_the_server(tiny_model_dir, tmp_path)
         ["--model", str(tiny_model_dir), "--kv-cache-memory-gb", "0.05"], tmp_path / "s.log"
     )
     try:
-        cfg = _config(
+        cfg = write_config(
             tmp_path,
             tiny_model_dir,
             "resume",
@@ -105,33 +99,18 @@ def test_killed_trainer_resumes_and_resyncs_the_server(tiny_model_dir, tmp_path)
             "rollout.verify_weights=true",
         ]
         out = tmp_path / "resume"
-        env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "vriksha.train", str(cfg), *sets],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            deadline = time.monotonic() + 300
-            while not (out / "checkpoints" / "step_000002" / "manifest.json").exists():
-                assert proc.poll() is None and time.monotonic() < deadline, "the first run ended early"
-                time.sleep(0.2)
-        finally:
-            proc.send_signal(signal.SIGKILL)
-            proc.wait(30)
+        kill_at_checkpoint([str(cfg), *sets], out, step=2)
         state = httpx.get(f"{server.base_url}/weight_version", timeout=10).json()
         assert state["owner"] is not None  # the killed run never closed its transfer
-        before = len((out / "weight_sync.jsonl").read_text().splitlines())
-        _run([str(cfg), "--resume", *sets])
-        rows = [json.loads(x) for x in (out / "weight_sync.jsonl").read_text().splitlines()][before:]
-        resumed = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-        assert resumed[-1]["step"] == 4
-        start = rows[0]["version"]
+        before = len(read_rows(out, "weight_sync.jsonl"))
+        run_trainer([str(cfg), "--resume", *sets])
+        synced = read_rows(out, "weight_sync.jsonl")[before:]
+        assert read_rows(out)[-1]["step"] == 4
+        start = synced[0]["version"]
         assert start >= 2  # the resumed step, not the server's last version
-        assert rows[0]["server_version_before"] == state["version"]
-        assert [r["version"] for r in rows] == list(range(start, start + len(rows)))
-        assert all(r["bit_equal"] for r in rows)
+        assert synced[0]["server_version_before"] == state["version"]
+        assert [r["version"] for r in synced] == list(range(start, start + len(synced)))
+        assert all(r["bit_equal"] for r in synced)
         assert httpx.get(f"{server.base_url}/weight_version", timeout=10).json()["owner"] is None  # closed
     finally:
         server.stop()
