@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from vriksha.engine.native.bitmask import BitmaskKernel, bitmask_kernel
 from vriksha.engine.request import Request
 
 NEG_INF = float("-inf")
@@ -87,13 +88,29 @@ def apply_penalties(logits: torch.Tensor, requests: list[Request]) -> None:
     logits[rows] = x
 
 
+def bitmask_in_place(logits: torch.Tensor) -> bool:
+    """Whether `apply_bitmask` writes these logits in place through the native kernel (fp32 rows on the CPU):
+    then they may be an inference tensor, and the caller need not copy them first."""
+    return BitmaskKernel.accepts(logits) and bitmask_kernel() is not None
+
+
 def apply_bitmask(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
     """Keep only tokens whose bit is set: `bitmask` is int32 [len(rows), ceil(vocab / 32)] (llguidance's).
 
-    The words are unpacked on the host (where llguidance writes them) as little-endian bits, one byte per
-    token, and the disallowed logits are filled in place: no per-row gather and scatter copies."""
+    On the CPU the native kernel (`native/bitmask.c`) reads the packed words and writes -inf into the blocked
+    logits in place, skipping words that allow all 32 tokens. Elsewhere (or without a C compiler) the words
+    are unpacked on the host as little-endian bits, one byte per token, and the logits filled in place."""
     if not rows:
         return
+    if bitmask_in_place(logits) and bitmask.device.type == "cpu":
+        every = rows == list(range(len(rows)))
+        bitmask_kernel().apply_(logits, None if every else rows, bitmask)
+        return
+    apply_bitmask_unpacked(logits, rows, bitmask)
+
+
+def apply_bitmask_unpacked(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
+    """`apply_bitmask` by unpacking the words with numpy (the reference the native kernel is tested against)."""
     vocab = logits.shape[-1]
     words = np.invert(bitmask.contiguous().cpu().numpy().view(np.uint8))  # set bits = blocked tokens
     bits = np.unpackbits(words, axis=1, bitorder="little", count=min(vocab, words.shape[1] * 8))

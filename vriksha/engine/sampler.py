@@ -15,7 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from vriksha.engine.logits_processing import apply_bitmask, apply_penalties, apply_restrictions
+from vriksha.engine.logits_processing import (
+    apply_bitmask,
+    apply_penalties,
+    apply_restrictions,
+    bitmask_in_place,
+)
 from vriksha.engine.request import Request
 
 
@@ -38,17 +43,20 @@ class Sampler:
         bitmask: tuple[list[int], torch.Tensor] | None = None,
         offsets: list[int] | None = None,
     ) -> SampleResult:
-        """`bitmask`: (rows, int32 masks) of the requests constrained by a grammar this step. `offsets`: row
-        i samples the request's output token at len(output) + offsets[i] (default 0: the next one); a request
-        may fill several rows."""
+        """`bitmask`: (rows, int32 masks) of the requests constrained by a grammar this step; on the CPU the
+        native kernel masks those rows of `logits` in place (no copy: the caller's logits are spent). `offsets`:
+        row i samples the request's output token at len(output) + offsets[i] (default 0: the next one); a
+        request may fill several rows."""
         logits = logits.float()
         logprobs = torch.log_softmax(logits, dim=-1)
-        if bitmask is not None or any(_shaped(r) for r in requests):
+        shaped = any(_shaped(r) for r in requests)
+        if shaped or (bitmask is not None and not bitmask_in_place(logits)):
             logits = logits.clone()
+        if shaped:
             apply_restrictions(logits, requests)
             apply_penalties(logits, requests)
-            if bitmask is not None:
-                apply_bitmask(logits, *bitmask)
+        if bitmask is not None:
+            apply_bitmask(logits, *bitmask)
         greedy = [r.params.greedy for r in requests]
         if all(greedy):
             token_ids = logits.argmax(dim=-1)
