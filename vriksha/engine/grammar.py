@@ -7,7 +7,11 @@ against 55 ms for xgrammar, on a shared 2-core CPU). When the forward pass runs 
 the next step are computed on a worker thread while it runs (torch releases the GIL), so at the next sampling
 they are ready. On the CPU the forward already uses every core: a concurrent mask computation only slows it
 (measured: twice the step time at batch 16 on 2 cores), so there the masks are computed just before sampling,
-on one thread.
+while torch is idle, on llguidance's own threads (one per torch thread; they release the GIL), the sequences
+of the batch split among them.
+
+A request's matcher is a copy of one compiled per distinct spec (`LLMatcher.deep_copy`, microseconds), not a
+new parse of its grammar (milliseconds each, for every sequence of a batch).
 """
 
 from __future__ import annotations
@@ -97,9 +101,13 @@ class GrammarEngine:
         self.tokenizer = llg.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=sorted(eos_token_ids))
         self.words = (vocab_size + 31) // 32
         self.overlap = overlap  # compute next masks during the forward (an accelerator's forward)
-        self.executor = llg.LLExecutor() if overlap else llg.LLExecutor(num_threads=1)
+        # without overlap the masks are computed while torch waits: on as many threads as its forward uses
+        threads = None if overlap else max(1, torch.get_num_threads())
+        self.executor = llg.LLExecutor(num_threads=threads)
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask") if overlap else None
         self._grammars: dict[str, str] = {}
+        # spec key -> an LLMatcher in its start state, copied for each request
+        self._templates: dict[str, object] = {}
 
     def compile(self, spec: StructuredOutputsParams) -> str:
         key = spec.key()
@@ -115,10 +123,16 @@ class GrammarEngine:
         return grammar
 
     def matcher(self, spec: StructuredOutputsParams) -> Matcher:
-        inner = self._llg.LLMatcher(self.tokenizer, self.compile(spec), log_level=0)
-        if inner.is_error():
-            raise InvalidRequestError(f"invalid structured_outputs.{spec.kind}: {inner.get_error()}")
-        return Matcher(inner, self.words)
+        key = spec.key()
+        template = self._templates.get(key)
+        if template is None:
+            template = self._llg.LLMatcher(self.tokenizer, self.compile(spec), log_level=0)
+            if template.is_error():
+                raise InvalidRequestError(f"invalid structured_outputs.{spec.kind}: {template.get_error()}")
+            if len(self._templates) > 256:
+                self._templates.clear()
+            self._templates[key] = template
+        return Matcher(template.deep_copy(), self.words)
 
     def prefetch(self, matchers: list[Matcher]) -> None:
         """Start computing the next masks of `matchers` (call right after they took their tokens); without
