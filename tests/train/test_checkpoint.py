@@ -188,6 +188,28 @@ def test_a_verified_checkpoint_that_does_not_fit_the_model_is_a_clear_error(tmp_
         load_checkpoint(find_checkpoint(tmp_path), model, opt, sched, rank=0)
 
 
+def test_a_save_before_the_first_optimizer_step_does_not_count_as_one(tmp_path):
+    """DCP's get_state_dict gives a fresh optimizer its state by a step at lr 0, which AdamW counts: the
+    saving run, and a run resumed from that checkpoint, must take their first real step as a run that never
+    saved does (same bias correction, same weights)."""
+    plain, saved, resumed = _parts(), _parts(), _parts(seed=99)
+    save_checkpoint(tmp_path, 1, *saved, {}, rank=0)
+    assert not saved[1].state and torch.equal(saved[0].weight, plain[0].weight)
+    state = load_checkpoint(find_checkpoint(tmp_path), *resumed, rank=0)
+    assert not resumed[1].state and torch.equal(resumed[0].weight, plain[0].weight)
+    assert "optimizer_fresh" not in state
+    for model, opt, sched in (plain, saved, resumed):
+        torch.manual_seed(7)
+        _train(model, opt, sched)
+        assert all(int(s["step"]) == 1 for s in opt.state.values())
+        assert torch.equal(model.weight, plain[0].weight) and torch.equal(model.bias, plain[0].bias)
+    # once it has stepped, the state is saved and restored as it is
+    save_checkpoint(tmp_path, 2, *saved, {}, rank=0)
+    again = _parts(seed=99)
+    load_checkpoint(find_checkpoint(tmp_path), *again, rank=0)
+    assert [int(s["step"]) for s in again[1].state.values()] == [1, 1]
+
+
 def _two_rank_worker(rank: int, port: int, out: str, results: str) -> None:
     import torch.distributed as dist
 

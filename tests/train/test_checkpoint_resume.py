@@ -78,12 +78,6 @@ def test_nothing_usable_is_one_line_not_a_traceback(uninterrupted, tmp_path):
     assert "no usable checkpoint" in proc.stderr and "step_000002" in proc.stderr
 
 
-@pytest.mark.xfail(
-    reason="known regression, bisected to 8b5d7ba (engine option quantization) and not yet explained: resumed "
-    "from the checkpoint of step 2 with checkpoints every step, step 4's log-probs, entropy and loss differ from "
-    "the uninterrupted run's (its rewards do not); --quantization none does not restore equality",
-    strict=False,
-)
 def test_killed_with_sigkill_resumes_equal_to_uninterrupted(uninterrupted, tiny_model_dir, tmp_path):
     cfg = write_config(tmp_path, tiny_model_dir, "killed", export=False, checkpoint_interval=1)
     out = tmp_path / "killed"

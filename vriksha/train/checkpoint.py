@@ -1,10 +1,10 @@
 """Checkpoints with torch.distributed.checkpoint: sharded model and optimizer, plus what makes a resume exact.
 
 Layout of `<output_dir>/checkpoints/step_<N>/`: the DCP files of {model, optim} (each rank writes
-its shards), `trainer.json` (step, scheduler, metric history: rank 0), `rng_rank<R>.pt` (every RNG
-of that rank), and `manifest.json` (size and sha256 of each of those files), written after them
-all. `latest` names the newest complete checkpoint and is written after the manifest, so a run
-killed while saving resumes from the previous one.
+its shards), `trainer.json` (step, scheduler, whether the optimizer had taken a step, metric history:
+rank 0), `rng_rank<R>.pt` (every RNG of that rank), and `manifest.json` (size and sha256 of each of
+those files), written after them all. `latest` names the newest complete checkpoint and is written
+after the manifest, so a run killed while saving resumes from the previous one.
 
 On resume, `find_checkpoint` takes the newest directory whose files match its manifest; a corrupt
 or partial one is named in a warning and skipped, and a `latest` that names a missing or bad
@@ -43,6 +43,23 @@ _STEP_DIR = re.compile(r"step_(\d+)")
 
 class CheckpointError(VrikshaError):
     """No checkpoint to resume from, or one that does not match the run."""
+
+
+# trainer.json: the optimizer had taken no step when it was saved (its saved state is a placeholder)
+FRESH_OPTIMIZER = "optimizer_fresh"
+
+
+def _no_optimizer_step_yet(optimizer: torch.optim.Optimizer) -> bool:
+    """True while `optimizer` holds no state, i.e. before its first step.
+
+    Then `get_state_dict` gives it one by calling `step()` on zero gradients at lr 0 (so that the
+    state has every key a later load expects). The parameters do not move, but the step counts:
+    AdamW's `step` becomes 1, and the run's first real step would be bias-corrected as its second.
+    `save_checkpoint` therefore empties the state again after the save, and `load_checkpoint`
+    empties it after loading such a checkpoint, so a run that saves before its first optimizer
+    step (a first step whose groups all lacked signal) goes on exactly as one that did not.
+    """
+    return not optimizer.state
 
 
 def _rng_state() -> dict[str, Any]:
@@ -187,11 +204,19 @@ def save_checkpoint(
         if rank == 0 and path.exists():  # left by a save that was cut short: never mix two saves' files
             shutil.rmtree(path)
         _barrier()
+        fresh = _no_optimizer_step_yet(optimizer)
         model_sd, optim_sd = get_state_dict(model, optimizer)
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+        if fresh:
+            optimizer.state.clear()  # as it was: the state get_state_dict made for the save is not this run's
         torch.save(_rng_state(), path / f"rng_rank{rank}.pt")
         if rank == 0:
-            state = {"step": step, "scheduler": scheduler.state_dict(), **trainer_state}
+            state = {
+                "step": step,
+                "scheduler": scheduler.state_dict(),
+                FRESH_OPTIMIZER: fresh,
+                **trainer_state,
+            }
             (path / "trainer.json").write_text(json.dumps(state))
         _barrier()
         write_manifest(path, step)
@@ -228,6 +253,8 @@ def load_checkpoint(
     try:
         dcp.load(state, checkpoint_id=str(path))
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        if trainer_state.pop(FRESH_OPTIMIZER, False):
+            optimizer.state.clear()  # saved before the first optimizer step: resume with none, as the run had
         scheduler.load_state_dict(trainer_state.pop("scheduler"))
         rng = None if resharded else torch.load(rng_file, weights_only=False)
     except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
