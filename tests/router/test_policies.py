@@ -46,6 +46,26 @@ def test_precise_follows_the_prefix_within_the_affinity_bound() -> None:
     assert (d.replica.index, d.reason) == (0, "load")
 
 
+def test_precise_spreads_prompts_that_share_only_a_few_leading_tokens() -> None:
+    """Groups whose prompts agree on their first two tokens only (a common first word): the replica that saw
+    the first group holds those two tokens of every later one, which must not make it take them all (its
+    pool would then cycle through every group's prefix and keep none)."""
+    rs = replicas()
+    policy = Precise(RouterConfig(queue_cost_tokens=64, affinity_bound_tokens=512))
+    groups = [[1, 2, *range(100 * g, 100 * g + 60)] for g in range(1, 5)]
+    placed = []
+    for prefix in groups:  # each group's first request, all still running
+        prompt = [*prefix, 7, 8]
+        d = policy.choose(prompt, rs)
+        policy.routed(d, prompt)
+        d.replica.in_flight += 1
+        placed.append(d.replica.index)
+    assert sorted(placed) == [0, 0, 1, 1], placed
+    for g, prefix in enumerate(groups):  # the next request of each group finds its prefix
+        d = policy.choose([*prefix, 9], rs)
+        assert (d.replica.index, d.reason, d.cached_tokens) == (placed[g], "prefix", len(prefix))
+
+
 def test_precise_counts_prompts_routed_but_not_yet_reported() -> None:
     rs = replicas()
     policy = Precise(RouterConfig())

@@ -107,6 +107,13 @@ def register(subparsers: Any) -> None:
         default=_D.affinity_bound_tokens,
         help="keep the replica holding the prefix unless its estimate is worse by more than this (tokens)",
     )
+    g.add_argument(
+        "--affinity-min-share",
+        type=float,
+        default=_D.affinity_min_share,
+        help="the affinity rule binds only a replica holding at least this share of the prompt (0..1) more "
+        "than the replica with the best estimate",
+    )
     p.set_defaults(func=handler)
 
 
@@ -135,6 +142,10 @@ def config_from_args(args: argparse.Namespace, need_replicas: bool = True) -> Ro
         specs.append(ReplicaSpec(url.rstrip("/"), None, "prefill"))
     if args.pd_threshold < 0:
         raise ConfigError(f"--pd-threshold must be >= 0 tokens, got {args.pd_threshold}")
+    if not 0.0 <= args.affinity_min_share <= 1.0:
+        raise ConfigError(
+            f"--affinity-min-share must be in 0..1 (a share of the prompt), got {args.affinity_min_share}"
+        )
     if need_replicas and args.policy == "precise" and not any(s.events for s in specs):
         logger.warning(
             "--policy precise without event streams: it sees load only (add ,tcp://... to --replica)"
@@ -154,6 +165,7 @@ def config_from_args(args: argparse.Namespace, need_replicas: bool = True) -> Ro
         queue_cost_tokens=args.queue_cost,
         kv_cost_tokens=args.kv_cost,
         affinity_bound_tokens=args.affinity_bound,
+        affinity_min_share=args.affinity_min_share,
         pd_threshold_tokens=args.pd_threshold,
     )
 

@@ -36,6 +36,7 @@ class RouterConfig:
     queue_cost_tokens: float = 64.0  # per request a replica is already serving
     kv_cost_tokens: float = 256.0  # times the replica's KV usage (0..1)
     affinity_bound_tokens: float = 512.0  # keep the prefix holder unless it is worse than this
+    affinity_min_share: float = 0.3  # ... when it holds at least this share of the prompt more than the best
     pending_ttl_s: float = 30.0  # routed prompts count as cached there until events confirm them
     # prefill/decode: a prompt whose uncached part on the chosen replica is longer than this many tokens is
     # computed on a prefill replica (when there is one) and its K/V moved over first

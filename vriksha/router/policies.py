@@ -8,6 +8,10 @@
 - precise: each replica's real radix tree (mirrored from its KV events) gives the uncached tokens; with its
   load they make an estimated time to first token; the replica holding the longest prefix keeps the request
   unless its estimate is worse than the best by more than `affinity_bound_tokens` (llm-d's affinity rule).
+  Only a prefix that is a real part of the prompt binds it there: the tokens the holder has beyond the best
+  replica must be at least `affinity_min_share` of the prompt. A few leading tokens every prompt shares (a
+  chat template's header, a common first word) would otherwise pile every request onto the first replica
+  that saw them, whose pool, when bounded, then cycles through all the prefixes and keeps none.
 """
 
 from __future__ import annotations
@@ -105,7 +109,10 @@ class Precise(Policy):
         est = [self.estimate(r, len(tokens) - h) for r, h in zip(replicas, hits, strict=True)]
         fastest = min(range(len(replicas)), key=lambda i: (est[i], replicas[i].index))
         holder = max(range(len(replicas)), key=lambda i: (hits[i], -est[i]))
-        if hits[holder] > 0 and est[holder] - est[fastest] <= self.config.affinity_bound_tokens:
+        c = self.config
+        binding = hits[holder] - hits[fastest] >= c.affinity_min_share * len(tokens)
+        close = binding and est[holder] - est[fastest] <= c.affinity_bound_tokens
+        if hits[holder] > 0 and (holder == fastest or close):
             return Decision(replicas[holder], "prefix", hits[holder])
         return Decision(replicas[fastest], "load", hits[fastest])
 
