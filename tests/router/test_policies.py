@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import argparse
+
+import pytest
+
+from vriksha.errors import ConfigError
 from vriksha.kv_events.token_tree import TokenTree
+from vriksha.router.cli import config_from_args, register
 from vriksha.router.config import ReplicaSpec, RouterConfig
 from vriksha.router.policies import CacheAware, LeastLoad, Precise, RoundRobin
 from vriksha.router.replica import Load, Replica
@@ -88,3 +94,15 @@ def test_cache_aware_thresholds() -> None:
     assert other.replica is not d.replica and other.reason == "load"
     d.replica.in_flight = 10  # unbalanced: the least loaded, whatever it holds
     assert policy.choose(a, rs).reason == "balance"
+
+
+def test_affinity_min_share_flag() -> None:
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    base = ["router", "--replica", "http://127.0.0.1:1"]
+    assert config_from_args(parser.parse_args(base)).affinity_min_share == RouterConfig().affinity_min_share
+    assert (
+        config_from_args(parser.parse_args([*base, "--affinity-min-share", "0.5"])).affinity_min_share == 0.5
+    )
+    with pytest.raises(ConfigError, match="--affinity-min-share must be in 0..1"):
+        config_from_args(parser.parse_args([*base, "--affinity-min-share", "1.5"]))
