@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from vriksha.device import is_host
 from vriksha.engine.native.bitmask import BitmaskKernel, bitmask_kernel
 from vriksha.engine.request import Request
 
@@ -102,7 +103,7 @@ def apply_bitmask(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) 
     are unpacked on the host as little-endian bits, one byte per token, and the logits filled in place."""
     if not rows:
         return
-    if bitmask_in_place(logits) and bitmask.device.type == "cpu":
+    if bitmask_in_place(logits) and is_host(bitmask.device):
         every = rows == list(range(len(rows)))
         bitmask_kernel().apply_(logits, None if every else rows, bitmask)
         return

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from vriksha.device import is_host
 from vriksha.engine.native import HEADERS, _compiler, build, isa
 
 logger = logging.getLogger(__name__)
@@ -40,7 +41,7 @@ class BitmaskKernel:
     def accepts(logits: torch.Tensor) -> bool:
         """Whether `logits` is a tensor this kernel writes: fp32, 2-D, on the CPU, each row contiguous."""
         return (
-            logits.device.type == "cpu"
+            is_host(logits.device)
             and logits.dtype == torch.float32
             and logits.dim() == 2
             and logits.stride(1) == 1
@@ -55,7 +56,7 @@ class BitmaskKernel:
                 f"{tuple(logits.shape)} on {logits.device}"
             )
         n, words = bitmask.shape
-        if bitmask.dtype != torch.int32 or bitmask.device.type != "cpu":
+        if bitmask.dtype != torch.int32 or not is_host(bitmask.device):
             raise TypeError(f"the bitmask must be int32 on the CPU, got {bitmask.dtype} on {bitmask.device}")
         if bitmask.stride(1) != 1:
             bitmask = bitmask.contiguous()
