@@ -19,6 +19,7 @@ import platform
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -193,24 +194,40 @@ class Kernels:
         return out
 
 
-@functools.cache
-def kernels(variant: str | None = None) -> Kernels | None:
-    """The native kernels of `variant` (default: the widest this CPU runs), built on first call; None where
-    they cannot run (the reason is logged once)."""
+def load_variant(
+    variant: str | None,
+    build_library: Callable[[str, isa.Variant], Path],
+    fallback: str,
+    runnable: Callable[[isa.Variant], bool] | None = None,
+) -> tuple[Path, isa.Variant] | None:
+    """The library `build_library(compiler, variant)` makes for `variant` (default: the widest this CPU runs),
+    with the variant; None with VRIKSHA_NATIVE=0, without a C compiler, where this CPU cannot run it, or where
+    the build fails (logged, with `fallback`: what is used instead)."""
     if os.environ.get("VRIKSHA_NATIVE", "1") == "0":
         return None
     compiler = _compiler()
     if compiler is None:
-        logger.info("no C compiler found (set CC): the engine uses torch's CPU kernels only")
+        logger.info("no C compiler found (set CC): %s", fallback)
         return None
     chosen = isa.variant(variant) if variant is not None else isa.best_variant()
-    if not isa.runnable(chosen):
+    if not (runnable or isa.runnable)(chosen):
         logger.warning(
-            "native %s kernels need CPU flags %s", chosen.name, ", ".join(isa.missing_flags(chosen))
+            "native %s build needs CPU flags %s: %s",
+            chosen.name,
+            ", ".join(isa.missing_flags(chosen)),
+            fallback,
         )
         return None
     try:
-        return Kernels(build(compiler, chosen), chosen)
+        return build_library(compiler, chosen), chosen
     except (OSError, RuntimeError) as exc:
-        logger.warning("native CPU kernels unavailable, using torch's: %s", exc)
+        logger.warning("native %s build unavailable (%s): %s", chosen.name, exc, fallback)
         return None
+
+
+@functools.cache
+def kernels(variant: str | None = None) -> Kernels | None:
+    """The native kernels of `variant` (default: the widest this CPU runs), built on first call; None where
+    they cannot run (the reason is logged once)."""
+    loaded = load_variant(variant, build, "the engine uses torch's CPU kernels only")
+    return Kernels(*loaded) if loaded else None

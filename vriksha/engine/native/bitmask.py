@@ -9,13 +9,12 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
 from pathlib import Path
 
 import torch
 
 from vriksha.device import is_host
-from vriksha.engine.native import HEADERS, _compiler, build, isa
+from vriksha.engine.native import HEADERS, build, isa, load_variant
 
 logger = logging.getLogger(__name__)
 
@@ -86,17 +85,9 @@ class BitmaskKernel:
 def bitmask_kernel(variant: str | None = None) -> BitmaskKernel | None:
     """The kernel of `variant` (default: the widest this CPU runs), built on first call; None where it cannot
     run (the reason is logged once)."""
-    if os.environ.get("VRIKSHA_NATIVE", "1") == "0":
-        return None
-    compiler = _compiler()
-    if compiler is None:
-        logger.info("no C compiler found (set CC): grammar masks are unpacked with numpy")
-        return None
-    chosen = isa.variant(variant) if variant is not None else isa.best_variant()
-    if not isa.runnable(chosen):
-        return None
-    try:
-        return BitmaskKernel(build(compiler, chosen, (SOURCE,), HEADERS, "bitmask"), chosen)
-    except (OSError, RuntimeError) as exc:
-        logger.warning("native bitmask kernel unavailable, masks are unpacked with numpy: %s", exc)
-        return None
+    loaded = load_variant(
+        variant,
+        lambda compiler, v: build(compiler, v, (SOURCE,), HEADERS, "bitmask"),
+        "grammar masks are unpacked with numpy",
+    )
+    return BitmaskKernel(*loaded) if loaded else None

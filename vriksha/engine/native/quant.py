@@ -10,12 +10,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
-import os
 from pathlib import Path
 
 import torch
 
-from vriksha.engine.native import _compiler, build, isa
+from vriksha.engine.native import build, isa, load_variant
 from vriksha.errors import VrikshaError
 from vriksha.loading.packed import PackedWeight
 
@@ -99,20 +98,13 @@ class QuantKernels:
 def quant_kernels(variant: str | None = None) -> QuantKernels | None:
     """The quantized kernels of `variant` (default: the widest this CPU runs), built on first call; None
     without a C compiler, with VRIKSHA_NATIVE=0, or where the CPU lacks the variant's flags."""
-    if os.environ.get("VRIKSHA_NATIVE", "1") == "0":
-        return None
-    compiler = _compiler()
-    if compiler is None:
-        logger.info("no C compiler found (set CC): packed weights cannot be served")
-        return None
-    chosen = isa.variant(variant) if variant is not None else isa.best_variant()
-    if not isa.runnable(chosen) or missing_flags(chosen):
-        return None
-    try:
-        return QuantKernels(build_variant(compiler, chosen), chosen)
-    except (OSError, RuntimeError) as exc:
-        logger.warning("quantized CPU kernels unavailable: %s", exc)
-        return None
+    loaded = load_variant(
+        variant,
+        build_variant,
+        "packed weights cannot be served",
+        runnable=lambda v: isa.runnable(v) and not missing_flags(v),
+    )
+    return QuantKernels(*loaded) if loaded else None
 
 
 def build_variant(compiler: str, variant: isa.Variant) -> Path:
