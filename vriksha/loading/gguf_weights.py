@@ -1,6 +1,6 @@
 """The packed blocks of a GGUF file's linear weights, by the Transformers module they belong to.
 
-The tensors are read with the `gguf` package's reader (no dequantisation) and named as the Transformers model
+The tensors are read from the file's tensor table (`gguf_index`, no dequantisation) and named as the Transformers model
 converted from the same file names its modules (`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj`).
 llama.cpp's converter stores a Llama model's query and key rows in an interleaved rotary order; those rows are
 put back in Transformers' order, so each packed weight dequantizes to exactly the converted module's weight.
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vriksha.errors import ModelLoadError
+from vriksha.loading.gguf_index import read_gguf_index
 from vriksha.loading.packed import PackedWeight, permute_rows
 
 logger = logging.getLogger(__name__)
@@ -35,14 +35,6 @@ _LAYER_TENSORS = {
 _PACKABLE = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0"}
 _ROTARY_PERMUTED = {"llama"}  # architectures whose q/k rows llama.cpp's converter interleaves
 _BLK = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
-
-
-def _field(reader, key: str):
-    field = reader.fields.get(key)
-    if field is None:
-        return None
-    value = field.parts[field.data[0]]
-    return bytes(value).decode() if value.dtype == np.uint8 else value.item()
 
 
 def _hf_module(name: str) -> str | None:
@@ -62,27 +54,22 @@ def _rotary_order(rows: int, heads: int) -> torch.Tensor:
 
 def read_gguf_linears(path: Path, tie_word_embeddings: bool = True) -> dict[str, PackedWeight]:
     """{Transformers module name: packed weight} for every linear layer stored in a packable type."""
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as exc:
-        raise ModelLoadError(f"could not read the GGUF file {path}: {exc}") from exc
-    arch = _field(reader, "general.architecture") or "llama"
-    heads = _field(reader, f"{arch}.attention.head_count")
-    kv_heads = _field(reader, f"{arch}.attention.head_count_kv") or heads
+    index = read_gguf_index(path)
+    arch = index.metadata.get("general.architecture") or "llama"
+    heads = index.metadata.get(f"{arch}.attention.head_count")
+    kv_heads = index.metadata.get(f"{arch}.attention.head_count_kv") or heads
     packed: dict[str, PackedWeight] = {}
     skipped: Counter[str] = Counter()
-    names = {t.name for t in reader.tensors}
-    for tensor in reader.tensors:
+    names = {t.name for t in index.tensors}
+    for tensor in index.tensors:
         module = _hf_module(tensor.name)
         if module is None and tensor.name == "token_embd.weight" and tie_word_embeddings:
             module = None if "output.weight" in names else "lm_head"
         if module is None:
             continue
-        qtype = _PACKABLE.get(tensor.tensor_type.name)
+        qtype = _PACKABLE.get(tensor.type_name)
         if qtype is None:
-            skipped[tensor.tensor_type.name] += 1
+            skipped[tensor.type_name] += 1
             continue
         in_features, out_features = (int(n) for n in tensor.shape)  # GGUF lists dimensions innermost first
         data = torch.from_numpy(np.array(tensor.data, dtype=np.uint8, copy=True)).reshape(out_features, -1)
