@@ -30,9 +30,12 @@ class StreamOptions(Strict):
 
 
 class StructuredOutputsRequest(Strict):
-    """vLLM's `structured_outputs` extra: exactly one of these."""
+    """vLLM's `structured_outputs` extra: exactly one of these (`json` on the wire; a pydantic model has a
+    `json` method, so the field is named `json_spec` here)."""
 
-    json: str | dict[str, Any] | None = None
+    model_config = ConfigDict(populate_by_name=True)
+
+    json_spec: str | dict[str, Any] | None = Field(default=None, alias="json")
     json_object: bool | None = None
     regex: str | None = None
     choice: list[str] | None = None

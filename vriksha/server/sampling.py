@@ -49,7 +49,7 @@ def refuse(param: str, why: str) -> BadRequestError:
 def _structured(req: EngineExtras) -> StructuredOutputsParams | None:
     given: dict[str, Any] = {}
     if req.structured_outputs is not None:
-        given.update(req.structured_outputs.model_dump(exclude_none=True))
+        given.update(req.structured_outputs.model_dump(exclude_none=True, by_alias=True))
     for field, kind in _GUIDED.items():
         value = getattr(req, field)
         if value is not None:
