@@ -301,6 +301,19 @@ def test_schema_streams_with_n_two(client):
         jsonschema.validate(json.loads(text), schema)
 
 
+def test_vllm_structured_outputs_json_field(client):
+    schema = WEATHER["function"]["parameters"]
+    r = client.chat.completions.create(
+        model=MODEL,
+        messages=MESSAGES,
+        temperature=1.0,
+        seed=5,
+        max_tokens=150,
+        extra_body={"structured_outputs": {"json": schema}},
+    )
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+
+
 A, B = 1000, 2000
 
 
