@@ -11,10 +11,12 @@ the rate one shared cache would reach, throughput, TTFT and ITL p50/p99; per rou
 Loopback only.
 
 The default sizes are the regime where routing matters: each replica's KV pool holds 2560 tokens
-(`--kv-tokens`, passed as `vriksha serve --kv-cache-memory-gb`), the 12 groups' prefixes (300 words, about
-310 tokens each: about 3700 tokens) and the 12 conversations (about 270 tokens each at their last turn) do
-not fit in one pool but do in two. Round robin sends every group to both replicas, whose LRU caches then
-cycle through all 12 prefixes and keep almost none; a prefix-aware policy keeps half the groups on each.
+(`--kv-tokens`, passed as `vriksha serve --kv-cache-memory-gb`), the 13 groups' prefixes (300 words, about
+310 tokens each: about 4000 tokens) and the 12 conversations (about 270 tokens each at their last turn) do
+not fit in one pool but do in two. The group count is odd so that round robin, taking the interleaved
+arrivals in turn, sends every group to both replicas (with an even count over 2 replicas it would send group
+g to replica g mod 2, as a prefix-aware policy would); their LRU caches then cycle through all 13 prefixes
+and keep few; a prefix-aware policy keeps about half the groups on each.
 "One shared cache" is one replica whose pool is the two pools together. With `--kv-tokens 0 --groups 4
 --per-group 8 --conversations 4` (the engine's default pool, 1 GiB on the CPU: every prefix fits
 everywhere) round robin already reaches the ideal hit rate on shared prefixes.
@@ -413,7 +415,7 @@ def main() -> None:
         help="each replica's KV pool in tokens (vriksha serve --kv-cache-memory-gb, computed from the model's "
         "shape); 0: the engine's default, which holds every prefix of the default sizes",
     )
-    ap.add_argument("--groups", type=int, default=12)
+    ap.add_argument("--groups", type=int, default=13, help="prefix groups (odd: see above)")
     ap.add_argument("--per-group", type=int, default=6)
     ap.add_argument("--prefix-words", type=int, default=300, help="words of each group's shared prefix")
     ap.add_argument("--conversations", type=int, default=12)
