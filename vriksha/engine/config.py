@@ -18,6 +18,7 @@ from vriksha.errors import ConfigError
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SPECULATIVE_METHODS = ("none", "ngram")
+NATIVE_DECODE = ("auto", "on", "off")
 
 
 def option(
@@ -55,6 +56,11 @@ class EngineConfig:
         True,
         "Llama/Qwen2/Qwen3: the engine's lean loop over the model's modules instead of the Transformers forward",
     )
+    native_decode: str = option(
+        "auto", "decode steps of Llama/Qwen2/Qwen3 on the CPU in float32 with the native kernels: every decoder "
+        "layer in one native call; auto: for the batch sizes where it measured faster at load, on: up to 64 "
+        "requests, off: the lean Python loop", choices=NATIVE_DECODE,
+    )  # fmt: skip
     native_kernels: bool = option(
         True, "compile and use the engine's C kernels (CPU fp32/bf16 decode attention over the KV pool in "
         "place, bandwidth-bound linear layers, fused norms); off: torch's kernels only"
@@ -114,6 +120,10 @@ class EngineConfig:
         if self.quantization not in ("none", "gguf", "int8", "auto"):
             raise ConfigError(
                 f"engine option quantization must be none, gguf, int8 or auto, got {self.quantization!r}"
+            )
+        if self.native_decode not in NATIVE_DECODE:
+            raise ConfigError(
+                f"engine option native_decode must be one of {', '.join(NATIVE_DECODE)}, got {self.native_decode!r}"
             )
         if self.speculative not in SPECULATIVE_METHODS:
             raise ConfigError(

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 import vriksha.device as devices
-from vriksha.engine import fast_linear, hub_layers, kernel_sets, quantization
+from vriksha.engine import fast_linear, hub_layers, kernel_sets, native_decode, quantization
 from vriksha.engine import native as native_lib
 from vriksha.engine.attention import AttentionBatch, PrefillSegment, forward_context, register_attention
 from vriksha.engine.batch import ForwardBatch
@@ -68,6 +68,44 @@ class ModelRunner:
                 self.fast_forward = FastForward(model, self.kernels)
             except ValueError as exc:
                 logger.info("Transformers forward for every step: %s", exc)
+        self.native_decode: native_decode.NativeDecode | None = None
+        self.native_decode_choice = "off"  # what decode steps run natively, and why (logs, --verbose)
+        if config.native_decode != "off":
+            self._set_up_native_decode(model, config)
+
+    def _set_up_native_decode(self, model: torch.nn.Module, config: EngineConfig) -> None:
+        if self.fast_forward is None:
+            self.native_decode_choice = "off: the model runs the Transformers forward"
+            return
+        if config.tensor_parallel_size > 1 or config.kernel_layers:
+            self.native_decode_choice = "off: tensor parallel or hub kernel layers"
+            return
+        try:
+            self.native_decode = native_decode.NativeDecode(model, self.kernels, self.pool, self.quant)
+        except ValueError as exc:
+            self.native_decode_choice = f"off: {exc}"
+            logger.info("decode steps run the lean forward: %s", exc)
+            return
+        if config.native_decode == "on":
+            self.native_decode_choice = f"on: decode batches up to {self.native_decode.max_batch}"
+            return
+        vocab = model.model.embed_tokens.weight.shape[0]
+        best, times = 0, []
+        for b in native_decode.MEASURE_BATCHES:
+            inputs = native_decode.synthetic_decode(self.pool, self.decode_kernel, b, 16, vocab)
+            if inputs is None:
+                break
+            lean = native_decode.time_step(lambda inputs=inputs: self.run(*inputs, native=False))
+            fused = native_decode.time_step(lambda inputs=inputs: self.run(*inputs, native=True))
+            times.append(f"batch {b}: {fused * 1e3:.2f} ms native vs {lean * 1e3:.2f} ms lean")
+            if fused >= lean:
+                break
+            best = b
+        self.native_decode.max_batch = best
+        if best == 0:
+            self.native_decode = None
+        self.native_decode_choice = f"auto: decode batches up to {best} natively ({'; '.join(times) or 'not measured: small KV pool'})"
+        logger.info("native decode %s", self.native_decode_choice)
 
     @property
     def native(self) -> native_lib.Kernels | None:
@@ -80,12 +118,15 @@ class ModelRunner:
         self.fast_linear = None
         self.quant = None
         self.fast_forward = None
+        self.native_decode = None
 
     def weights_updated(self) -> None:
         if self.fast_linear is not None:
             self.fast_linear.refresh()
         if self.quant is not None:
             self.quant.refresh()
+        if self.native_decode is not None:
+            self.native_decode.refresh()
 
     def _build(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch, torch.Tensor]:
         ids: list[int] = []
@@ -167,12 +208,19 @@ class ModelRunner:
         position_ids: torch.Tensor,
         attn: AttentionBatch,
         sample_index: torch.Tensor,
+        native: bool | None = None,
     ) -> torch.Tensor:
-        """The forward pass over a built batch: logits of the rows at `sample_index`."""
+        """The forward pass over a built batch: logits of the rows at `sample_index`. `native`: force the
+        native decode path on or off for this call (default: where it accepts the batch)."""
         with phase("engine.forward"), forward_context(attn), contextlib.ExitStack() as routed:
             for router in (self.fast_linear, self.quant):
                 if router is not None:
                     routed.enter_context(router.engaged())
+            fused = self.native_decode
+            if fused is not None and (
+                native if native is not None else fused.accepts(attn, input_ids.shape[1])
+            ):
+                return fused(input_ids, position_ids, attn, sample_index)
             if self.fast_forward is not None:
                 return self.fast_forward(input_ids, position_ids, sample_index)
             out = self.model(

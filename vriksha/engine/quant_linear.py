@@ -108,6 +108,7 @@ class QuantLinear(MeasuredRouter):
                 continue
             self.layers.append((module, weight))
         self.times: dict[str, dict[str, list[float]]] | None = None  # filled by measure()
+        self.installed: dict[nn.Module, tuple[PackedWeight, list[bool]]] = {}  # module: (weight, route)
 
     def key(self, weight: PackedWeight) -> str:
         return (
@@ -151,6 +152,15 @@ class QuantLinear(MeasuredRouter):
                 t = (self.times or self.measure())[self.key(weight)]
                 route = [p < f for p, f in zip(t["packed"], t["fp32"], strict=True)]
             installation.replace_forward(module, self._make_forward(module, weight, route))
+            self.installed[module] = (weight, route)
+
+    def packed_for(self, module: nn.Module, rows: int) -> PackedWeight | None:
+        """The packed weight a call of `rows` rows on `module` runs on while engaged, or None (fp32 path)."""
+        entry = self.installed.get(module)
+        i = bucket_index(BUCKETS, rows)
+        if not self.enabled or entry is None or i == len(BUCKETS) or not entry[1][i]:
+            return None
+        return entry[0]
 
     def routes(self, x: torch.Tensor) -> bool:
         return self.enabled and x.dtype == torch.float32 and super().routes(x)

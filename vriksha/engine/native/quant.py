@@ -22,7 +22,7 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("quant_kernels.c")
 PATHS = {"scalar": 1, "avx2": 2, "avx512": 4}  # the bits of vq_variants()
-_KINDS = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "int8": 3}
+KINDS = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "int8": 3}
 _I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 
 
@@ -60,7 +60,7 @@ class QuantKernels:
         y = torch.empty(rows, weight.out_features, dtype=torch.float32)
         done = self._lib.vq_linear(
             PATHS[path or self.variant],
-            _KINDS[weight.qtype],
+            KINDS[weight.qtype],
             weight.data.data_ptr(),
             weight.scale.data_ptr() if weight.scale is not None else None,
             bias.data_ptr() if bias is not None else None,
@@ -83,7 +83,7 @@ class QuantKernels:
         rows = weight.out_features - row0 if rows is None else rows
         out = torch.empty(rows, weight.in_features, dtype=torch.float32)
         self._lib.vq_dequantize(
-            _KINDS[weight.qtype],
+            KINDS[weight.qtype],
             weight.data.data_ptr(),
             weight.scale.data_ptr() if weight.scale is not None else None,
             out.data_ptr(),

@@ -1,0 +1,101 @@
+"""Decode steps with every decoder layer in one native call equal the lean forward's, and run only where they apply."""
+
+import copy
+
+import pytest
+import torch
+
+from tests.engine.conftest import ENGINE_TEST_OPTIONS, assert_same_samples, tiny_model
+from vriksha import LLM, EngineConfig, SamplingParams
+from vriksha.engine import native
+from vriksha.engine.native_decode import synthetic_decode
+from vriksha.errors import ConfigError
+
+pytestmark = pytest.mark.skipif(native.kernels() is None, reason="no C compiler: no native kernels")
+FAMILIES = ["llama", "qwen2", "qwen3", "qwen2-sliding"]
+
+
+def _pair(model, tokenizer, **options):
+    on = LLM.from_module(copy.deepcopy(model), tokenizer, **ENGINE_TEST_OPTIONS, native_decode="on", **options)
+    off = LLM.from_module(copy.deepcopy(model), tokenizer, **ENGINE_TEST_OPTIONS, native_decode="off", **options)
+    return on, off
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_one_decode_step_equals_the_lean_forward(name, default_tokenizer):
+    model = tiny_model(name, 512)
+    on, _ = _pair(model, default_tokenizer)
+    runner = on.engine.runner
+    assert runner.native_decode is not None, runner.native_decode_choice
+    for batch in (1, 3):
+        inputs = synthetic_decode(runner.pool, runner.decode_kernel, batch, 12, 512)
+        fused = runner.run(*inputs, native=True)
+        k_fused = [k.clone() for k in runner.pool.k]
+        lean = runner.run(*inputs, native=False)
+        assert fused.shape == lean.shape == (batch, 512)
+        torch.testing.assert_close(fused, lean, rtol=1e-5, atol=1e-5)
+        for a, b in zip(k_fused, runner.pool.k, strict=True):  # the same K written to the same slots
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_greedy_and_seeded_generation_unchanged(name, default_tokenizer):
+    vocab = 512
+    model = tiny_model(name, vocab)
+    on, off = _pair(model, default_tokenizer)
+    assert on.engine.runner.native_decode is not None and off.engine.runner.native_decode is None
+    assert_same_samples(on, off, vocab, seed=3, n=2, atol=1e-5)
+    prompts = [{"prompt_token_ids": list(range(1, 1 + k))} for k in (2, 7, 19)]
+    greedy = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    a, b = on.generate(prompts, greedy), off.generate(prompts, greedy)
+    assert [o.outputs[0].token_ids for o in a] == [o.outputs[0].token_ids for o in b]
+
+
+def test_packed_int8_weights_take_the_packed_kernel(default_tokenizer):
+    model = tiny_model("qwen2", 512)
+    on, off = _pair(model, default_tokenizer, quantization="int8")
+    nd = on.engine.runner.native_decode
+    layer = model.model.layers[0]  # the deep copies inside the engines hold their own modules
+    assert nd is not None and nd.quant is not None
+    plan_layer = nd._plan(1)
+    assert plan_layer.num_layers == len(model.model.layers) and layer is not None
+    assert any(nd._plans[0][1][i].q.kind == 3 for i in range(plan_layer.num_layers))  # int8 kind
+    assert_same_samples(on, off, 512, seed=4, n=1, atol=1e-5)
+
+
+def test_off_switch_auto_and_fallbacks(default_tokenizer):
+    model = tiny_model("llama", 512)
+    auto = LLM.from_module(copy.deepcopy(model), default_tokenizer, **ENGINE_TEST_OPTIONS)
+    choice = auto.engine.runner.native_decode_choice
+    assert choice.startswith("auto: decode batches up to") and "batch 1:" in choice
+    lean = LLM.from_module(copy.deepcopy(model), default_tokenizer, **ENGINE_TEST_OPTIONS, fast_forward=False)
+    assert lean.engine.runner.native_decode is None and "Transformers forward" in lean.engine.runner.native_decode_choice
+    torch_set = LLM.from_module(
+        copy.deepcopy(model), default_tokenizer, **ENGINE_TEST_OPTIONS, native_decode="on", kernels="torch"
+    )
+    assert torch_set.engine.runner.native_decode is None
+    assert "not a native one" in torch_set.engine.runner.native_decode_choice
+    with pytest.raises(ConfigError, match="native_decode must be one of auto, on, off"):
+        EngineConfig(native_decode="yes")
+
+
+def test_prefill_and_mixed_steps_keep_the_lean_forward(default_tokenizer):
+    model = tiny_model("qwen3", 512)
+    on, _ = _pair(model, default_tokenizer)
+    runner = on.engine.runner
+    calls = []
+    fused = runner.native_decode
+    original = fused.__call__
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(fused, name)
+
+        def __call__(self, *args):
+            calls.append(args[0].shape[1])
+            return original(*args)
+
+    runner.native_decode = Counting()
+    prompts = [{"prompt_token_ids": list(range(1, 1 + k))} for k in (3, 30)]
+    on.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
+    assert calls and all(1 <= n <= 2 for n in calls)  # decode tokens only: never a prefill chunk

@@ -1,0 +1,107 @@
+/* Every decoder layer of a decode step in one call: the engine's own kernels, sequenced in C.
+ *
+ * A decode step of a Llama-shaped stack (Llama, Qwen2, Qwen3) runs per layer: RMSNorm (the previous MLP output
+ * added first), the q/k/v projections, Qwen3's per-head q/k norms, rotary embedding, the new token's K/V written
+ * into the pool, decode attention over the pool in place, o_proj, the residual add and RMSNorm, gate and up,
+ * SiLU * up, down. This file does no arithmetic of its own (beyond copying K/V into their slots and the last
+ * residual add): it calls the very kernels the engine's Python forward calls (`kernels.c` and
+ * `quant_kernels.c`, through function pointers taken from their loaded libraries), in the same order on the
+ * same buffers, so its results equal that forward's bit for bit where it picks the same linear kernels. What it
+ * removes is the per-operation cost around them: ctypes calls, tensor views and allocations, dispatch.
+ * The weights' pointers are prepared once per model (`native_decode.py`); every buffer is float32.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef void (*linear_fn)(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t, int);
+typedef int (*vq_linear_fn)(int, int, const void*, const float*, const float*, const float*, float*, int64_t,
+                            int64_t, int64_t, int);
+typedef void (*rms_norm_fn)(float*, const float*, const float*, float*, int64_t, int64_t, float, int);
+typedef void (*rope_fn)(float*, const float*, const float*, int64_t, int64_t, int64_t, int);
+typedef void (*silu_mul_fn)(const float*, const float*, float*, int64_t, int);
+typedef void (*attention_fn)(const float*, const float*, const float*, const int64_t*, const int64_t*, float*,
+                             int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, int64_t, int);
+
+typedef struct {
+  int64_t kind; /* -1: a float32 weight [out, in] (linear_f32); else the quantized kernels' format */
+  const void* weight;
+  const float* scale; /* int8: one per output row */
+  const float* bias;
+  int64_t out, in;
+} vl_linear;
+
+typedef struct {
+  vl_linear q, k, v, o, gate, up, down;
+  const float *input_norm, *post_norm, *q_norm, *k_norm; /* q_norm, k_norm: NULL unless per-head norms */
+  float input_eps, post_eps, q_eps, k_eps, scale;
+  int64_t window; /* 0: none */
+  float *k_pool, *v_pool; /* [slots, kv_heads, head_dim], [slots, kv_heads, v_dim] */
+} vl_layer;
+
+typedef struct {
+  linear_fn linear;
+  vq_linear_fn vq_linear;
+  rms_norm_fn rms_norm;
+  rope_fn rope;
+  silu_mul_fn silu_mul;
+  attention_fn attention;
+  int64_t vq_path; /* the quantized kernels' code path */
+  int64_t num_layers, hidden, heads, kv_heads, head_dim, v_dim, intermediate;
+  const vl_layer* layers;
+} vl_model;
+
+static int run_linear(const vl_model* m, const vl_linear* l, const float* x, float* y, int64_t rows, int threads) {
+  if (l->kind < 0) {
+    m->linear((const float*)l->weight, l->bias, x, y, l->out, l->in, rows, threads);
+    return 0;
+  }
+  return m->vq_linear((int)m->vq_path, (int)l->kind, l->weight, l->scale, l->bias, x, y, l->out, l->in, rows,
+                      threads);
+}
+
+/* h [batch, hidden]: the embedded tokens in, the last layer's output (residual included) out. One decode token
+ * per request: cos, sin [batch, head_dim]; slot_mapping [batch] where each token's K/V go; kv_slots
+ * [batch, max_len], kv_lens [batch] what each attends to. Returns 0, -1 when out of memory, -2 when a
+ * quantized kernel refused its weight. */
+int vl_decode(const vl_model* m, float* h, int64_t batch, const float* cos, const float* sin,
+              const int64_t* slot_mapping, const int64_t* kv_slots, const int64_t* kv_lens, int64_t max_len,
+              int threads) {
+  const int64_t hid = m->hidden, qd = m->heads * m->head_dim, kd = m->kv_heads * m->head_dim;
+  const int64_t vd = m->kv_heads * m->v_dim, od = m->heads * m->v_dim, inter = m->intermediate;
+  float* work = (float*)malloc(sizeof(float) * batch * (2 * hid + qd + kd + vd + od + hid + 3 * inter));
+  if (work == NULL) return -1;
+  float *x = work, *delta = x + batch * hid, *q = delta + batch * hid, *k = q + batch * qd, *v = k + batch * kd;
+  float *attn = v + batch * vd, *o = attn + batch * od, *gate = o + batch * hid, *up = gate + batch * inter;
+  float* act = up + batch * inter;
+  int failed = 0;
+  for (int64_t i = 0; i < m->num_layers && !failed; i++) {
+    const vl_layer* L = m->layers + i;
+    m->rms_norm(h, i > 0 ? delta : NULL, L->input_norm, x, batch, hid, L->input_eps, threads);
+    failed |= run_linear(m, &L->q, x, q, batch, threads);
+    failed |= run_linear(m, &L->k, x, k, batch, threads);
+    failed |= run_linear(m, &L->v, x, v, batch, threads);
+    if (L->q_norm != NULL) { /* in place: each row's sum of squares is taken before it is written */
+      m->rms_norm(q, NULL, L->q_norm, q, batch * m->heads, m->head_dim, L->q_eps, threads);
+      m->rms_norm(k, NULL, L->k_norm, k, batch * m->kv_heads, m->head_dim, L->k_eps, threads);
+    }
+    m->rope(q, cos, sin, batch, m->heads, m->head_dim, threads);
+    m->rope(k, cos, sin, batch, m->kv_heads, m->head_dim, threads);
+    for (int64_t t = 0; t < batch; t++) {
+      memcpy(L->k_pool + slot_mapping[t] * kd, k + t * kd, sizeof(float) * kd);
+      memcpy(L->v_pool + slot_mapping[t] * vd, v + t * vd, sizeof(float) * vd);
+    }
+    m->attention(q, L->k_pool, L->v_pool, kv_slots, kv_lens, attn, batch, m->heads, m->kv_heads, m->head_dim,
+                 m->v_dim, max_len, L->scale, L->window, threads);
+    failed |= run_linear(m, &L->o, attn, o, batch, threads);
+    m->rms_norm(h, o, L->post_norm, x, batch, hid, L->post_eps, threads);
+    failed |= run_linear(m, &L->gate, x, gate, batch, threads);
+    failed |= run_linear(m, &L->up, x, up, batch, threads);
+    m->silu_mul(gate, up, act, batch * inter, threads);
+    failed |= run_linear(m, &L->down, act, delta, batch, threads);
+  }
+  if (!failed && m->num_layers > 0)
+    for (int64_t e = 0; e < batch * hid; e++) h[e] += delta[e];
+  free(work);
+  return failed ? -2 : 0;
+}
