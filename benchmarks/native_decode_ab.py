@@ -18,7 +18,9 @@ import torch
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default=None, help="model path (default: the embedded one)")
     parser.add_argument("--quantization", default="auto", help="engine quantization option")
     parser.add_argument("--tokens", type=int, default=128, help="new tokens per run")

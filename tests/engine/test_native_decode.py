@@ -16,8 +16,12 @@ FAMILIES = ["llama", "qwen2", "qwen3", "qwen2-sliding"]
 
 
 def _pair(model, tokenizer, **options):
-    on = LLM.from_module(copy.deepcopy(model), tokenizer, **ENGINE_TEST_OPTIONS, native_decode="on", **options)
-    off = LLM.from_module(copy.deepcopy(model), tokenizer, **ENGINE_TEST_OPTIONS, native_decode="off", **options)
+    on = LLM.from_module(
+        copy.deepcopy(model), tokenizer, **ENGINE_TEST_OPTIONS, native_decode="on", **options
+    )
+    off = LLM.from_module(
+        copy.deepcopy(model), tokenizer, **ENGINE_TEST_OPTIONS, native_decode="off", **options
+    )
     return on, off
 
 
@@ -69,7 +73,10 @@ def test_off_switch_auto_and_fallbacks(default_tokenizer):
     choice = auto.engine.runner.native_decode_choice
     assert choice.startswith("auto: decode batches up to") and "batch 1:" in choice
     lean = LLM.from_module(copy.deepcopy(model), default_tokenizer, **ENGINE_TEST_OPTIONS, fast_forward=False)
-    assert lean.engine.runner.native_decode is None and "Transformers forward" in lean.engine.runner.native_decode_choice
+    assert (
+        lean.engine.runner.native_decode is None
+        and "Transformers forward" in lean.engine.runner.native_decode_choice
+    )
     torch_set = LLM.from_module(
         copy.deepcopy(model), default_tokenizer, **ENGINE_TEST_OPTIONS, native_decode="on", kernels="torch"
     )
