@@ -59,12 +59,29 @@ def test_packed_int8_weights_take_the_packed_kernel(default_tokenizer):
     model = tiny_model("qwen2", 512)
     on, off = _pair(model, default_tokenizer, quantization="int8")
     nd = on.engine.runner.native_decode
-    layer = model.model.layers[0]  # the deep copies inside the engines hold their own modules
     assert nd is not None and nd.quant is not None
-    plan_layer = nd._plan(1)
-    assert plan_layer.num_layers == len(model.model.layers) and layer is not None
-    assert any(nd._plans[0][1][i].q.kind == 3 for i in range(plan_layer.num_layers))  # int8 kind
+    plan = nd._plan(1)
+    layers = nd._plans[0][1]
+    assert plan.num_layers == len(model.model.layers)
+    assert all(layers[i].q.kind == 3 and layers[i].down.kind == 3 for i in range(plan.num_layers))  # int8
     assert_same_samples(on, off, 512, seed=4, n=1, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_embedded_model_default_prompts_greedy_unchanged():
+    from tests.engine.test_parity_default import RAW
+
+    llm = LLM(native_decode="on")
+    runner = llm.engine.runner
+    fused = runner.native_decode
+    assert fused is not None, runner.native_decode_choice
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    prompts = RAW[:6]
+    a = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    llm.flush_cache()
+    runner.native_decode = None
+    b = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    assert a == b
 
 
 def test_off_switch_auto_and_fallbacks(default_tokenizer):
