@@ -31,7 +31,7 @@ from vriksha.engine.fast_forward import FastForward, unsupported_reason
 from vriksha.engine.kv_pool import KVPool
 from vriksha.engine.native import isa
 from vriksha.engine.native.quant import KINDS, PATHS
-from vriksha.engine.quant_linear import QuantLinear
+from vriksha.engine.quant_linear import BUCKETS, QuantLinear, bucket_index
 
 logger = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class NativeDecode:
             n: _address(kernels.lib._lib, f"{n}_f32") for n in ("linear", "rms_norm", "rope", "silu_mul")
         }
         self._fns["attention"] = _address(kernels.lib._lib, "decode_attention_f32")
-        self._plans: dict[int, tuple[_Model, ctypes.Array]] = {}  # per packed-kernel bucket
+        self._plans: dict[int, tuple[_Model, ctypes.Array, tuple]] = {}  # per packed-kernel bucket
 
     def refresh(self) -> None:
         """After a weight update: the packed routes may have changed (`QuantLinear.refresh`)."""
@@ -173,8 +173,6 @@ class NativeDecode:
         )
 
     def _plan(self, rows: int) -> _Model:
-        from vriksha.engine.quant_linear import BUCKETS, bucket_index
-
         key = bucket_index(BUCKETS, rows)
         if key in self._plans:
             return self._plans[key][0]
@@ -217,7 +215,9 @@ class NativeDecode:
             self.layers[0].mlp.gate_proj.out_features,
             ctypes.addressof(layers),
         )
-        self._plans[key] = (plan, layers)  # the layer array lives as long as its plan
+        # the layer array, and every tensor it points into, live as long as the plan
+        held = (*self.model.parameters(), *self.pool.k, *self.pool.v)
+        self._plans[key] = (plan, layers, held)
         return plan
 
     def __call__(
