@@ -115,6 +115,7 @@ def run_vriksha(model_path, dtype, wl: Workload, engine_kwargs) -> dict:
 
     llm = LLM(model=str(model_path) if model_path is not None else None, dtype=dtype, **engine_kwargs)
     print(f"  vriksha: {llm.engine.quantization.describe()}", flush=True)
+    print(f"  vriksha: native decode {llm.engine.runner.native_decode_choice}", flush=True)
     llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(temperature=0, max_tokens=4))  # warm-up
     llm.flush_cache()
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in wl.new_tokens]

@@ -71,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         print(f"engine: {engine.quantization.describe()}", file=sys.stderr)
+        print(f"engine: native decode {engine.runner.native_decode_choice}", file=sys.stderr)
     prompts = args.prompt
     if args.chat:
         prompts = [
