@@ -1,6 +1,7 @@
 """Decode steps with every decoder layer in one native call equal the lean forward's, and run only where they apply."""
 
 import copy
+import json
 
 import pytest
 import torch
@@ -88,7 +89,8 @@ def test_off_switch_auto_and_fallbacks(default_tokenizer):
     model = tiny_model("llama", 512)
     auto = LLM.from_module(copy.deepcopy(model), default_tokenizer, **ENGINE_TEST_OPTIONS)
     choice = auto.engine.runner.native_decode_choice
-    assert choice.startswith("auto: decode batches up to") and "batch 1:" in choice
+    assert choice.startswith(("auto (measured): decode batches up to", "auto (cached): decode batches up to"))
+    assert "batch 1:" in choice
     lean = LLM.from_module(copy.deepcopy(model), default_tokenizer, **ENGINE_TEST_OPTIONS, fast_forward=False)
     assert (
         lean.engine.runner.native_decode is None
@@ -123,3 +125,18 @@ def test_prefill_and_mixed_steps_keep_the_lean_forward(default_tokenizer):
     prompts = [{"prompt_token_ids": list(range(1, 1 + k))} for k in (3, 30)]
     on.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
     assert calls and all(1 <= n <= 2 for n in calls)  # decode tokens only: never a prefill chunk
+
+
+def test_auto_choice_is_measured_once_then_read_from_the_cache(default_tokenizer, tmp_path, monkeypatch):
+    monkeypatch.setenv("VRIKSHA_CACHE", str(tmp_path))
+    model = tiny_model("llama", 512)
+    first = LLM.from_module(copy.deepcopy(model), default_tokenizer, **ENGINE_TEST_OPTIONS)
+    assert first.engine.runner.native_decode_choice.startswith("auto (measured)")
+    kept = json.loads((tmp_path / "native_decode.json").read_text())
+    assert len(kept) == 1 and "batch 1:" in next(iter(kept.values()))["timings"][0]
+    second = LLM.from_module(copy.deepcopy(model), default_tokenizer, **ENGINE_TEST_OPTIONS)
+    assert second.engine.runner.native_decode_choice.startswith("auto (cached)")
+    other = LLM.from_module(copy.deepcopy(tiny_model("qwen2", 512)), default_tokenizer, **ENGINE_TEST_OPTIONS)
+    assert other.engine.runner.native_decode_choice.startswith(
+        "auto (measured)"
+    )  # other shapes, measured anew

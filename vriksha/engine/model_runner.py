@@ -89,6 +89,27 @@ class ModelRunner:
         if config.native_decode == "on":
             self.native_decode_choice = f"on: decode batches up to {self.native_decode.max_batch}"
             return
+        key = native_decode.choice_key(model, self.kernels, self.quant, self.pool)
+        cached = native_decode.cached_choice(key)
+        if cached is not None:
+            best, times = cached["max_batch"], cached["timings"]
+            how = "cached"
+        else:
+            best, times = self._measure_native_decode(model)
+            if times:
+                native_decode.store_choice(key, best, times)
+            how = "measured"
+        self.native_decode.max_batch = best
+        if best == 0:
+            self.native_decode = None
+        self.native_decode_choice = (
+            f"auto ({how}): decode batches up to {best} natively "
+            f"({'; '.join(times) or 'not measured: small KV pool'})"
+        )
+        logger.info("native decode %s", self.native_decode_choice)
+
+    def _measure_native_decode(self, model: torch.nn.Module) -> tuple[int, list[str]]:
+        """The largest measured decode batch size up to which the native step was faster, and the timings."""
         vocab = model.model.embed_tokens.weight.shape[0]
         best, times = 0, []
         for b in native_decode.MEASURE_BATCHES:
@@ -101,11 +122,7 @@ class ModelRunner:
             if fused >= lean:
                 break
             best = b
-        self.native_decode.max_batch = best
-        if best == 0:
-            self.native_decode = None
-        self.native_decode_choice = f"auto: decode batches up to {best} natively ({'; '.join(times) or 'not measured: small KV pool'})"
-        logger.info("native decode %s", self.native_decode_choice)
+        return best, times
 
     @property
     def native(self) -> native_lib.Kernels | None:

@@ -9,14 +9,17 @@ packed kernel, else on its float32 weight with the native linear kernel.
 
 It takes a step only when every token is a decode token (no prefill chunk, no draft run), at most
 `max_batch` of them; every other step, and every model or setting it does not cover, takes the lean forward.
-`EngineConfig.native_decode`: `auto` measures both paths on a synthetic decode step when the engine starts
-and uses this one up to the largest measured batch size where it was faster; `on` up to 64; `off` never.
+`EngineConfig.native_decode`: `auto` measures both paths on a synthetic decode step the first time a model of
+these shapes starts on this CPU, thread count and kernel set (the choice is kept in the cache dir as
+`native_decode.json`), and uses this one up to the largest measured batch size where it was faster; `on` up
+to 64; `off` never.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import logging
 import time
 from pathlib import Path
@@ -25,6 +28,8 @@ import torch
 from torch import nn
 
 import vriksha.device as devices
+from vriksha.cache import read_json, write_json
+from vriksha.cpu_features import cpu_features
 from vriksha.engine import native
 from vriksha.engine.attention import AttentionBatch
 from vriksha.engine.fast_forward import FastForward, unsupported_reason
@@ -38,6 +43,38 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).parent / "native" / "layers.c"
 MAX_BATCH = 64  # the packed kernels' last bucket
 MEASURE_BATCHES = (1, 8, 64)
+CACHE_FILE = "native_decode.json"
+
+
+def choice_key(model: nn.Module, kernels, quant: QuantLinear | None, pool: KVPool) -> str:
+    """What `auto`'s measurement depends on: the layers' shapes and dtypes, which of them are packed and how,
+    the KV pool's layout, the kernel set, the CPU, the thread count, torch and this module's C source."""
+    parts = [f"{name}:{tuple(p.shape)}:{p.dtype}" for name, p in model.named_parameters()]
+    if quant is not None:
+        parts += [f"packed:{w.qtype}:{w.out_features}x{w.in_features}" for _, w in quant.layers]
+    parts.append(f"pool:{pool.num_slots}:{getattr(pool, 'dtype', '')}")
+    digest = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+    source = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    return (
+        f"v1|{cpu_features().signature}|t{torch.get_num_threads()}|torch {torch.__version__}|"
+        f"{getattr(kernels, 'name', type(kernels).__name__)}|{source}|{digest}"
+    )
+
+
+def cached_choice(key: str) -> dict | None:
+    """The kept `auto` choice for `key` ({"max_batch", "timings"}), or None."""
+    record = read_json(CACHE_FILE).get(key)
+    if not isinstance(record, dict) or not isinstance(record.get("max_batch"), int):
+        return None
+    return record
+
+
+def store_choice(key: str, max_batch: int, timings: list[str]) -> None:
+    known = read_json(CACHE_FILE)
+    known[key] = {"max_batch": max_batch, "timings": timings, "measured_at": time.time()}
+    write_json(CACHE_FILE, known, "the native decode choice")
+
+
 _PTR, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
 
