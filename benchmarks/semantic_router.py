@@ -66,19 +66,26 @@ NEAR_MISSES = [
 ]
 
 
-def fitted_routes(tmp: Path) -> tuple[Path, object, object]:
+def fitted_routes(tmp: Path, mode: str) -> tuple[Path, object, object, float]:
+    """The example routes in `tmp` with the embedding in `mode`, its classifier head fitted on the shipped
+    training prompts; and the seconds the embedding took to load (static: the table read or built)."""
     from vriksha.semantic.config import load_routes
-    from vriksha.semantic.embedder import Embedder
+    from vriksha.semantic.embedder import embedder_for
     from vriksha.semantic.examples import fit_signal, load_examples
 
+    tmp.mkdir(parents=True, exist_ok=True)
     routes = tmp / "routes.yaml"
-    shutil.copy(PROMPTS / "routes.yaml", routes)
+    data = yaml.safe_load((PROMPTS / "routes.yaml").read_text())
+    data["embedding"] = {**data.get("embedding", {}), "mode": mode}
+    routes.write_text(yaml.safe_dump(data))
     cfg = load_routes(routes)
     sig = cfg.signals.classifier[0]
-    embedder = Embedder(device=None)
+    t0 = time.perf_counter()
+    embedder = embedder_for(cfg)
+    load_s = time.perf_counter() - t0
     train = load_examples(PROMPTS / "train.jsonl", sig.labels)
-    fit_signal(sig, train, embedder.encode)[0].save(cfg.head_path(sig))
-    return routes, cfg, embedder
+    fit_signal(sig, train, embedder.encode)[0].save(cfg.head_path(sig), {"mode": mode})
+    return routes, cfg, embedder, load_s
 
 
 def accuracy(cfg, embedder) -> dict:
@@ -93,23 +100,36 @@ def accuracy(cfg, embedder) -> dict:
     return {"heldout": len(held), "accuracy": right / len(held)}
 
 
-async def _latency(cfg, embedder, n: int, concurrency: int, plain: bool = False) -> dict:
+async def _latency(
+    cfg, embedder, n: int, concurrency: int, plain: bool = False, cache_embedder=None, cached: bool = False
+) -> dict:
     """Classification latency, every text embedded afresh (the memo of repeated texts off: the held-out set
     is cycled). `plain`: as before the latency work: every text embedded (no cheap-signal shortcut), each
-    batch padded to its longest text."""
+    batch padded to its longest text. `cached`: a cacheable request's path, the routing and then the
+    vector the semantic cache compares by (the transformer's, `cache_embedder`, when routing is static)."""
     from vriksha.semantic.classify import RouteClassifier
     from vriksha.semantic.examples import load_examples
 
     cfg = cfg.model_copy(update={"embedding": cfg.embedding.model_copy(update={"memo_entries": 0})})
-    embedder.bucket = not plain
-    rc = RouteClassifier(cfg, embedder, eager=plain)
+    if plain:
+        embedder.bucket = False
+    rc = RouteClassifier(cfg, embedder, eager=plain, cache_embedder=cache_embedder if cached else None)
     texts = [e.text for e in load_examples(PROMPTS / "heldout.jsonl")]
     sizes: list[int] = []
-    rc.batcher.on_batch = lambda k, _s: sizes.append(k)
-    rc.batcher.start()
+    for b in rc.batchers:
+        b.on_batch = lambda k, _s: sizes.append(k)
+        b.start()
+    embed, embedded = rc.embed, []
+
+    async def counted(text: str):
+        embedded.append(1)
+        return await embed(text)
+
+    rc.embed = counted
     for t in texts[:4]:
         await rc.classify(t)  # warm up
     sizes.clear()
+    embedded.clear()
     lat: list[float] = []
     queue = list(range(n))
 
@@ -117,27 +137,33 @@ async def _latency(cfg, embedder, n: int, concurrency: int, plain: bool = False)
         while queue:
             i = queue.pop()
             t0 = time.perf_counter()
-            await rc.classify(texts[i % len(texts)])
+            result = await rc.classify(texts[i % len(texts)])
+            if cached:
+                await rc.cache_vector(texts[i % len(texts)], result.emb)
             lat.append(time.perf_counter() - t0)
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    await rc.batcher.stop()
-    embedder.bucket = True
+    for b in rc.batchers:
+        await b.stop()
+    if plain:
+        embedder.bucket = True
     return {
         "requests": n,
         "concurrency": concurrency,
         "p50_ms": pct(lat, 50) * 1000,
         "p99_ms": pct(lat, 99) * 1000,
-        "mean_batch": sum(sizes) / max(1, len(sizes)),
-        "embedded": sum(sizes) / n,  # the share of requests that needed the embedding
+        "mean_batch": sum(sizes) / len(sizes) if sizes else None,  # None: not batched (static)
+        "embedded": len(embedded) / n,  # the share of requests that needed the embedding
         "classified_per_s": n / wall,
         "cpu_ms_per_request": cpu / n * 1000,  # what a loaded machine cannot distort
     }
 
 
 def cache_quality(cfg, embedder) -> dict:
+    """Hits on paraphrases and false hits on near misses, with the vectors the cache compares by (`embedder`:
+    the transformer's, whichever embedding routes)."""
     from vriksha.semantic.cache import SemanticCache
 
     def run(pairs: list[tuple[str, str]]) -> int:
@@ -186,11 +212,13 @@ async def _drive(url: str, bodies: list[dict], concurrency: int) -> tuple[float,
     return time.perf_counter() - t0, ok, tokens
 
 
-def fleet_throughput(args: argparse.Namespace, tmp: Path, routes_path: Path) -> dict:
+def fleet_throughput(args: argparse.Namespace, tmp: Path, routes_path: Path, head: Path) -> dict:
+    """`routes_path` (its classifier head fitted at `head`) in front of a fast and a careful replica,
+    against one pool of both replicas answering everything with the careful settings."""
     from vriksha.semantic.examples import load_examples
 
     held = load_examples(PROMPTS / "heldout.jsonl")[: args.fleet_requests]
-    args.replicas, args.threads = 2, args.threads
+    args.replicas, args.kv_tokens = 2, 0  # two replicas, each with the engine's default KV pool
     fleet = Fleet(args, tmp)
     try:
         fast, careful = (r["url"] for r in fleet.replicas)
@@ -199,7 +227,7 @@ def fleet_throughput(args: argparse.Namespace, tmp: Path, routes_path: Path) -> 
             {"name": "fast", "replicas": [fast], "tokenizer": args.model},
             {"name": "careful", "replicas": [careful], "tokenizer": args.model},
         ]
-        routed["signals"]["classifier"][0]["head"] = str(routes_path.with_name("routes.intent.safetensors"))
+        routed["signals"]["classifier"][0]["head"] = str(head)
         routed["cache"]["enabled"] = False
         for d in routed["decisions"]:
             if "sampling" in d:
@@ -239,74 +267,121 @@ def fleet_throughput(args: argparse.Namespace, tmp: Path, routes_path: Path) -> 
 
 
 def report(res: dict) -> str:
-    a, lat, c = res["accuracy"], res["latency"], res["cache"]
-    rows = [
-        (
-            "held-out routing accuracy",
-            f"{a['accuracy']:.3f} ({a['heldout']} prompts)",
-            ">= 0.90",
-            a["accuracy"] >= 0.9,
+    modes = list(res["modes"])
+    default = res["default_mode"]
+    rows: list[tuple[str, list[str], str, bool | None]] = []
+
+    def row(name: str, fmt, target: str = "", met=None) -> None:
+        vals = [fmt(res["modes"][m]) for m in modes]
+        ok = met(res["modes"][default]) if met is not None and default in res["modes"] else None
+        rows.append((name, vals, target, ok))
+
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f} ms"
+
+    row("embedding load (static: table read or built)", lambda m: f"{m['load_s']:.1f} s")
+    row(
+        "held-out routing accuracy",
+        lambda m: f"{m['accuracy']['accuracy']:.3f} ({m['accuracy']['heldout']})",
+        ">= 0.90",
+        lambda m: m["accuracy"]["accuracy"] >= 0.9,
+    )
+    row(
+        "added latency p50 (c=16)",
+        lambda m: ms(m["latency"]["p50_ms"]),
+        "<= 10 ms",
+        lambda m: m["latency"]["p50_ms"] <= 10,
+    )
+    row(
+        "added latency p99 (c=16)",
+        lambda m: ms(m["latency"]["p99_ms"]),
+        "<= 30 ms",
+        lambda m: m["latency"]["p99_ms"] <= 30,
+    )
+    row("added latency p50, one at a time", lambda m: ms(m["latency_c1"]["p50_ms"]))
+    row("CPU time per classified request", lambda m: ms(m["latency"]["cpu_ms_per_request"]))
+    row(
+        "mean embedding batch",
+        lambda m: "-" if m["latency"]["mean_batch"] is None else f"{m['latency']['mean_batch']:.1f}",
+    )
+    row("requests that needed the embedding", lambda m: f"{m['latency']['embedded']:.2f}")
+    row(
+        "cacheable request p50 / p99 (c=16, + cache vector)",
+        lambda m: f"{m['latency_cached']['p50_ms']:.1f} / {m['latency_cached']['p99_ms']:.1f} ms",
+    )
+    row("cache embedding", lambda m: "transformer")
+    row("cache threshold", lambda m: f"{m['cache']['threshold']:.2f}")
+    row("cache hit rate, paraphrases", lambda m: f"{m['cache']['paraphrase_hit_rate']:.2f}")
+    row(
+        "cache false hits, near misses",
+        lambda m: f"{m['cache']['near_miss_false_hits']} / {m['cache']['near_misses']}",
+        "0",
+        lambda m: m["cache"]["near_miss_false_hits"] == 0,
+    )
+    row(
+        "plain p50 / p99 (every text embedded, one pad)",
+        lambda m: (
+            "-"
+            if "latency_plain" not in m
+            else f"{m['latency_plain']['p50_ms']:.1f} / {m['latency_plain']['p99_ms']:.1f} ms"
         ),
-        (
-            f"added latency p50 (c={lat['concurrency']})",
-            f"{lat['p50_ms']:.1f} ms",
-            "<= 10 ms",
-            lat["p50_ms"] <= 10,
-        ),
-        (
-            f"added latency p99 (c={lat['concurrency']})",
-            f"{lat['p99_ms']:.1f} ms",
-            "<= 30 ms",
-            lat["p99_ms"] <= 30,
-        ),
-        ("mean embedding batch", f"{lat['mean_batch']:.1f}", "", None),
-        ("requests that needed the embedding", f"{lat['embedded']:.2f}", "", None),
-        ("CPU time per classified request", f"{lat['cpu_ms_per_request']:.1f} ms", "", None),
-        ("added latency p50, one at a time", f"{res['latency_c1']['p50_ms']:.1f} ms", "", None),
-        ("cache hit rate, paraphrases", f"{c['paraphrase_hit_rate']:.2f}", "", None),
-        (
-            "cache false hits, near misses",
-            f"{c['near_miss_false_hits']} / {c['near_misses']}",
-            "0",
-            c["near_miss_false_hits"] == 0,
-        ),
-    ]
-    plain = res.get("latency_plain")
-    if plain:
-        rows += [
+    )
+    if "static" in res["modes"] and "transformer" in res["modes"]:
+        s, t = res["modes"]["static"]["latency"], res["modes"]["transformer"]["latency"]
+        rows.append(
             (
-                "plain: p50 / p99 (every text embedded, one pad)",
-                f"{plain['p50_ms']:.1f} / {plain['p99_ms']:.1f} ms",
+                "transformer / static: CPU per request, p50",
+                [
+                    f"{t['cpu_ms_per_request'] / max(1e-9, s['cpu_ms_per_request']):.1f}x, "
+                    f"{t['p50_ms'] / max(1e-9, s['p50_ms']):.1f}x"
+                ]
+                + [""] * (len(modes) - 1),
                 "",
                 None,
-            ),
-            (
-                "plain / now: CPU per request, p50",
-                f"{plain['cpu_ms_per_request'] / lat['cpu_ms_per_request']:.2f}x, "
-                f"{plain['p50_ms'] / lat['p50_ms']:.2f}x",
-                "",
-                None,
-            ),
-        ]
+            )
+        )
     f = res.get("fleet")
     if f:
         for name in ("routed", "one_pool"):
             x = f[name]
-            rows.append(
-                (
-                    f"fleet {name}",
-                    f"{x['req_per_s']:.2f} req/s, {x['tokens']} tokens, {x['ok']}/{x['requests']} ok",
-                    "",
-                    None,
-                )
-            )
+            text = f"{x['req_per_s']:.2f} req/s, {x['tokens']} tokens, {x['ok']}/{x['requests']} ok"
+            rows.append((f"fleet {name} ({default})", [text] + [""] * (len(modes) - 1), "", None))
         gain = f["routed"]["req_per_s"] / max(1e-9, f["one_pool"]["req_per_s"])
-        rows.append(("routed / one pool throughput", f"{gain:.2f}x", "> 1", gain > 1))
+        rows.append(
+            ("routed / one pool throughput", [f"{gain:.2f}x"] + [""] * (len(modes) - 1), "> 1", gain > 1)
+        )
     w = max(len(r[0]) for r in rows) + 2
-    lines = [f"{'metric':<{w}}{'value':<44}{'target':<10}met"]
-    for name, value, target, met in rows:
-        lines.append(f"{name:<{w}}{value:<44}{target:<10}{'' if met is None else ('yes' if met else 'NO')}")
+    cw = max(18, *(len(v) + 2 for r in rows for v in r[1]))
+    head = "".join(f"{m + (' (default)' if m == default else ''):<{cw}}" for m in modes)
+    lines = [f"{'metric':<{w}}{head}{'target':<10}met ({default})"]
+    for name, vals, target, met in rows:
+        cells = "".join(f"{v:<{cw}}" for v in vals)
+        lines.append(f"{name:<{w}}{cells}{target:<10}{'' if met is None else ('yes' if met else 'NO')}")
     return "\n".join(lines)
+
+
+def measure(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[dict, Path, Path]:
+    """Every in-process figure for one embedding mode; and its routes file and fitted head."""
+    from vriksha.semantic.embedder import embedder_for
+
+    routes, cfg, embedder, load_s = fitted_routes(tmp / mode, mode)
+    cache_embedder = embedder if mode == "transformer" else embedder_for(cfg, "transformer")
+    n, c = args.latency_requests, args.concurrency
+    out = {
+        "load_s": load_s,
+        "accuracy": accuracy(cfg, embedder),
+        "latency": asyncio.run(_latency(cfg, embedder, n, c)),
+        "latency_c1": asyncio.run(_latency(cfg, embedder, min(64, n), 1)),
+        "latency_cached": asyncio.run(
+            _latency(cfg, embedder, n, c, cache_embedder=cache_embedder, cached=True)
+        ),
+        "cache": cache_quality(cfg, cache_embedder),
+    }
+    if mode == "transformer":
+        out["latency_plain"] = asyncio.run(
+            _latency(cfg, embedder, args.latency_requests, args.concurrency, plain=True)
+        )
+    return out, routes, cfg.head_path(cfg.signals.classifier[0])
 
 
 def main() -> None:
@@ -315,6 +390,11 @@ def main() -> None:
         "--latency-requests", type=int, default=512, help="classified requests for the latency figures"
     )
     p.add_argument("--concurrency", type=int, default=16, help="concurrent requests for the latency figures")
+    p.add_argument(
+        "--modes",
+        default="static,transformer",
+        help="embedding modes measured side by side (comma-separated)",
+    )
     p.add_argument("--no-fleet", action="store_true", help="skip the fleet throughput comparison")
     p.add_argument("--fleet-requests", type=int, default=64, help="held-out prompts sent through each fleet")
     p.add_argument("--fleet-concurrency", type=int, default=8, help="concurrent requests against each fleet")
@@ -324,20 +404,21 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="threads per replica")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
+    from vriksha.semantic.config import EmbeddingConfig
+
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    bad = [m for m in modes if m not in ("static", "transformer")]
+    if bad or not modes:
+        p.error(f"--modes: {bad or modes} not among static, transformer")
     tmp = Path(tempfile.mkdtemp(prefix="semantic-bench-"))
-    routes, cfg, embedder = fitted_routes(tmp)
-    res = {
-        "torch_threads": torch.get_num_threads(),
-        "accuracy": accuracy(cfg, embedder),
-        "latency": asyncio.run(_latency(cfg, embedder, args.latency_requests, args.concurrency)),
-        "latency_c1": asyncio.run(_latency(cfg, embedder, min(64, args.latency_requests), 1)),
-        "latency_plain": asyncio.run(
-            _latency(cfg, embedder, args.latency_requests, args.concurrency, plain=True)
-        ),
-        "cache": cache_quality(cfg, embedder),
-    }
+    default = EmbeddingConfig().mode
+    res: dict = {"torch_threads": torch.get_num_threads(), "default_mode": default, "modes": {}}
+    fitted = {}
+    for mode in modes:
+        res["modes"][mode], *fitted[mode] = measure(mode, args, tmp)
     if not args.no_fleet:
-        res["fleet"] = fleet_throughput(args, tmp, routes)
+        mode = default if default in fitted else modes[0]
+        res["fleet"] = fleet_throughput(args, tmp, *fitted[mode])
     print(report(res))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=2))

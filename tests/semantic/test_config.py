@@ -48,7 +48,7 @@ def test_good_config_loads_and_resolves_head_next_to_file(tmp_path: Path):
     cfg = load_routes(path)
     assert [p.name for p in cfg.pools] == ["fast", "careful"]
     assert cfg.virtual_model == "auto"
-    assert cfg.head_path(cfg.signals.classifier[0]) == tmp_path / "routes.intent.safetensors"
+    assert cfg.head_path(cfg.signals.classifier[0]) == tmp_path / "routes.intent.static.safetensors"
 
 
 @pytest.mark.parametrize(

@@ -116,7 +116,9 @@ def test_runs_embed_as_one_padded_batch_and_the_classifier_skips_or_memoises(tmp
 
     shutil.copy(PROMPTS / "routes.yaml", tmp_path / "routes.yaml")
     shutil.copy(PROMPTS / "train.jsonl", tmp_path / "train.jsonl")
-    rc = RouteClassifier(load_routes(tmp_path / "routes.yaml"), embedder)
+    cfg = load_routes(tmp_path / "routes.yaml")
+    cfg.embedding.mode = "transformer"
+    rc = RouteClassifier(cfg, embedder)
     sizes: list[int] = []
     rc.batcher.on_batch = lambda n, _s: sizes.append(n)
 

@@ -85,7 +85,7 @@ def test_fit_then_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
     _subset(PROMPTS / "train.jsonl", tmp_path / "train.jsonl", 14)
     _subset(PROMPTS / "heldout.jsonl", tmp_path / "heldout.jsonl", 5)
     assert main(["route", "fit", str(routes), str(tmp_path / "train.jsonl")]) == 0
-    head = tmp_path / "routes.intent.safetensors"
+    head = tmp_path / "routes.intent.static.safetensors"  # the default mode's head
     assert head.is_file()
     out = capsys.readouterr().out
     assert "fitted intent on 70 examples" in out
@@ -110,6 +110,7 @@ def test_a_missing_head_is_fitted_at_start_from_the_named_examples(tmp_path: Pat
     shutil.copy(PROMPTS / "routes.yaml", tmp_path / "routes.yaml")
     cfg = load_routes(tmp_path / "routes.yaml")
     assert cfg.signals.classifier[0].examples == "train.jsonl"
+    cfg.embedding.mode = "transformer"
     rc = RouteClassifier(cfg, embedder)
     assert (tmp_path / "routes.intent.safetensors").is_file()
     result = rc.decide("Integrate x^2 from 0 to 3", embedder.encode(["Integrate x^2 from 0 to 3"])[0])

@@ -112,12 +112,14 @@ def create_semantic_app(
     for rt in pools.values():
         rt.pool.metrics = shared
     metrics = SemanticMetrics()
-    classifier.batcher.on_batch = lambda n, _s: metrics.batch_size.observe(n)
+    for b in classifier.batchers:
+        b.on_batch = lambda n, _s: metrics.batch_size.observe(n)
     cache = SemanticCache(cfg.cache) if cfg.cache.enabled else None
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        classifier.batcher.start()
+        for b in classifier.batchers:
+            b.start()
         for rt in pools.values():
             await rt.pool.start()
         for rt in pools.values():
@@ -130,7 +132,8 @@ def create_semantic_app(
         finally:
             for rt in pools.values():
                 await rt.pool.stop()
-            await classifier.batcher.stop()
+            for b in classifier.batchers:
+                await b.stop()
             await http.aclose()
 
     app = FastAPI(title="vriksha semantic router", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -190,15 +193,18 @@ def create_semantic_app(
                 headers[FALLTHROUGH_HEADER] = _header_value(
                     ", ".join(f"{s} (no live replica)" for s in skipped)
                 )
-            scope = None
+            scope = cache_emb = None
             cacheable = cache is not None and bool(text) and not req.stream
             if cacheable and (cfg.cache.cache_sampled or not rewrite.sampled(out)):
-                if emb is None:  # only the cache needs it: embedded now, not before
-                    emb, embed_s = await classifier.embed(text)
+                # embedded now if only the cache needs it (with the transformer when routing is static)
+                cache_emb, embed_s, shared = await classifier.cache_vector(text, emb)
+                if embed_s:
                     metrics.embed_seconds.observe(embed_s)
+                if shared:
+                    emb = cache_emb
                 key = hashlib.sha256((presented_key(request) or "").encode()).hexdigest()
                 scope = scope_key(key, route.pool, path, out, text)
-                found = cache.lookup(scope, emb, text)
+                found = cache.lookup(scope, cache_emb, text)
                 if found is not None:
                     metrics.cache_hits.labels(route.pool).inc()
                     metrics.routes.labels(route.decision, route.pool).inc()
@@ -222,7 +228,7 @@ def create_semantic_app(
                 metrics.fallthrough.labels(route.pool).inc()
                 continue
             metrics.routes.labels(route.decision, route.pool).inc()
-            return _relabel(resp, route.pool, headers, cache, scope, emb, text)
+            return _relabel(resp, route.pool, headers, cache, scope, cache_emb, text)
         raise NoReplicaError(
             f"no pool can take this request: {', '.join(skipped)} have no live replica; retry shortly",
             headers={"Retry-After": "1", FALLTHROUGH_HEADER: _header_value(", ".join(skipped))},

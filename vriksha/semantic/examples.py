@@ -83,12 +83,12 @@ def ensure_head(cfg: RoutesConfig, sig: ClassifierSignal, encode: Encode) -> Hea
     """The stored head; or, when there is none and the signal names `examples`, one fitted now and stored."""
     path = cfg.head_path(sig)
     if path.is_file() or sig.examples is None:
-        return Head.load(path, sig.labels)
+        return Head.load(path, sig.labels, cfg.embedding.mode)
     examples = load_examples(cfg.resolve(sig.examples), sig.labels)
     head, acc = fit_signal(sig, examples, encode)
     logger.info("fitted %s on %d examples (training accuracy %.3f)", sig.name, len(examples), acc)
     try:
-        head.save(path, {"examples": str(len(examples))})
+        head.save(path, {"examples": str(len(examples)), "mode": cfg.embedding.mode})
     except OSError as exc:
         logger.warning("could not store the fitted head at %s (%s); using it from memory", path, exc)
     return head

@@ -29,7 +29,8 @@ class Head:
         save_file({"weight": self.weight.contiguous(), "bias": self.bias.contiguous()}, str(path), metadata)
 
     @classmethod
-    def load(cls, path: Path, expect_labels: list[str] | None = None) -> Head:
+    def load(cls, path: Path, expect_labels: list[str] | None = None, mode: str | None = None) -> Head:
+        """`mode`: the embedding mode the head must have been fitted on (a head without one: transformer)."""
         from safetensors import safe_open
 
         if not path.is_file():
@@ -38,7 +39,8 @@ class Head:
             )
         try:
             with safe_open(str(path), "pt") as f:
-                labels = json.loads((f.metadata() or {})["labels"])
+                meta = f.metadata() or {}
+                labels = json.loads(meta["labels"])
                 weight, bias = f.get_tensor("weight").float(), f.get_tensor("bias").float()
         except (OSError, KeyError, ValueError) as exc:
             raise ConfigError(
@@ -47,6 +49,12 @@ class Head:
         if expect_labels is not None and sorted(labels) != sorted(expect_labels):
             raise ConfigError(
                 f"{path} was fitted for labels {labels}, the config lists {expect_labels}: refit it"
+            )
+        fitted = meta.get("mode", "transformer")
+        if mode is not None and fitted != mode:
+            raise ConfigError(
+                f"{path} was fitted on {fitted} embeddings, the config's embedding.mode is {mode}: refit it "
+                "with `vriksha route fit`, or set classifier.head to a head fitted in this mode"
             )
         return cls(labels, weight, bias)
 
