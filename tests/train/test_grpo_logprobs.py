@@ -75,3 +75,57 @@ def test_shared_prefix_matches_full_sequences():
     total.backward()
     for a, b in zip(grads_shared, [p.grad for p in model.parameters()], strict=True):
         assert torch.allclose(a, b, atol=1e-5)
+
+
+def _batch():
+    g = torch.Generator().manual_seed(2)
+
+    def ids(n):
+        return torch.randint(1, 97, (n,), generator=g).tolist()
+
+    p0, p1 = ids(5), ids(3)
+    groups = [
+        [_episode(0, 0, p0, ids(7)), _episode(0, 1, p0, ids(3))],
+        [_episode(1, 0, p1, ids(6), [1, 0, 1, 1, 0, 1]), _episode(1, 1, p1, ids(1))],
+    ]
+    return collate_groups(groups, [[1.0, -1.0], [0.5, -0.5]], pad_id=0)
+
+
+def _loss_and_grads(model, batch, chunk_tokens):
+    model.zero_grad()
+    out = completion_logprobs(model, batch, with_entropy=True, chunk_tokens=chunk_tokens)
+    weights = torch.linspace(-1.0, 1.0, batch.loss_mask.numel()).view_as(batch.loss_mask)
+    (out.logprobs * batch.loss_mask * weights).sum().backward()
+    return out, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_chunked_head_equals_one_piece():
+    """The LM head and log-softmax over chunks of positions (checkpointed, recomputed in backward)
+    give the log-probs, entropies and gradients of the whole completion at once."""
+    model, batch = _tiny(), _batch()
+    whole, grads_whole = _loss_and_grads(model, batch, chunk_tokens=0)
+    mask = batch.completion_mask.bool()
+    for chunk in (1, 4, 9):  # one position per chunk, two, an uneven split
+        part, grads_part = _loss_and_grads(model, batch, chunk_tokens=chunk)
+        torch.testing.assert_close(part.logprobs[mask], whole.logprobs[mask], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(part.entropy[mask], whole.entropy[mask], rtol=1e-5, atol=1e-6)
+        for name, grad in grads_whole.items():
+            assert grad.abs().sum() > 0, name
+            torch.testing.assert_close(grads_part[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    with torch.no_grad():  # the reference model's path: chunks without checkpointing
+        ref = completion_logprobs(model, batch, chunk_tokens=2).logprobs
+    torch.testing.assert_close(ref[mask], whole.logprobs[mask].detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_chunked_head_keeps_one_chunk_of_logits():
+    """During the chunked forward, the LM head never sees more than one chunk of positions."""
+    model, batch = _tiny(), _batch()
+    seen = []
+    handle = model.lm_head.register_forward_hook(lambda m, a, out: seen.append(out.shape[:2].numel()))
+    try:
+        completion_logprobs(model, batch, chunk_tokens=4)
+    finally:
+        handle.remove()
+    rows = batch.completion_ids.shape[0]
+    assert max(seen) <= 4 and len(seen) > 2
+    assert sum(seen) >= rows * (batch.completion_ids.shape[1] - 1)

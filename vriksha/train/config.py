@@ -169,6 +169,11 @@ class GRPOConfig(_Section):
     micro_batch_groups: int = Field(
         2, ge=1, description="groups per forward/backward (gradient accumulation)"
     )
+    logprob_chunk_tokens: int = Field(
+        512,
+        ge=0,
+        description="tokens per LM-head chunk of the log-probs (recomputed in backward; 0: all at once)",
+    )
 
 
 class ParallelConfig(_Section):

@@ -163,7 +163,10 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, param_dtype: torch.dtype |
     }
     for block in _blocks(model):
         fully_shard(block, **kwargs)
-    fully_shard(model, **kwargs)
+    # the root (embeddings, final norm, head) stays gathered from forward to backward, as FSDP's
+    # own default does for a root: its backward needs it at once, and the log-probs apply the
+    # head after the forward, in chunks (see `logprobs.py`)
+    fully_shard(model, **{**kwargs, "reshard_after_forward": False})
     return model
 
 

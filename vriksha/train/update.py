@@ -116,13 +116,17 @@ def policy_update(
             real = i < len(batches)
             batch = batches[i] if real else filler_batch
             with phase("train.forward"), autocast():
-                out = completion_logprobs(policy, batch, with_entropy=epoch == 0 and real)
+                out = completion_logprobs(
+                    policy, batch, with_entropy=epoch == 0 and real, chunk_tokens=cfg.logprob_chunk_tokens
+                )
                 if epoch == 0:
                     old.append(out.logprobs.detach())
                     ref = None
                     if ref_model is not None and cfg.kl_coef > 0:
                         with torch.no_grad():
-                            ref = completion_logprobs(ref_model, batch).logprobs
+                            ref = completion_logprobs(
+                                ref_model, batch, chunk_tokens=cfg.logprob_chunk_tokens
+                            ).logprobs
                     refs.append(ref)
                 loss, stats = grpo_token_loss(
                     out.logprobs,
