@@ -29,6 +29,7 @@ class Case:
     resume_from: str | None = None  # the name of a case whose checkpoint to start from
     shard_vocab: bool = True
     family: str = "llama"  # "qwen3": per-head q/k norms and a tied embedding / LM head
+    chunk_tokens: int = 0  # LM-head chunk of the log-probs (0: all at once; 3: one position per chunk)
 
 
 def tiny_model(family: str = "llama"):
@@ -104,7 +105,7 @@ def _run_case(case: Case, out_dir: Path) -> None:
     mine = [groups[i] for i in shard_range(len(groups), dims.dp_rank, dims.dp, "groups")]
     rewards = torch.tensor([[e.reward for e in g] for g in mine], dtype=torch.float64)
     adv = group_advantages(rewards).advantages.tolist()
-    cfg = GRPOConfig(micro_batch_groups=1, kl_coef=0.0)
+    cfg = GRPOConfig(micro_batch_groups=1, kl_coef=0.0, logprob_chunk_tokens=case.chunk_tokens)
     record: dict[str, list] = {"loss": [], "grad_norm": [], "grads": grads, "params": [], "steps": []}
     for step in range(first, case.steps + 1):
         res = policy_update(policy, opt, mine, adv, mine[0], cfg, 1.0, 0, dims.device, dims=dims)

@@ -83,6 +83,8 @@ WORLD2 = [
     Case("tp2", dp_shard=1, tp=2),
     Case("tp2_replicated_vocab", dp_shard=1, tp=2, shard_vocab=False),
     Case("tp2_qwen3", dp_shard=1, tp=2, family="qwen3"),
+    Case("tp2_qwen3_chunked", dp_shard=1, tp=2, family="qwen3", chunk_tokens=3),
+    Case("dp2_chunked", dp_shard=2, tp=1, chunk_tokens=3),
     Case("dp2", dp_shard=2, tp=1, save_after=1),
     Case("tp2_from_dp2", dp_shard=1, tp=2, resume_from="dp2"),
 ]
@@ -128,7 +130,16 @@ def test_reference_moves(runs):
 
 @slow
 @pytest.mark.parametrize(
-    "name, ref", [("tp2", "ref"), ("tp2_replicated_vocab", "ref"), ("tp2_qwen3", "ref_qwen3"), ("dp2", "ref")]
+    "name, ref",
+    [
+        ("tp2", "ref"),
+        ("tp2_replicated_vocab", "ref"),
+        ("tp2_qwen3", "ref_qwen3"),
+        ("dp2", "ref"),
+        # the log-probs one position at a time (checkpointed LM-head chunks) against all at once
+        ("tp2_qwen3_chunked", "ref_qwen3"),
+        ("dp2_chunked", "ref"),
+    ],
 )
 def test_two_ranks_equal_one(runs, name, ref):
     _assert_same(runs[ref], runs[name], [1, 2])
