@@ -103,6 +103,38 @@ def _episodes(args: argparse.Namespace, vocab: int) -> list[list]:
     return groups
 
 
+class RssStages:
+    """Peak resident memory per stage of a rank (load, parallelize, each step, ...), sampled every
+    few milliseconds by a thread; a stage lasts until the next one starts."""
+
+    def __init__(self, interval_s: float = 0.005) -> None:
+        import threading
+
+        self.peaks_gb: dict[str, float] = {}
+        self._name = "start"
+        self._page = os.sysconf("SC_PAGE_SIZE")
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample, args=(interval_s,), daemon=True)
+        self._thread.start()
+
+    def _rss_gb(self) -> float:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * self._page / 2**30
+
+    def _sample(self, interval_s: float) -> None:
+        while not self._done.wait(interval_s):
+            gb = self._rss_gb()
+            if gb > self.peaks_gb.get(self._name, 0.0):
+                self.peaks_gb[self._name] = round(gb, 3)
+
+    def stage(self, name: str) -> None:
+        self._name = name
+
+    def close(self) -> None:
+        self._done.set()
+        self._thread.join(1)
+
+
 def _state_bytes(policy, optimizer) -> int:
     from torch.distributed.tensor import DTensor
 
@@ -133,9 +165,11 @@ def worker(args: argparse.Namespace) -> None:
 
     d, t = (int(x) for x in args.worker.split("x"))
     out = Path(args.out) / args.worker
+    rss = RssStages()
     dims = init_distributed(dp_shard=d, tp=t)
     row: dict = {"mesh": args.worker, "rank": dims.rank}
     try:
+        rss.stage("load")
         model = _model(args.model)
         check_tp_degree(model.config, t)
     except ConfigError as exc:
@@ -143,15 +177,24 @@ def worker(args: argparse.Namespace) -> None:
         (out / f"rank{dims.rank}.json").write_text(json.dumps(row))
         shutdown_distributed()
         return
+    rss.stage("parallelize")
     policy = parallelize(model.to(dims.device), dims, shard_vocab=not args.replicate_vocab)
     opt = torch.optim.AdamW(policy.parameters(), lr=1e-6)
     groups = _episodes(args, model.config.vocab_size)
     mine = [groups[i] for i in shard_range(len(groups), dims.dp_rank, dims.dp, "--groups")]
     adv = group_advantages(torch.tensor([[e.reward for e in g] for g in mine])).advantages.tolist()
     cfg = GRPOConfig(micro_batch_groups=args.micro_batch_groups)
+    # one trace file per measured step: the profiler holds one step's events at a time (a cycle of
+    # several steps of the embedded model held gigabytes of them until its export)
     prof = StepProfiler(
         ProfileConfig(
-            enabled=args.profile, dir=out / "traces", wait=0, warmup=args.warmup, active=args.steps
+            enabled=args.profile,
+            dir=out / "traces",
+            skip=args.warmup,
+            wait=0,
+            warmup=0,
+            active=1,
+            repeat=args.steps,
         ),
         rank=dims.rank,
         name=f"parallel_{args.worker}",
@@ -160,6 +203,7 @@ def worker(args: argparse.Namespace) -> None:
     prof.start()
     for step in range(args.warmup + args.steps):
         dist.barrier()
+        rss.stage(f"step{step}")
         t0 = time.perf_counter()
         policy_update(policy, opt, mine, adv, mine[0], cfg, 1.0, 0, dims.device, dims=dims)
         if dims.device.type == "cuda":
@@ -167,8 +211,11 @@ def worker(args: argparse.Namespace) -> None:
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
         prof.step()
+    rss.stage("profiler stop")
     prof.stop()
+    rss.close()
     row.update(
+        rss_stage_gb=rss.peaks_gb,
         step_s=statistics.median(times),
         step_s_all=times,
         peak_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
@@ -228,6 +275,7 @@ def run_mesh(args: argparse.Namespace, mesh: str, argv: list[str]) -> dict:
         "step_s": ranks[0]["step_s"],
         "peak_rss_gb": [r["peak_rss_gb"] for r in ranks],
         "state_mb": [r["state_mb"] for r in ranks],
+        "rss_stage_gb": [r.get("rss_stage_gb", {}) for r in ranks],
         "wall_s": time.perf_counter() - t0,
     }
     if "cuda_peak_gb" in ranks[0]:
