@@ -11,9 +11,10 @@ of `--prompt-len` / `--completion-len` tokens, split over the data-parallel rank
 this measures the update, which is what the mesh changes (the engine always runs on full weights).
 
 Per mesh it reports the median step time (rank 0; ranks wait for one another), the peak resident
-memory of every rank (and the peak CUDA allocation), and the exact bytes of this rank's share of
-parameters + gradients + AdamW state. With `--profile`, each rank records its measured steps
-with vriksha's profiler, `vriksha profile report` runs over the ranks' traces (saved as
+memory of every rank (and the peak CUDA allocation) and its peak per stage (imports, load,
+sharding, each step), and the exact bytes of this rank's share of parameters + gradients + AdamW
+state, all without the profiler. With `--profile`, each rank then records `--profile-steps` more
+steps (after one profiler warmup step) with vriksha's profiler, `vriksha profile report` runs over the ranks' traces (saved as
 `<out>/<mesh>/report.txt`), and from the same traces: the share of step time inside
 collectives (self time of c10d / functional-collective operators, waits included) and in DTensor
 dispatch (self time of the subclass dispatch, redistribution and local-tensor wrapping around
@@ -58,7 +59,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--completion-len", type=int, default=32)
     p.add_argument("--micro-batch-groups", type=int, default=1)
     p.add_argument("--replicate-vocab", action="store_true", help="TP: replicate embedding and LM head")
-    p.add_argument("--profile", action="store_true", help="record traces and report comm / DTensor shares")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the measured steps, record traces of --profile-steps more and report comm / DTensor shares",
+    )
+    p.add_argument("--profile-steps", type=int, default=1, help="profiled steps (one trace file per rank)")
     p.add_argument("--out", default="runs/bench_parallel", help="output directory")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per mesh")
     p.add_argument(
@@ -184,41 +190,42 @@ def worker(args: argparse.Namespace) -> None:
     mine = [groups[i] for i in shard_range(len(groups), dims.dp_rank, dims.dp, "--groups")]
     adv = group_advantages(torch.tensor([[e.reward for e in g] for g in mine])).advantages.tolist()
     cfg = GRPOConfig(micro_batch_groups=args.micro_batch_groups)
-    # one trace file per measured step: the profiler holds one step's events at a time (a cycle of
-    # several steps of the embedded model held gigabytes of them until its export)
-    prof = StepProfiler(
-        ProfileConfig(
-            enabled=args.profile,
-            dir=out / "traces",
-            skip=args.warmup,
-            wait=0,
-            warmup=0,
-            active=1,
-            repeat=args.steps,
-        ),
-        rank=dims.rank,
-        name=f"parallel_{args.worker}",
-    )
-    times = []
-    prof.start()
-    for step in range(args.warmup + args.steps):
+
+    def update() -> None:
         dist.barrier()
-        rss.stage(f"step{step}")
-        t0 = time.perf_counter()
         policy_update(policy, opt, mine, adv, mine[0], cfg, 1.0, 0, dims.device, dims=dims)
         if dims.device.type == "cuda":
             torch.cuda.synchronize()
+
+    times = []
+    for step in range(args.warmup + args.steps):  # timed and measured without the profiler
+        rss.stage(f"step{step}")
+        t0 = time.perf_counter()
+        update()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
-        prof.step()
-    rss.stage("profiler stop")
-    prof.stop()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # the high-water mark so far
+    if args.profile:
+        # the shares come from separate steps: the profiler holds a step's events until its export
+        # (about 2 GiB a rank for one step of the embedded model on 2x1), so it would inflate the
+        # memory and the time it measures
+        rss.stage("profiled steps")
+        prof = StepProfiler(
+            ProfileConfig(enabled=True, dir=out / "traces", wait=0, warmup=1, active=args.profile_steps),
+            rank=dims.rank,
+            name=f"parallel_{args.worker}",
+        )
+        prof.start()
+        for _ in range(1 + args.profile_steps):
+            update()
+            prof.step()
+        prof.stop()
     rss.close()
     row.update(
         rss_stage_gb=rss.peaks_gb,
         step_s=statistics.median(times),
         step_s_all=times,
-        peak_rss_gb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        peak_rss_gb=peak,
         state_mb=_state_bytes(policy, opt) / 2**20,
         world=dims.world_size,
     )
