@@ -2,7 +2,8 @@
 
     python benchmarks/parallel_cost.py --model tiny --steps 2 --warmup 1          # a smoke run (minutes on 2 cores)
     python benchmarks/parallel_cost.py --model tiny --meshes 1x1,2x1,1x2,2x2 --profile
-    python benchmarks/parallel_cost.py --model embedded --meshes 1x1,2x1,1x3,2x3 --profile
+    python benchmarks/parallel_cost.py --model embedded --meshes 1x1,2x1,1x3,2x3            # time, memory
+    python benchmarks/parallel_cost.py --model embedded --meshes 1x1,2x1,1x3 --profile      # + shares
 
 A mesh `DxT` is `dp_shard x tp` on D*T processes (torchrun underneath; gloo on CPU, NCCL on
 GPUs, one device per rank). Every mesh runs the same GRPO updates (`policy_update`, the
