@@ -29,30 +29,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from router import WORDS, free_port  # noqa: E402
+from router_hop import STUB  # noqa: E402
 from server_load import pct  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-
-STUB = textwrap.dedent(
-    """
-    import sys, json, uvicorn
-    from starlette.applications import Starlette
-    from starlette.responses import Response, JSONResponse
-    from starlette.routing import Route
-    ANSWER = json.dumps({"id": "c", "object": "text_completion", "choices": [{"index": 0, "text": "x",
-        "finish_reason": "length"}], "usage": {"prompt_tokens": 1, "completion_tokens": 1}}).encode()
-    async def comp(request):
-        await request.body()
-        return Response(ANSWER, media_type="application/json")
-    async def load(request):
-        return JSONResponse({"num_running": 0, "num_waiting": 0, "kv_usage": 0.1})
-    async def health(request):
-        return JSONResponse({"status": "ok"})
-    app = Starlette(routes=[Route("/v1/completions", comp, methods=["POST"]), Route("/load", load),
-                            Route("/health", health)])
-    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
-    """
-)
 
 CLIENT = textwrap.dedent(
     """
