@@ -60,6 +60,7 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
             yield
         finally:
             await pool.stop()
+            await forwarder.aclose()
             await http.aclose()
 
     app = FastAPI(title="vriksha router", lifespan=lifespan, docs_url=None, redoc_url=None)

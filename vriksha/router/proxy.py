@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import AsyncIterator
 
+import aiohttp
 import httpx
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -14,6 +15,7 @@ from fastapi.responses import Response, StreamingResponse
 from vriksha.router.disagg import Disaggregation
 from vriksha.router.pool import ReplicaPool
 from vriksha.router.replica import Replica
+from vriksha.router.upstream import TRANSPORT_ERRORS, Upstream
 from vriksha.server.errors import ServerError
 from vriksha.server.sse import DONE, SSE_HEADERS, error_event
 
@@ -21,7 +23,6 @@ logger = logging.getLogger(__name__)
 
 _FORWARDED = ("authorization", "x-api-key", "content-type", "x-request-id", "accept")
 _RETURNED = ("content-type", "retry-after", "x-request-id")
-_TRANSPORT_ERRORS = (httpx.TransportError,)
 REPLICA_HEADER = "x-vriksha-replica"  # which replica answered
 
 
@@ -38,10 +39,16 @@ def _headers(request: Request) -> dict[str, str]:
 
 
 class Forwarder:
+    """Forwards on its own `Upstream` (aiohttp); `http` (httpx) serves the P/D transfers. `aclose()` it."""
+
     def __init__(self, pool: ReplicaPool, http: httpx.AsyncClient) -> None:
         self.pool = pool
         self.http = http
+        self.upstream = Upstream(pool.config.request_timeout_s, pool.config.connect_timeout_s)
         self.disagg = Disaggregation(pool, http)
+
+    async def aclose(self) -> None:
+        await self.upstream.aclose()
 
     async def forward(
         self, request: Request, path: str, body: bytes, tokens: list[int], stream: bool, arrived: float
@@ -79,32 +86,30 @@ class Forwarder:
         self, r: Replica, request: Request, path: str, body: bytes, tokens: list[int], stream: bool
     ) -> Response:
         r.in_flight += 1
-        upstream: httpx.Response | None = None
+        upstream: aiohttp.ClientResponse | None = None
         handed_over = False
         try:
-            req = self.http.build_request("POST", f"{r.url}{path}", content=body, headers=_headers(request))
             try:
-                upstream = await self.http.send(req, stream=True)
-            except _TRANSPORT_ERRORS as exc:
+                upstream = await self.upstream.post(f"{r.url}{path}", body, _headers(request))
+            except TRANSPORT_ERRORS as exc:
                 self.pool.eject(r, f"{type(exc).__name__}: {exc}")
                 raise _Attempt(type(exc).__name__) from exc
-            if upstream.status_code == 503:
-                await upstream.aclose()
+            if upstream.status == 503:
                 raise _Attempt("503 (overloaded or shutting down)")
-            if not stream or upstream.status_code != 200:
+            if not stream or upstream.status != 200:
                 try:
-                    content = await upstream.aread()
-                except _TRANSPORT_ERRORS as exc:
+                    content = await upstream.read()
+                except TRANSPORT_ERRORS as exc:
                     self.pool.eject(r, f"{type(exc).__name__}: {exc}")
                     raise _Attempt(type(exc).__name__) from exc
-                self._count(r, path, upstream.status_code)
-                return Response(content, upstream.status_code, headers=self._returned(upstream, r))
-            chunks = upstream.aiter_raw()
+                self._count(r, path, upstream.status)
+                return Response(content, upstream.status, headers=self._returned(upstream, r))
+            chunks = upstream.content.iter_any()
             try:
                 first = await anext(chunks)
             except StopAsyncIteration:
                 first = b""
-            except _TRANSPORT_ERRORS as exc:
+            except TRANSPORT_ERRORS as exc:
                 self.pool.eject(r, f"{type(exc).__name__}: {exc}")
                 raise _Attempt(type(exc).__name__) from exc
             handed_over = True
@@ -119,13 +124,13 @@ class Forwarder:
                 r.in_flight -= 1
                 r.settle_pending(tokens)
                 if upstream is not None:
-                    await upstream.aclose()
+                    upstream.release()  # back to the pool if its body was read, else the connection closes
 
     async def _relay(
         self,
         r: Replica,
         path: str,
-        upstream: httpx.Response,
+        upstream: aiohttp.ClientResponse,
         first: bytes,
         chunks: AsyncIterator[bytes],
         tokens: list[int],
@@ -136,7 +141,7 @@ class Forwarder:
                 yield first
             async for chunk in chunks:
                 yield chunk
-        except _TRANSPORT_ERRORS as exc:
+        except TRANSPORT_ERRORS as exc:
             status = "stream_error"
             self.pool.metrics.stream_errors.labels(r.url).inc()
             self.pool.eject(r, f"{type(exc).__name__} mid-stream")
@@ -150,13 +155,13 @@ class Forwarder:
             r.in_flight -= 1
             r.settle_pending(tokens)
             self.pool.metrics.requests.labels(r.url, path, status).inc()
-            await upstream.aclose()
+            upstream.release()
 
     def _count(self, r: Replica, path: str, status: int) -> None:
         self.pool.metrics.requests.labels(r.url, path, str(status)).inc()
 
     @staticmethod
-    def _returned(upstream: httpx.Response, r: Replica) -> dict[str, str]:
+    def _returned(upstream: aiohttp.ClientResponse, r: Replica) -> dict[str, str]:
         out = {k: v for k, v in upstream.headers.items() if k.lower() in _RETURNED}
         out[REPLICA_HEADER] = r.url
         return out

@@ -132,6 +132,7 @@ def create_semantic_app(
         finally:
             for rt in pools.values():
                 await rt.pool.stop()
+                await rt.forwarder.aclose()
             for b in classifier.batchers:
                 await b.stop()
             await http.aclose()
