@@ -19,6 +19,7 @@ _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SPECULATIVE_METHODS = ("none", "ngram")
 NATIVE_DECODE = ("auto", "on", "off")
+GRAMMAR_OVERLAP = ("auto", "on", "off")
 
 
 def option(
@@ -99,6 +100,12 @@ class EngineConfig:
     num_speculative_tokens: int = option(4, "most tokens proposed per request and step (with --speculative)")
     ngram_min: int = option(2, "shortest n-gram the ngram proposer matches")
     ngram_max: int = option(4, "longest n-gram the ngram proposer matches (the longest that matches wins)")
+    grammar_overlap: str = option(
+        "auto",
+        "structured outputs: compute step t+1's grammar masks while step t's forward runs (on), or just before "
+        "sampling (off); auto: on with an accelerator or with CPU cores torch does not use, else off",
+        choices=GRAMMAR_OVERLAP,
+    )
 
     def __post_init__(self) -> None:
         positive = {
@@ -128,6 +135,11 @@ class EngineConfig:
         if self.speculative not in SPECULATIVE_METHODS:
             raise ConfigError(
                 f"engine option speculative must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.speculative!r}"
+            )
+        if self.grammar_overlap not in GRAMMAR_OVERLAP:
+            raise ConfigError(
+                f"engine option grammar_overlap must be one of {', '.join(GRAMMAR_OVERLAP)}, "
+                f"got {self.grammar_overlap!r}"
             )
         if self.ngram_min > self.ngram_max:
             raise ConfigError(

@@ -3,21 +3,27 @@
 llguidance was picked over xgrammar because it installs alone (xgrammar pulls triton and a TVM runtime) and
 takes Lark, GBNF, regexes and JSON schemas through one entry point; on this model's 49k vocabulary the two
 measured alike (one sequence's mask about 0.02 ms each; a new JSON schema's compile plus first mask 43 ms
-against 55 ms for xgrammar, on a shared 2-core CPU). When the forward pass runs on an accelerator, the masks for
-the next step are computed on a worker thread while it runs (torch releases the GIL), so at the next sampling
-they are ready. On the CPU the forward already uses every core: a concurrent mask computation only slows it
-(measured: twice the step time at batch 16 on 2 cores), so there the masks are computed just before sampling,
-while torch is idle, on llguidance's own threads (one per torch thread; they release the GIL), the sequences
-of the batch split among them.
+against 55 ms for xgrammar, on a shared 2-core CPU).
 
-A request's matcher is a copy of one compiled per distinct spec (`LLMatcher.deep_copy`, microseconds), not a
-new parse of its grammar (milliseconds each, for every sequence of a batch).
+The masks for step t+1 can be computed while step t's forward runs (`grammar_overlap`, `overlap_plan`): right
+after the sampled tokens are consumed they are started on a worker thread (llguidance releases the GIL, as
+torch does), and sampling waits for them. That pays where the forward leaves cores idle: an accelerator, or
+a CPU with cores torch does not use. Where torch's forward takes every core (the 2-core reference machine),
+the mask work would run on the cores the forward uses, so by default the masks are computed just before
+sampling, while torch waits, on llguidance's threads (one per torch thread), the batch's sequences split
+among them.
+
+Sequences of one spec that consumed the same tokens are in the same state (`n > 1`, the forced start of a
+JSON object): a batch computes their mask once, and a spec's start mask is computed once and kept. A request's
+matcher is a copy of one compiled per distinct spec (`LLMatcher.deep_copy`, microseconds), not a new parse of
+its grammar (milliseconds each, for every sequence of a batch).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -68,16 +74,45 @@ def check_grammar(spec: StructuredOutputsParams) -> None:
         raise InvalidRequestError(f"invalid structured_outputs.{spec.kind}: {error}")
 
 
-class Matcher:
-    """One sequence's grammar state and its next token mask."""
+def overlap_plan(choice: str, on_host: bool) -> tuple[bool, int | None]:
+    """(overlap, llguidance threads) for the engine option `grammar_overlap` (auto, on, off).
 
-    def __init__(self, inner, words: int) -> None:
+    With an accelerator the host's cores are free while the forward runs: overlap on llguidance's default
+    threads. On the CPU, auto overlaps only onto cores torch's forward does not use (as many threads as
+    there are such cores); where torch takes every core, the mask work would contend with the forward, so
+    the masks wait for it and then take torch's threads."""
+    if not on_host:
+        return choice != "off", None
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    spare = cores - torch.get_num_threads()
+    if choice == "on" or (choice == "auto" and spare >= 1):
+        return True, max(1, spare)
+    return False, None
+
+
+class Matcher:
+    """One sequence's grammar state and its next token mask (a row of a batch's mask buffer)."""
+
+    def __init__(self, inner, words: int, spec_key: str) -> None:
         self.inner = inner
-        self.mask = torch.full((words,), -1, dtype=torch.int32)
+        self.spec_key = spec_key
+        self.tokens: list[int] = []  # consumed so far: equal lists of one spec mean equal states
+        self.history = 0  # a running hash of `tokens`
+        self.buffer = torch.full((1, words), -1, dtype=torch.int32)
+        self.row = 0
         self.pending: Future | None = None
+
+    @property
+    def mask(self) -> torch.Tensor:
+        return self.buffer[self.row]
 
     def advance(self, token: int) -> bool:
         """Take a sampled token; False if the grammar cannot (it then stays in error)."""
+        self.tokens.append(token)
+        self.history = hash((self.history, token))
         return bool(self.inner.consume_token(token))
 
     @property
@@ -89,25 +124,41 @@ class Matcher:
     def error(self) -> str | None:
         return self.inner.get_error() if self.inner.is_error() else None
 
+    @property
+    def live(self) -> bool:
+        return not self.inner.is_stopped() and not self.inner.is_error()
+
 
 class GrammarEngine:
-    """Compiles request grammars once per distinct spec and computes masks for a batch off the main thread."""
+    """Compiles request grammars once per distinct spec and computes a batch's masks on llguidance's threads.
+
+    `overlap`: the masks of the next step are started as soon as the sequences took their tokens (`prefetch`),
+    on a worker thread, so that they are computed while the next forward runs; else `masks` computes them when
+    they are needed. Sequences of one spec in the same state (equal consumed tokens: `n > 1`, or the forced
+    start of a JSON object) have their mask computed once per batch, and a spec's start mask once."""
 
     def __init__(
-        self, tokenizer, vocab_size: int, eos_token_ids: frozenset[int], overlap: bool = False
+        self,
+        tokenizer,
+        vocab_size: int,
+        eos_token_ids: frozenset[int],
+        overlap: bool = False,
+        threads: int | None = None,
     ) -> None:
         llg = _llguidance()
         self._llg = llg
         self.tokenizer = llg.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=sorted(eos_token_ids))
         self.words = (vocab_size + 31) // 32
-        self.overlap = overlap  # compute next masks during the forward (an accelerator's forward)
-        # without overlap the masks are computed while torch waits: on as many threads as its forward uses
-        threads = None if overlap else max(1, torch.get_num_threads())
-        self.executor = llg.LLExecutor(num_threads=threads)
+        self.overlap = overlap
+        if threads is None and not overlap:  # computed while torch waits: on as many threads as it uses
+            threads = max(1, torch.get_num_threads())
+        self.executor = llg.LLExecutor(num_threads=threads)  # None: llguidance's default
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask") if overlap else None
         self._grammars: dict[str, str] = {}
         # spec key -> an LLMatcher in its start state, copied for each request
         self._templates: dict[str, object] = {}
+        self._start_masks: dict[str, torch.Tensor] = {}  # spec key -> its start state's mask
+        self.computed = 0  # masks llguidance computed (the rest were shared or cached)
 
     def compile(self, spec: StructuredOutputsParams) -> str:
         key = spec.key()
@@ -131,39 +182,64 @@ class GrammarEngine:
                 raise InvalidRequestError(f"invalid structured_outputs.{spec.kind}: {template.get_error()}")
             if len(self._templates) > 256:
                 self._templates.clear()
+                self._start_masks.clear()
             self._templates[key] = template
-        return Matcher(template.deep_copy(), self.words)
+        return Matcher(template.deep_copy(), self.words, key)
 
     def prefetch(self, matchers: list[Matcher]) -> None:
         """Start computing the next masks of `matchers` (call right after they took their tokens); without
         overlap, `masks` computes them when they are needed."""
-        if self.pool is None:
-            return
-        self._submit(matchers)
+        if self.pool is not None:
+            self._submit(matchers)
 
     def _submit(self, matchers: list[Matcher]) -> None:
-        live = [m for m in matchers if not m.done and m.error is None]
+        live = [m for m in matchers if m.live]
         if not live:
             return
         buf = torch.full((len(live), self.words), -1, dtype=torch.int32)
-        pairs = [(m.inner, i) for i, m in enumerate(live)]
+        pairs = []  # (llguidance matcher, row) of the masks to compute
+        copies = []  # (row, row it equals) of sequences in a state computed in this batch
+        first: dict[tuple[str, int], int] = {}
+        for i, m in enumerate(live):
+            start = self._start_masks.get(m.spec_key) if not m.tokens else None
+            if start is not None:
+                buf[i] = start
+                continue
+            j = first.setdefault((m.spec_key, m.history), i)
+            if j != i and live[j].tokens == m.tokens:
+                copies.append((i, j))
+            else:
+                pairs.append((m.inner, i))
+        starts = [(live[i].spec_key, i) for _, i in pairs if not live[i].tokens]
+        self.computed += len(pairs)
 
         def run() -> None:
-            self.executor.unsafe_compute_mask_ptr(pairs, buf.data_ptr(), self.words * 4, len(live))
+            if pairs:
+                self.executor.unsafe_compute_mask_ptr(pairs, buf.data_ptr(), self.words * 4, len(live))
+            for i, j in copies:
+                buf[i] = buf[j]
+            for key, i in starts:
+                self._start_masks[key] = buf[i].clone()
 
         future: Future = self.pool.submit(run) if self.pool is not None else _done(run)
         for i, m in enumerate(live):
-            m.mask, m.pending = buf[i], future
+            m.buffer, m.row, m.pending = buf, i, future
 
     def masks(self, matchers: list[Matcher]) -> torch.Tensor:
         """The current masks of `matchers` as int32 [len, words], waiting for any still being computed."""
         missing = [m for m in matchers if m.pending is None]
         if missing:
             self._submit(missing)
+        pending = {id(m.pending): m.pending for m in matchers if m.pending is not None}
+        for future in pending.values():  # one per batch that computed them
+            future.result()
         for m in matchers:
-            if m.pending is not None:
-                m.pending.result()
-                m.pending = None
+            m.pending = None
+        buf = matchers[0].buffer
+        if buf.shape[0] == len(matchers) and all(
+            m.buffer is buf and m.row == i for i, m in enumerate(matchers)
+        ):
+            return buf  # the batch's own buffer, in order: no copy
         return torch.stack([m.mask for m in matchers])
 
     def close(self) -> None:

@@ -285,6 +285,8 @@ class LLMEngine:
         if self._closed:
             return
         self.abort_all()
+        if self._grammar is not None:
+            self._grammar.close()
         self.runner.close()
         if self.tensor_parallel is not None:
             self.tensor_parallel.close()
@@ -293,10 +295,12 @@ class LLMEngine:
     def grammar_engine(self):
         """The structured-output engine (llguidance over this tokenizer), built on first use."""
         if self._grammar is None:
-            from vriksha.engine.grammar import GrammarEngine
+            from vriksha.engine.grammar import GrammarEngine, overlap_plan
 
-            overlap = not devices.is_host(self.device)  # a CPU forward already uses every core
-            self._grammar = GrammarEngine(self.tokenizer, self.vocab_size, self.eos_token_ids, overlap)
+            overlap, threads = overlap_plan(self.config.grammar_overlap, devices.is_host(self.device))
+            self._grammar = GrammarEngine(
+                self.tokenizer, self.vocab_size, self.eos_token_ids, overlap, threads
+            )
         return self._grammar
 
     def _bad_word_ids(self, words: list[str]) -> list[list[int]]:
