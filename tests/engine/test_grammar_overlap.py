@@ -12,7 +12,7 @@ import torch
 from tests.tiny_llama import embedded_tokenizer, tiny_llama
 from vriksha import LLM, SamplingParams
 from vriksha.engine.config import EngineConfig
-from vriksha.engine.grammar import GrammarEngine, overlap_plan
+from vriksha.engine.grammar import CPU_OVERLAP_MIN_BATCH, GrammarEngine, overlap_plan
 from vriksha.engine.structured_outputs import StructuredOutputsParams
 from vriksha.errors import ConfigError
 
@@ -63,11 +63,13 @@ def _alone(engine: GrammarEngine, matcher) -> torch.Tensor:
 
 
 def test_the_option_chooses_the_mode():
-    assert overlap_plan("off", on_host=False) == (False, None)
-    assert overlap_plan("auto", on_host=False) == (True, None)
-    assert overlap_plan("on", on_host=True)[0] is True
+    assert overlap_plan("off", on_host=False) == (False, None, 1)
+    assert overlap_plan("auto", on_host=False) == (True, None, 1)
+    assert overlap_plan("off", on_host=True) == (False, None, 1)
+    assert overlap_plan("on", on_host=True)[0] is True and overlap_plan("on", on_host=True)[2] == 1
     spare = len(__import__("os").sched_getaffinity(0)) - torch.get_num_threads()
-    assert overlap_plan("auto", on_host=True) == ((True, spare) if spare >= 1 else (False, None))
+    expected = (True, spare, 1) if spare >= 1 else (True, 1, CPU_OVERLAP_MIN_BATCH)
+    assert overlap_plan("auto", on_host=True) == expected
     with pytest.raises(ConfigError, match="grammar_overlap"):
         EngineConfig(grammar_overlap="sometimes")
 
@@ -150,3 +152,30 @@ def test_sequences_in_one_state_share_a_computed_mask(grammar, default_tokenizer
         assert fresh.computed == 2 and torch.equal(again[0], first[0])
     finally:
         fresh.close()
+
+
+def test_steps_below_min_batch_compute_their_masks_when_sampled(default_tokenizer):
+    engine = GrammarEngine(
+        default_tokenizer,
+        len(default_tokenizer),
+        frozenset({default_tokenizer.eos_token_id}),
+        overlap=True,
+        threads=1,
+        min_batch=3,
+    )
+    try:
+        token = default_tokenizer.encode("{", add_special_tokens=False)[0]
+        few = [engine.matcher(SO) for _ in range(2)]
+        many = [engine.matcher(SO) for _ in range(3)]
+        for m in few + many:
+            assert m.advance(token)
+        engine.prefetch(few)
+        assert all(m.pending is None for m in few)  # two: left for sampling time
+        engine.prefetch(many)
+        assert all(m.pending is not None for m in many)  # three: started at once
+        for group in (few, many):
+            masks = engine.masks(group)
+            for i, m in enumerate(group):
+                assert torch.equal(masks[i], _alone(engine, m))
+    finally:
+        engine.close()

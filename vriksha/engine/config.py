@@ -103,7 +103,8 @@ class EngineConfig:
     grammar_overlap: str = option(
         "auto",
         "structured outputs: compute step t+1's grammar masks while step t's forward runs (on), or just before "
-        "sampling (off); auto: on with an accelerator or with CPU cores torch does not use, else off",
+        "sampling (off); auto: on with an accelerator or with CPU cores torch does not use, else on for steps of "
+        "4 or more constrained sequences",
         choices=GRAMMAR_OVERLAP,
     )
 

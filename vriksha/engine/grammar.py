@@ -9,9 +9,11 @@ The masks for step t+1 can be computed while step t's forward runs (`grammar_ove
 after the sampled tokens are consumed they are started on a worker thread (llguidance releases the GIL, as
 torch does), and sampling waits for them. That pays where the forward leaves cores idle: an accelerator, or
 a CPU with cores torch does not use. Where torch's forward takes every core (the 2-core reference machine),
-the mask work would run on the cores the forward uses, so by default the masks are computed just before
-sampling, while torch waits, on llguidance's threads (one per torch thread), the batch's sequences split
-among them.
+the mask work runs on the cores the forward uses: measured there (`benchmarks/structured_outputs.py`, idle,
+median of 3), overlapping cost +11.0% against +7.9% at batch 1 and paid at batch 16 (-5.4% against +14.7%),
+since one sequence's mask is too little work to hide and sixteen are not. So `auto` on such a CPU overlaps
+only steps with at least `CPU_OVERLAP_MIN_BATCH` constrained sequences, on one llguidance thread; smaller
+steps compute their masks just before sampling, while torch waits, on one llguidance thread per torch thread.
 
 Sequences of one spec that consumed the same tokens are in the same state (`n > 1`, the forced start of a
 JSON object): a batch computes their mask once, and a spec's start mask is computed once and kept. A request's
@@ -74,23 +76,29 @@ def check_grammar(spec: StructuredOutputsParams) -> None:
         raise InvalidRequestError(f"invalid structured_outputs.{spec.kind}: {error}")
 
 
-def overlap_plan(choice: str, on_host: bool) -> tuple[bool, int | None]:
-    """(overlap, llguidance threads) for the engine option `grammar_overlap` (auto, on, off).
+CPU_OVERLAP_MIN_BATCH = 4  # between the measured 1 (overlap loses) and 16 (overlap wins)
 
-    With an accelerator the host's cores are free while the forward runs: overlap on llguidance's default
-    threads. On the CPU, auto overlaps only onto cores torch's forward does not use (as many threads as
-    there are such cores); where torch takes every core, the mask work would contend with the forward, so
-    the masks wait for it and then take torch's threads."""
+
+def overlap_plan(choice: str, on_host: bool) -> tuple[bool, int | None, int]:
+    """(overlap, llguidance threads for overlapped masks, fewest constrained sequences a step overlaps) for
+    the engine option `grammar_overlap` (auto, on, off).
+
+    With an accelerator the host's cores are free while the forward runs: overlap every step on llguidance's
+    default threads. On the CPU, auto overlaps every step onto cores torch's forward does not use (as many
+    threads as there are such cores); where torch takes every core, only steps of at least
+    `CPU_OVERLAP_MIN_BATCH` sequences, on one thread."""
     if not on_host:
-        return choice != "off", None
+        return choice != "off", None, 1
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
     spare = cores - torch.get_num_threads()
     if choice == "on" or (choice == "auto" and spare >= 1):
-        return True, max(1, spare)
-    return False, None
+        return True, max(1, spare), 1
+    if choice == "auto":
+        return True, 1, CPU_OVERLAP_MIN_BATCH
+    return False, None, 1
 
 
 class Matcher:
@@ -133,8 +141,8 @@ class GrammarEngine:
     """Compiles request grammars once per distinct spec and computes a batch's masks on llguidance's threads.
 
     `overlap`: the masks of the next step are started as soon as the sequences took their tokens (`prefetch`),
-    on a worker thread, so that they are computed while the next forward runs; else `masks` computes them when
-    they are needed. Sequences of one spec in the same state (equal consumed tokens: `n > 1`, or the forced
+    on a worker thread, so that they are computed while the next forward runs, for steps of at least
+    `min_batch` sequences; else `masks` computes them when they are needed. Sequences of one spec in the same state (equal consumed tokens: `n > 1`, or the forced
     start of a JSON object) have their mask computed once per batch, and a spec's start mask once."""
 
     def __init__(
@@ -144,15 +152,20 @@ class GrammarEngine:
         eos_token_ids: frozenset[int],
         overlap: bool = False,
         threads: int | None = None,
+        min_batch: int = 1,
     ) -> None:
         llg = _llguidance()
         self._llg = llg
         self.tokenizer = llg.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=sorted(eos_token_ids))
         self.words = (vocab_size + 31) // 32
         self.overlap = overlap
-        if threads is None and not overlap:  # computed while torch waits: on as many threads as it uses
-            threads = max(1, torch.get_num_threads())
-        self.executor = llg.LLExecutor(num_threads=threads)  # None: llguidance's default
+        self.min_batch = max(1, min_batch)
+        waiting_threads = max(1, torch.get_num_threads())  # computed while torch waits: as many as it uses
+        self.waiting_executor = llg.LLExecutor(
+            num_threads=threads if threads is not None and not overlap else waiting_threads
+        )
+        # overlapped masks: `threads` (None: llguidance's default)
+        self.executor = llg.LLExecutor(num_threads=threads) if overlap else self.waiting_executor
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask") if overlap else None
         self._grammars: dict[str, str] = {}
         # spec key -> an LLMatcher in its start state, copied for each request
@@ -189,13 +202,14 @@ class GrammarEngine:
     def prefetch(self, matchers: list[Matcher]) -> None:
         """Start computing the next masks of `matchers` (call right after they took their tokens); without
         overlap, `masks` computes them when they are needed."""
-        if self.pool is not None:
-            self._submit(matchers)
+        if self.pool is not None and sum(m.live for m in matchers) >= self.min_batch:
+            self._submit(matchers, background=True)
 
-    def _submit(self, matchers: list[Matcher]) -> None:
+    def _submit(self, matchers: list[Matcher], background: bool) -> None:
         live = [m for m in matchers if m.live]
         if not live:
             return
+        executor = self.executor if background else self.waiting_executor
         buf = torch.full((len(live), self.words), -1, dtype=torch.int32)
         pairs = []  # (llguidance matcher, row) of the masks to compute
         copies = []  # (row, row it equals) of sequences in a state computed in this batch
@@ -215,13 +229,13 @@ class GrammarEngine:
 
         def run() -> None:
             if pairs:
-                self.executor.unsafe_compute_mask_ptr(pairs, buf.data_ptr(), self.words * 4, len(live))
+                executor.unsafe_compute_mask_ptr(pairs, buf.data_ptr(), self.words * 4, len(live))
             for i, j in copies:
                 buf[i] = buf[j]
             for key, i in starts:
                 self._start_masks[key] = buf[i].clone()
 
-        future: Future = self.pool.submit(run) if self.pool is not None else _done(run)
+        future: Future = self.pool.submit(run) if background and self.pool is not None else _done(run)
         for i, m in enumerate(live):
             m.buffer, m.row, m.pending = buf, i, future
 
@@ -229,7 +243,7 @@ class GrammarEngine:
         """The current masks of `matchers` as int32 [len, words], waiting for any still being computed."""
         missing = [m for m in matchers if m.pending is None]
         if missing:
-            self._submit(missing)
+            self._submit(missing, background=False)
         pending = {id(m.pending): m.pending for m in matchers if m.pending is not None}
         for future in pending.values():  # one per batch that computed them
             future.result()

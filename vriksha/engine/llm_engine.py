@@ -297,9 +297,11 @@ class LLMEngine:
         if self._grammar is None:
             from vriksha.engine.grammar import GrammarEngine, overlap_plan
 
-            overlap, threads = overlap_plan(self.config.grammar_overlap, devices.is_host(self.device))
+            overlap, threads, min_batch = overlap_plan(
+                self.config.grammar_overlap, devices.is_host(self.device)
+            )
             self._grammar = GrammarEngine(
-                self.tokenizer, self.vocab_size, self.eos_token_ids, overlap, threads
+                self.tokenizer, self.vocab_size, self.eos_token_ids, overlap, threads, min_batch
             )
         return self._grammar
 
