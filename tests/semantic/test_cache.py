@@ -82,3 +82,16 @@ def test_number_words_count_as_numbers_and_word_order_matters():
     assert c.lookup("s", _unit(0, 1), "Convert 10 kilometres to miles") is None
     assert c.lookup("s", _unit(0, 1), "convert 10 miles into kilometres") is not None
     assert same_order(words("what is the height of mount everest"), words("how tall is mount everest"))
+
+
+def test_might_hit_by_the_cheap_vectors_within_the_scope_only():
+    c = SemanticCache(CacheConfig(enabled=True, threshold=0.9, ttl_s=0.2))
+    assert not c.might_hit("s", _unit(1, 0), 0.9)  # nothing stored
+    c.store("s", _unit(0, 1), "tell me a joke", b"joke", prefilter_emb=_unit(1, 0))
+    assert c.might_hit("s", _unit(1, 0.1), 0.9)
+    assert not c.might_hit("s", _unit(0, 1), 0.9)  # far by the cheap vector, whatever the other says
+    assert not c.might_hit("other scope", _unit(1, 0), 0.9)
+    c.store("t", _unit(0, 1), "no cheap vector", b"x")
+    assert c.might_hit("t", _unit(0, 1), 0.99)  # an entry without one always might
+    time.sleep(0.25)
+    assert not c.might_hit("s", _unit(1, 0), 0.9)  # expired entries do not count

@@ -3,6 +3,7 @@ hand the request to that pool's router (replica choice, retries, streaming), all
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
@@ -194,18 +195,29 @@ def create_semantic_app(
                 headers[FALLTHROUGH_HEADER] = _header_value(
                     ", ".join(f"{s} (no live replica)" for s in skipped)
                 )
-            scope = cache_emb = None
+            scope = cache_emb = static_emb = pending_emb = None
             cacheable = cache is not None and bool(text) and not req.stream
             if cacheable and (cfg.cache.cache_sampled or not rewrite.sampled(out)):
-                # embedded now if only the cache needs it (with the transformer when routing is static)
-                cache_emb, embed_s, shared = await classifier.cache_vector(text, emb)
-                if embed_s:
-                    metrics.embed_seconds.observe(embed_s)
-                if shared:
-                    emb = cache_emb
                 key = hashlib.sha256((presented_key(request) or "").encode()).hexdigest()
                 scope = scope_key(key, route.pool, path, out, text)
-                found = cache.lookup(scope, cache_emb, text)
+                if classifier.cache_batcher is not None:  # static routing, transformer cache
+                    static_emb = emb if emb is not None else (await classifier.embed(text))[0]
+                floor = cfg.cache.prefilter
+                if (
+                    static_emb is not None
+                    and floor is not None
+                    and not cache.might_hit(scope, static_emb, floor)
+                ):
+                    # a miss by the cheap vectors: the cache's vector is computed while the pool answers
+                    pending_emb = asyncio.ensure_future(classifier.cache_vector(text, emb))
+                    found = None
+                else:
+                    cache_emb, embed_s, shared = await classifier.cache_vector(text, emb)
+                    if embed_s:
+                        metrics.embed_seconds.observe(embed_s)
+                    if shared:
+                        emb = cache_emb
+                    found = cache.lookup(scope, cache_emb, text)
                 if found is not None:
                     metrics.cache_hits.labels(route.pool).inc()
                     metrics.routes.labels(route.decision, route.pool).inc()
@@ -225,17 +237,21 @@ def create_semantic_app(
             try:
                 resp = await rt.forwarder.forward(request, path, new_raw, ids, bool(req.stream), arrived)
             except NoReplicaError:
+                if pending_emb is not None:
+                    pending_emb.cancel()
                 skipped.append(route.pool)
                 metrics.fallthrough.labels(route.pool).inc()
                 continue
             metrics.routes.labels(route.decision, route.pool).inc()
-            return _relabel(resp, route.pool, headers, cache, scope, cache_emb, text)
+            if pending_emb is not None:  # computed during the forward: stored before the answer leaves
+                cache_emb = (await pending_emb)[0]
+            return _relabel(resp, route.pool, headers, cache, scope, (cache_emb, static_emb), text)
         raise NoReplicaError(
             f"no pool can take this request: {', '.join(skipped)} have no live replica; retry shortly",
             headers={"Retry-After": "1", FALLTHROUGH_HEADER: _header_value(", ".join(skipped))},
         )
 
-    def _relabel(resp, pool, headers, cache, scope, emb, text) -> Response:
+    def _relabel(resp, pool, headers, cache, scope, vectors, text) -> Response:
         """The response with `model` set to the pool's name and the route headers; cached if it may be."""
         if isinstance(resp, StreamingResponse):
             resp.body_iterator = _relabel_stream(resp.body_iterator, pool)
@@ -250,7 +266,7 @@ def create_semantic_app(
             except (ValueError, TypeError):
                 pass
             if scope is not None:
-                cache.store(scope, emb, text, content)
+                cache.store(scope, vectors[0], text, content, prefilter_emb=vectors[1])
         out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in ("content-length",)}
         out_headers.update(headers)
         return Response(content, resp.status_code, headers=out_headers)

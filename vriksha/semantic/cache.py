@@ -66,6 +66,7 @@ class Entry:
     words: list[str]
     body: bytes
     expires: float
+    prefilter_emb: torch.Tensor | None = None  # the static vector, for `might_hit`
 
 
 def scope_key(api_key: str | None, pool: str, endpoint: str, body: dict[str, Any], text: str) -> str:
@@ -131,11 +132,24 @@ class SemanticCache:
                 return e.body, sim
         return None
 
-    def store(self, scope: str, emb: torch.Tensor, text: str, body: bytes) -> None:
+    def might_hit(self, scope: str, prefilter_emb: torch.Tensor, floor: float) -> bool:
+        """Whether an unexpired entry of `scope` is within `floor` of `prefilter_emb` by the cheap vectors (an
+        entry stored without one always might): False means `lookup` cannot hit, so its vector can wait."""
+        now = time.monotonic()
+        live = [self.entries[i] for i in self.scopes.get(scope, ()) if self.entries[i].expires > now]
+        if any(e.prefilter_emb is None for e in live):
+            return True
+        if not live:
+            return False
+        return bool((torch.stack([e.prefilter_emb for e in live]) @ prefilter_emb).max() >= floor)
+
+    def store(
+        self, scope: str, emb: torch.Tensor, text: str, body: bytes, prefilter_emb: torch.Tensor | None = None
+    ) -> None:
         eid = self._next
         self._next += 1
         expires = time.monotonic() + self.cfg.ttl_s
-        self.entries[eid] = Entry(scope, emb, self._numbers(text), words(text), body, expires)
+        self.entries[eid] = Entry(scope, emb, self._numbers(text), words(text), body, expires, prefilter_emb)
         self.scopes.setdefault(scope, []).append(eid)
         while len(self.entries) > self.cfg.max_entries:
             self._drop(next(iter(self.entries)))

@@ -184,6 +184,10 @@ class CacheConfig(_Strict):
     cache_sampled: bool = False  # also cache requests with temperature > 0 (or unset: the default is 1)
     same_numbers: bool = True  # a hit also needs the same numbers in both prompts (17*23 is not 17*24)
     same_order: bool = True  # ... and the words both share in the same order (miles->km is not km->miles)
+    # with static routing (the cache compares transformer vectors): the static similarity some entry of the
+    # scope must reach before a lookup computes the transformer vector; below it the request is a miss at
+    # once and its vector is computed while the pool answers. None: always compute it before the lookup.
+    prefilter: float | None = Field(0.9, gt=0.0, le=1.0)
 
 
 class EmbeddingConfig(_Strict):
