@@ -74,21 +74,34 @@ def _libraries() -> list[str]:
 
 
 def _under_system(path: str) -> bool:
-    return any(path == d or path.startswith(d + "/") for d in SYSTEM_DIRS)
+    return _under(path, SYSTEM_DIRS)
 
 
-def _site_dirs() -> list[str]:
+def _base_paths() -> dict[str, str]:
+    """The base installation's paths: a virtualenv's own lib/pythonX.Y holds only its site-packages."""
+    return sysconfig.get_paths(vars={"base": sys.base_prefix, "platbase": sys.base_exec_prefix})
+
+
+def _under(path: str, dirs: tuple[str, ...] | set[str]) -> bool:
+    return any(path == d or path.startswith(d.rstrip("/") + "/") for d in dirs)
+
+
+def _site_dirs(bound: set[str]) -> list[str]:
+    """The site-packages directories the sandbox's root would show (under a bound or system path), to hide;
+    a virtualenv's elsewhere is not in the root at all and needs no mount point."""
     dirs = set(site.getsitepackages()) | {site.getusersitepackages()}
-    dirs |= {sysconfig.get_paths()[k] for k in ("purelib", "platlib")}
+    for paths in (sysconfig.get_paths(), _base_paths()):
+        dirs |= {paths[k] for k in ("purelib", "platlib")}
     for pattern in _SITE_GLOBS:
         dirs |= set(glob.glob(pattern))
-    return sorted({os.path.realpath(d) for d in dirs if d})
+    real = {os.path.realpath(d) for d in dirs if d}
+    return sorted(d for d in real if _under_system(d) or _under(d, bound))
 
 
 @functools.cache
 def root_spec() -> RootSpec:
     python = _base_executable()
-    paths = sysconfig.get_paths()
+    paths = _base_paths()
     stdlib = {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib") if paths.get(k)}
     dynload = os.path.join(os.path.realpath(paths["platstdlib"]), "lib-dynload")
     ro = {python, *stdlib, *_libraries()}
@@ -99,5 +112,5 @@ def root_spec() -> RootSpec:
         python=python,
         ro_paths=tuple(sorted(ro)),
         links=tuple(_links_to(python)),
-        masks=tuple(_site_dirs()),
+        masks=tuple(_site_dirs(ro)),
     )
