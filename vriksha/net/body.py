@@ -4,7 +4,6 @@ sees it; the app then reads the buffered body, and later `receive()` calls (disc
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 from vriksha.net.protocol import error_json
@@ -62,28 +61,31 @@ class BodyLimit:
             return
         chunks: list[bytes] = []
         size = 0
-        deadline = time.monotonic() + self.timeout_s
-        while True:
-            try:
-                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
-            except TimeoutError:
-                body = error_json(
-                    f"the request body did not arrive within {self.timeout_s:g} s (--body-timeout)",
-                    "invalid_request_error",
-                    "request_timeout",
-                )
-                await self._reply(send, 408, body)
-                return
-            if message["type"] == "http.disconnect":
-                return  # nothing to answer
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.max_bytes:
-                await self._reply(send, 413, self._too_large(None))
-                return
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                break
+        try:
+            # one deadline for the whole body (asyncio.wait_for per message would start a task for each)
+            async with asyncio.timeout(self.timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        return  # nothing to answer
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.max_bytes:
+                        break
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        break
+        except TimeoutError:
+            body = error_json(
+                f"the request body did not arrive within {self.timeout_s:g} s (--body-timeout)",
+                "invalid_request_error",
+                "request_timeout",
+            )
+            await self._reply(send, 408, body)
+            return
+        if size > self.max_bytes:
+            await self._reply(send, 413, self._too_large(None))
+            return
         buffered: list[Message] = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
 
         async def replay() -> Message:

@@ -15,8 +15,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
+from starlette.datastructures import Headers
 
 from vriksha.router.config import RouterConfig
+from vriksha.router.fast_path import Handler, HotPaths
 from vriksha.router.pool import ReplicaPool
 from vriksha.router.proxy import Forwarder, NoReplicaError
 from vriksha.router.tokens import PromptTokens
@@ -67,23 +69,30 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
     app.state.pool = pool
     install_error_handlers(app)
 
-    async def route(request: Request, path: str, model: type[BaseModel], ids) -> Response:
-        arrived = time.perf_counter()
-        body = await request.body()
-        req = _parse(model, body)
-        return await forwarder.forward(request, path, body, ids(req), bool(req.stream), arrived)
+    def endpoint(path: str, model: type[BaseModel], ids) -> Handler:
+        async def serve(headers: Headers, body: bytes, arrived: float) -> Response:
+            req = _parse(model, body)
+            return await forwarder.forward(headers, path, body, ids(req), bool(req.stream), arrived)
 
-    @app.post("/v1/completions")
-    async def completions(request: Request) -> Response:
-        return await route(request, "/v1/completions", CompletionRequest, tokens.completion)
+        return serve
 
-    @app.post("/v1/chat/completions")
-    async def chat(request: Request) -> Response:
-        return await route(request, "/v1/chat/completions", ChatCompletionRequest, tokens.chat)
+    hot = {
+        "/v1/completions": endpoint("/v1/completions", CompletionRequest, tokens.completion),
+        "/v1/chat/completions": endpoint("/v1/chat/completions", ChatCompletionRequest, tokens.chat),
+        "/generate": endpoint("/generate", GenerateRequest, tokens.generate),
+    }
 
-    @app.post("/generate")
-    async def generate(request: Request) -> Response:
-        return await route(request, "/generate", GenerateRequest, tokens.generate)
+    def fastapi_endpoint(serve: Handler):
+        async def post(request: Request) -> Response:
+            arrived = time.perf_counter()
+            return await serve(request.headers, await request.body(), arrived)
+
+        return post
+
+    # HotPaths (below) answers these POSTs before FastAPI routes them; FastAPI keeps the routes for every
+    # other method (405) and would serve the same handlers without HotPaths
+    for path, serve in hot.items():
+        app.add_api_route(path, fastapi_endpoint(serve), methods=["POST"], include_in_schema=False)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
@@ -144,6 +153,7 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
             raise NoReplicaError("this replica has no event stream (--replica URL,EVENTS)")
         return JSONResponse({"seq": r.events.seq, "paths": sorted(list(p) for p in r.events.tree.paths())})
 
+    app.add_middleware(HotPaths, routes=hot)  # inside the key check below, which covers it too
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=config.auth_exempt)
     return app

@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import httpx
-from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.datastructures import Headers
 
 from vriksha.router.disagg import Disaggregation
 from vriksha.router.pool import ReplicaPool
@@ -34,8 +34,8 @@ class _Attempt(Exception):
     """This replica failed before anything reached the client: try another."""
 
 
-def _headers(request: Request) -> dict[str, str]:
-    return {k: v for k, v in request.headers.items() if k.lower() in _FORWARDED}
+def _headers(headers: Headers) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() in _FORWARDED}
 
 
 class Forwarder:
@@ -51,10 +51,11 @@ class Forwarder:
         await self.upstream.aclose()
 
     async def forward(
-        self, request: Request, path: str, body: bytes, tokens: list[int], stream: bool, arrived: float
+        self, headers: Headers, path: str, body: bytes, tokens: list[int], stream: bool, arrived: float
     ) -> Response:
-        header = self.pool.config.session_header
-        session = request.headers.get(header)
+        """`headers`: the client request's (`request.headers`, or `Headers(scope=scope)` in raw ASGI)."""
+        session = headers.get(self.pool.config.session_header)
+        forwarded = _headers(headers)
         tried: set[int] = set()
         last_error = "no replica is healthy"
         while True:
@@ -69,12 +70,10 @@ class Forwarder:
             if not tried - {r.index}:
                 self.pool.metrics.overhead.observe(time.perf_counter() - arrived)
             if self.disagg.wanted(r, tokens, decision.cached_tokens):
-                auth = {
-                    k: v for k, v in _headers(request).items() if k.lower() in ("authorization", "x-api-key")
-                }
+                auth = {k: v for k, v in forwarded.items() if k in ("authorization", "x-api-key")}
                 await self.disagg.prefill(r, tokens, auth)
             try:
-                return await self._attempt(r, request, path, body, tokens, stream)
+                return await self._attempt(r, forwarded, path, body, tokens, stream)
             except _Attempt as exc:
                 last_error = f"{r.url}: {exc}"
                 self.pool.metrics.retries.labels(r.url).inc()
@@ -83,14 +82,14 @@ class Forwarder:
                 )
 
     async def _attempt(
-        self, r: Replica, request: Request, path: str, body: bytes, tokens: list[int], stream: bool
+        self, r: Replica, headers: dict[str, str], path: str, body: bytes, tokens: list[int], stream: bool
     ) -> Response:
         r.in_flight += 1
         upstream: aiohttp.ClientResponse | None = None
         handed_over = False
         try:
             try:
-                upstream = await self.upstream.post(f"{r.url}{path}", body, _headers(request))
+                upstream = await self.upstream.post(f"{r.url}{path}", body, headers)
             except TRANSPORT_ERRORS as exc:
                 self.pool.eject(r, f"{type(exc).__name__}: {exc}")
                 raise _Attempt(type(exc).__name__) from exc

@@ -160,11 +160,23 @@ def _describe_validation(exc: RequestValidationError) -> tuple[str, str | None]:
     return "; ".join(seen) or "invalid request body", first_param
 
 
+def validation_response(exc: RequestValidationError) -> JSONResponse:
+    """A body that failed validation, as a 400 naming the problem (what FastAPI's handler answers here)."""
+    message, param = _describe_validation(exc)
+    return error_response(400, message, "invalid_request_error", None, param)
+
+
+def exception_response(exc: Exception) -> JSONResponse:
+    """What the handlers below answer for `exc`: for a raw ASGI endpoint that FastAPI's handlers do not see."""
+    if isinstance(exc, RequestValidationError):
+        return validation_response(exc)
+    return to_response(exc)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
-        message, param = _describe_validation(exc)
-        return error_response(400, message, "invalid_request_error", None, param)
+        return validation_response(exc)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
