@@ -3,9 +3,9 @@ tokenized for the policy, then forwarded; plus /health, /metrics and /router/rep
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -18,7 +18,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers
 
 from vriksha.router.config import RouterConfig
-from vriksha.router.fast_path import Handler, HotPaths
+from vriksha.router.fast_path import Handler, HotPathApp
 from vriksha.router.pool import ReplicaPool
 from vriksha.router.proxy import Forwarder, NoReplicaError
 from vriksha.router.tokens import PromptTokens
@@ -58,6 +58,10 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await pool.start()
         logger.info("routing over %d replicas with %s", len(pool.replicas), pool.policy.name)
+        # what is alive now (modules, the tokenizer: ~350k objects) lives as long as the router: out of the
+        # collector's full passes, each of which would otherwise stall every request for tens of ms
+        gc.collect()
+        gc.freeze()
         try:
             yield
         finally:
@@ -65,7 +69,7 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
             await forwarder.aclose()
             await http.aclose()
 
-    app = FastAPI(title="vriksha router", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = HotPathApp(title="vriksha router", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.pool = pool
     install_error_handlers(app)
 
@@ -81,18 +85,8 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
         "/v1/chat/completions": endpoint("/v1/chat/completions", ChatCompletionRequest, tokens.chat),
         "/generate": endpoint("/generate", GenerateRequest, tokens.generate),
     }
-
-    def fastapi_endpoint(serve: Handler):
-        async def post(request: Request) -> Response:
-            arrived = time.perf_counter()
-            return await serve(request.headers, await request.body(), arrived)
-
-        return post
-
-    # HotPaths (below) answers these POSTs before FastAPI routes them; FastAPI keeps the routes for every
-    # other method (405) and would serve the same handlers without HotPaths
-    for path, serve in hot.items():
-        app.add_api_route(path, fastapi_endpoint(serve), methods=["POST"], include_in_schema=False)
+    key = config.api_key
+    app.hot_paths(hot, wrap=(lambda inner: APIKeyMiddleware(inner, key, config.auth_exempt)) if key else None)
 
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
@@ -153,7 +147,6 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
             raise NoReplicaError("this replica has no event stream (--replica URL,EVENTS)")
         return JSONResponse({"seq": r.events.seq, "paths": sorted(list(p) for p in r.events.tree.paths())})
 
-    app.add_middleware(HotPaths, routes=hot)  # inside the key check below, which covers it too
     if config.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=config.auth_exempt)
     return app
