@@ -6,7 +6,6 @@ and streamed answers, a replica's 4xx and the metrics passed through as before."
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import textwrap
 
@@ -159,7 +158,9 @@ def routed(tmp_path_factory):
 def test_plain_answers_and_headers_pass_through(routed) -> None:
     url, up_url = routed
     sent = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
-    resp = httpx.post(f"{url}/v1/chat/completions", json=sent, headers={"authorization": "Bearer t"}, timeout=30)
+    resp = httpx.post(
+        f"{url}/v1/chat/completions", json=sent, headers={"authorization": "Bearer t"}, timeout=30
+    )
     assert resp.status_code == 200
     assert resp.headers["x-vriksha-replica"] == up_url
     assert resp.json() == {"path": "/v1/chat/completions", "body": sent, "auth": "Bearer t"}

@@ -235,7 +235,9 @@ def create_semantic_app(
                 else rt.tokens.completion(new_req)
             )
             try:
-                resp = await rt.forwarder.forward(request.headers, path, new_raw, ids, bool(req.stream), arrived)
+                resp = await rt.forwarder.forward(
+                    request.headers, path, new_raw, ids, bool(req.stream), arrived
+                )
             except NoReplicaError:
                 if pending_emb is not None:
                     pending_emb.cancel()
