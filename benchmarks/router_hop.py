@@ -195,9 +195,10 @@ def main() -> None:
             if args.profile and i == 0:
                 rcmd[1:3] = ["-c", PROFILED, str(prof_path)]
             renv = dict(env, PYTHONPATH=str(tree))
-            child = Child(
-                rcmd, name, f"http://127.0.0.1:{port}/health", log_path=log_dir / f"r{i}.log", env=renv
-            )
+            # run in the tree: `python -m` puts the working directory ahead of PYTHONPATH, so run from a
+            # checkout every router would import that checkout's vriksha
+            health = f"http://127.0.0.1:{port}/health"
+            child = Child(rcmd, name, health, log_path=log_dir / f"r{i}.log", env=renv, cwd=str(tree))
             children.append(child.start())
             routers.append((Target(name, port, None), child))
         vllm = None
