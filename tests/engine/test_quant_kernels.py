@@ -2,8 +2,10 @@
 
 Every instruction-set variant (`isa.VARIANTS`) whose flags the CPU has is built and run, with its widest code
 path and its scalar one; a variant the CPU lacks the flags for is skipped naming the flags.
-Tolerance: the kernels sum fp32 products in another order than torch's matmul and fuse q * d + m into one
-rounding, so outputs agree to 2e-5 of the largest output magnitude (measured: ~1e-6).
+Tolerance: the float paths sum fp32 products in another order than torch's matmul and fuse q * d + m into
+one rounding, so outputs agree to 2e-5 of the largest output magnitude (measured: ~1e-6); the integer paths
+round each activation to int16 within its block of 32 (at most 1/65534 of the block's largest), so they
+agree to 1e-4 (measured: ~2e-5).
 """
 
 from __future__ import annotations
@@ -13,13 +15,29 @@ import pytest
 import torch
 
 from vriksha.engine.native import isa
-from vriksha.engine.native.quant import missing_flags, quant_kernels
+from vriksha.engine.native.quant import (
+    FLOAT_PATHS,
+    TILED_PATHS,
+    QuantKernelError,
+    missing_flags,
+    quant_kernels,
+)
 from vriksha.errors import ModelLoadError
 from vriksha.loading.packed import PackedWeight, dequantize, quantize_int8
 
 gguf_quants = pytest.importorskip("gguf.quants")
 GGML_TYPES = {"q4_0": "Q4_0", "q4_1": "Q4_1", "q8_0": "Q8_0"}
 RTOL = 2e-5
+RTOL_INT = 1e-4
+
+
+def rtol(path: str) -> float:
+    return RTOL if path in FLOAT_PATHS else RTOL_INT
+
+
+def out_features(path: str) -> int:
+    """An output count no row tile divides, or for a tiled path (16 rows a tile) one no wider tile does."""
+    return 80 if path in TILED_PATHS else 67
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +72,20 @@ def built(variant: str):
 VARIANTS = [v.name for v in isa.VARIANTS]
 
 
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_tiled_path_refuses_rows_it_cannot_tile(variant):
+    k = built(variant)
+    for path in set(k.paths) & set(TILED_PATHS):
+        p = packed_random("q4_1", 67, 64)
+        assert not k.runs(p, path)
+        with pytest.raises(QuantKernelError, match="multiple of 16 output rows"):
+            k.linear(torch.randn(1, 64), p, path=path)
+        assert p.tiled is None
+        q = packed_random("q4_1", 32, 64)
+        k.linear(torch.randn(1, 64), q, path=path)
+        assert q.tiled is not None and q.tiled.numel() == 2 * 2 * 320  # 2 tiles of rows x 2 blocks
+
+
 @pytest.mark.parametrize("qtype", ["q4_0", "q4_1", "q8_0"])
 def test_torch_dequantize_equals_the_gguf_reference(qtype):
     from gguf import GGMLQuantizationType
@@ -75,17 +107,48 @@ def test_native_dequantize_is_exact(kernels, qtype):
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 13, 16, 40])
 def test_linear_matches_dequantize_then_matmul(variant, qtype, rows):
     k = built(variant)
-    out_f, in_f = 67, 192  # an output count no tile divides
-    p = packed_random(qtype, out_f, in_f, seed=rows)
-    g = torch.Generator().manual_seed(100 + rows)
-    x = torch.randn(rows, in_f, generator=g)
-    bias = torch.randn(out_f, generator=g)
-    ref = x @ dequantize(p).T + bias
-    for path in {k.variant, "scalar"}:
+    for path in k.paths:
+        out_f, in_f = out_features(path), 192
+        p = packed_random(qtype, out_f, in_f, seed=rows)
+        g = torch.Generator().manual_seed(100 + rows)
+        x = torch.randn(rows, in_f, generator=g)
+        bias = torch.randn(out_f, generator=g)
+        ref = x @ dequantize(p).T + bias
         y = k.linear(x, p, bias, path=path)
         assert y.shape == ref.shape
-        assert (y - ref).abs().max() <= RTOL * ref.abs().max(), path
-        assert torch.allclose(k.linear(x, p, None, path=path), ref - bias, atol=RTOL * ref.abs().max())
+        assert (y - ref).abs().max() <= rtol(path) * ref.abs().max(), path
+        assert torch.allclose(k.linear(x, p, None, path=path), ref - bias, atol=rtol(path) * ref.abs().max())
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("qtype", ["q4_1", "q8_0", "int8"])
+@pytest.mark.parametrize("rows", [1, 5, 16])
+def test_bf16_linear_is_the_fp32_sum_rounded_once(variant, qtype, rows):
+    """bf16 activations are widened exactly, so the bf16 entry is the fp32 kernel on the same values with each
+    output (bias added in fp32) rounded once to bf16."""
+    k = built(variant)
+    for path in k.paths:
+        out_f, in_f = out_features(path), 192
+        p = packed_random(qtype, out_f, in_f, seed=rows)
+        g = torch.Generator().manual_seed(200 + rows)
+        x = torch.randn(rows, in_f, generator=g).bfloat16()
+        bias = torch.randn(out_f, generator=g).bfloat16()
+        y = k.linear(x, p, bias, path=path)
+        assert y.dtype == torch.bfloat16 and y.shape == (rows, out_f)
+        want = (k.linear(x.float(), p, bias.float(), path=path)).bfloat16()
+        ulp = want.float().abs() * 2**-7  # fp32 bias added inside vs after: at most one bf16 step apart
+        assert ((y.float() - want.float()).abs() <= ulp + 1e-6).all(), path
+        assert torch.equal(
+            k.linear(x, p, None, path=path), k.linear(x.float(), p, None, path=path).bfloat16()
+        )
+
+
+def test_packed_kernels_refuse_other_dtypes(kernels):
+    p = packed_random("q8_0", 8, 64)
+    with pytest.raises(QuantKernelError, match="float32 or bfloat16"):
+        kernels.linear(torch.randn(2, 64, dtype=torch.float16), p)
+    with pytest.raises(QuantKernelError, match="bias of the same dtype"):
+        kernels.linear(torch.randn(2, 64).bfloat16(), p, torch.zeros(8))
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -95,11 +158,12 @@ def test_int8_rows_of_any_width(variant):
     p = packed_random("int8", 33, 70)
     x = torch.randn(3, 70)
     ref = x @ dequantize(p).T
-    assert (k.linear(x, p) - ref).abs().max() <= RTOL * ref.abs().max()
+    for path in k.paths:  # the integer paths hand int8 rows to their float path
+        assert (k.linear(x, p, path=path) - ref).abs().max() <= RTOL * ref.abs().max(), path
 
 
 def test_each_variant_has_its_widest_path():
-    expect = {"generic": "scalar", "avx2": "avx2", "avx512": "avx512", "avx512_bf16": "avx512"}
+    expect = {"generic": "scalar", "avx2": "avx2_i16", "avx512": "avx2_i16", "avx512_bf16": "avx512_vnni"}
     for name in VARIANTS:
         if not missing_flags(isa.variant(name)) and (k := quant_kernels(name)) is not None:
             assert k.variant == expect[name], name

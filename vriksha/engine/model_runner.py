@@ -53,14 +53,13 @@ class ModelRunner:
             self.fast_linear = fast_linear.FastLinear(model, self.installation, linear_kernels)
         # tensor parallel: a TensorParallelGroup that hands each step's batch to the other ranks, then runs it
         self.tensor_parallel = None
-        fp32_cpu = cpu and pool.dtype == torch.float32  # the packed kernels' only case
         self.quant, self.quantization = quantization.apply(
             model,
             config.quantization,
             self.installation,
-            self.kernels.linear_for(torch.float32),
+            self.kernels.linear_for(pool.dtype),
             gguf,
-            fp32_cpu,
+            cpu,
         )
         self.fast_forward: FastForward | None = None
         if config.fast_forward:

@@ -37,11 +37,12 @@ from vriksha.engine.kv_pool import KVPool
 from vriksha.engine.native import isa
 from vriksha.engine.native.quant import KINDS, PATHS
 from vriksha.engine.quant_linear import BUCKETS, QuantLinear, bucket_index
+from vriksha.engine.quant_linear import source_digest as quant_source_digest
 
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).parent / "native" / "layers.c"
-MAX_BATCH = 64  # the packed kernels' last bucket
+MAX_BATCH = 64  # the most decode tokens one native step takes
 MEASURE_BATCHES = (1, 8, 64)
 CACHE_FILE = "native_decode.json"
 
@@ -52,6 +53,7 @@ def choice_key(model: nn.Module, kernels, quant: QuantLinear | None, pool: KVPoo
     parts = [f"{name}:{tuple(p.shape)}:{p.dtype}" for name, p in model.named_parameters()]
     if quant is not None:
         parts += [f"packed:{w.qtype}:{w.out_features}x{w.in_features}" for _, w in quant.layers]
+        parts.append(f"packed kernels:{quant.kernels.variant}:{quant_source_digest()}")
     parts.append(f"pool:{pool.num_slots}:{getattr(pool, 'dtype', '')}")
     digest = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
     source = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
@@ -86,6 +88,7 @@ class _Linear(ctypes.Structure):
         ("bias", _PTR),
         ("out", _I64),
         ("in_", _I64),
+        ("path", _I64),
     ]
 
 
@@ -105,7 +108,7 @@ class _Model(ctypes.Structure):
         *((name, _PTR) for name in ("linear", "vq_linear", "rms_norm", "rope", "silu_mul", "attention")),
         *(
             (name, _I64)
-            for name in ("vq_path", "num_layers", "hidden", "heads", "kv_heads", "head_dim", "v_dim", "inter")
+            for name in ("num_layers", "hidden", "heads", "kv_heads", "head_dim", "v_dim", "inter")
         ),
         ("layers", _PTR),
     ]
@@ -203,10 +206,18 @@ class NativeDecode:
         packed = self.quant.packed_for(module, rows) if self.quant is not None else None
         bias = _ptr(module.bias)
         if packed is None:
-            return _Linear(-1, module.weight.data_ptr(), None, bias, module.out_features, module.in_features)
-        kind = KINDS[packed.qtype]
+            return _Linear(
+                -1, module.weight.data_ptr(), None, bias, module.out_features, module.in_features, 0
+            )
+        weight, path = packed
         return _Linear(
-            kind, packed.data.data_ptr(), _ptr(packed.scale), bias, packed.out_features, packed.in_features
+            KINDS[weight.qtype],
+            self.quant.kernels.pointer(weight, path),
+            _ptr(weight.scale),
+            bias,
+            weight.out_features,
+            weight.in_features,
+            PATHS[path],
         )
 
     def _plan(self, rows: int) -> _Model:
@@ -242,7 +253,6 @@ class NativeDecode:
             self._fns["rope"],
             self._fns["silu_mul"],
             self._fns["attention"],
-            PATHS[quant_kernels.variant] if quant_kernels is not None else 0,
             len(self.layers),
             self.model.model.embed_tokens.weight.shape[1],
             self.layers[0].self_attn.q_proj.out_features // k0.shape[2],

@@ -1,14 +1,16 @@
 """Linear layers served from packed weights (GGUF blocks or int8) by the native quantized kernels.
 
-Each packed layer keeps its Transformers module and fp32 weight as they are (training, weight updates and
-`close()` see the model unchanged); the engine's forward passes route the layer's calls to the packed kernel
-for every call of up to 64 rows when packed weights were asked for (`gguf`, `int8`); under `auto`, for the batch
-sizes where the packed kernel measured faster than the fp32 path. Other calls take the fp32 path (the forward
-the fast-linear router installed, on the resident fp32 weight). Rows above the last bucket always take
-the fp32 path: there the matmul is bound by arithmetic, which torch's blocked GEMM does better than a kernel
-that decodes every weight once per eight rows, and the fp32 weight is at hand without a dequantized copy.
-The timings are taken once per shape, format, kernel variant and thread count, on weights out of cache as a
-decode step streams them, and kept in `$VRIKSHA_CACHE/quant_linear.json`.
+Each packed layer keeps its Transformers module and dense weight (fp32 or bf16, the engine's dtype) as they are
+(training, weight updates and `close()` see the model unchanged); the engine's forward passes route the
+layer's calls to the packed kernel for every call of up to 1024 rows (a step's token budget) when packed weights were
+asked for (`gguf`, `int8`); under `auto`, for the batch sizes where the packed kernel measured faster than the
+dense path. Other calls take the dense path (the forward the fast-linear router installed, on the resident
+weight), as do rows above the last bucket. Each bucket runs the packed code path that measured fastest there:
+the tiled integer path reads 4-bit weights at decode and, on AVX-512 VNNI, outruns an fp32 GEMM on prefill
+chunks too; where bf16 matmuls are faster still (AMX, AVX512-BF16), a bf16 engine decodes from the 4-bit
+blocks and prefills on bf16 matmuls, from one model.
+The timings are taken once per shape, format, dtype, kernel variant and thread count, on weights out of cache
+as a decode step streams them, and kept in `$VRIKSHA_CACHE/quant_linear.json`.
 """
 
 from __future__ import annotations
@@ -25,12 +27,27 @@ from torch import nn
 from vriksha.engine.installation import ModuleInstallation
 from vriksha.engine.measured_router import MeasuredRouter, Runner, bucket_index, cold_copies, time_cold
 from vriksha.engine.native import Kernels
-from vriksha.engine.native.quant import SOURCE, QuantKernels
+from vriksha.engine.native.quant import FLOAT_PATHS, SOURCE, QuantKernels
 from vriksha.loading.packed import BLOCK_BYTES, PackedWeight, requantize_int8_, row_bytes
 
 logger = logging.getLogger(__name__)
 
-BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # rows per call; a call uses the smallest bucket >= its rows
+BUCKETS = (
+    1,
+    2,
+    4,
+    8,
+    16,
+    32,
+    64,
+    128,
+    256,
+    512,
+    1024,
+)  # rows per call: a call uses the smallest bucket >= its rows
+FLOAT_PATH_ROWS = (
+    64  # above it the float packed paths are not timed (they decode each weight once per 8 rows)
+)
 
 
 def _random_packed(qtype: str, out_f: int, in_f: int) -> PackedWeight:
@@ -47,30 +64,55 @@ def _random_packed(qtype: str, out_f: int, in_f: int) -> PackedWeight:
     return PackedWeight(qtype, data, out_f, in_f)
 
 
+def candidate_paths(kernels: QuantKernels, qtype: str) -> list[str]:
+    """The packed code paths worth timing for `qtype`: the widest float one and the widest integer one (the
+    integer paths win at one or two rows, the float ones where more rows share each decoded weight)."""
+    floats = [p for p in kernels.paths if p in FLOAT_PATHS]
+    ints = [p for p in kernels.paths if p not in FLOAT_PATHS] if qtype != "int8" else []
+    return floats[-1:] + ints[-1:]
+
+
 def measure(
-    qtype: str, out_f: int, in_f: int, kernels: QuantKernels, fp32: Kernels | None
-) -> dict[str, list[float]]:
-    """Seconds per call at each bucket: the packed kernel and the faster of `F.linear` and the native fp32
-    kernel, each on weights out of cache."""
+    qtype: str,
+    out_f: int,
+    in_f: int,
+    kernels: QuantKernels,
+    dense: Kernels | None,
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, list]:
+    """Per bucket, with `dtype` activations, each on weights out of cache: the seconds of the fastest packed
+    code path (`packed`) and its name (`path`), and of the dense path (`dense`: the faster of `F.linear`
+    and the native linear kernel `dense`)."""
     packed_copies = cold_copies(row_bytes(qtype, in_f) * out_f)
-    fp32_copies = cold_copies(4 * out_f * in_f)
+    dense_copies = cold_copies(torch.empty((), dtype=dtype).element_size() * out_f * in_f)
     packed = [_random_packed(qtype, out_f, in_f) for _ in range(packed_copies)]
-    weights = [torch.randn(out_f, in_f) for _ in range(fp32_copies)]
-    times: dict[str, list[float]] = {"packed": [], "fp32": []}
+    weights = [torch.randn(out_f, in_f, dtype=dtype) for _ in range(dense_copies)]
+    paths = [p for p in candidate_paths(kernels, qtype) if kernels.runs(packed[0], p)]
+    for path in paths:  # a tiled path's copies are made before timing, as install() makes them
+        for weight in packed:
+            kernels.pointer(weight, path)
+    times: dict[str, list] = {"packed": [], "path": [], "dense": []}
     with torch.inference_mode():
         for rows in BUCKETS:
-            x = torch.randn(rows, in_f)
-            times["packed"].append(
-                time_cold(lambda c, x=x: kernels.linear(x, packed[c]), packed_copies, 0.02)
-            )
-            t = time_cold(lambda c, x=x: F.linear(x, weights[c]), fp32_copies, 0.02)
-            if fp32 is not None:
-                t = min(t, time_cold(lambda c, x=x: fp32.linear(x, weights[c]), fp32_copies, 0.02))
-            times["fp32"].append(t)
+            x = torch.randn(rows, in_f, dtype=dtype)
+            timed = [p for p in paths if rows <= FLOAT_PATH_ROWS or p not in FLOAT_PATHS] or paths
+            by_path = {
+                path: time_cold(
+                    lambda c, x=x, p=path: kernels.linear(x, packed[c], path=p), packed_copies, 0.02
+                )
+                for path in timed
+            }
+            fastest = min(by_path, key=by_path.__getitem__)
+            times["packed"].append(by_path[fastest])
+            times["path"].append(fastest)
+            t = time_cold(lambda c, x=x: F.linear(x, weights[c]), dense_copies, 0.02)
+            if dense is not None:
+                t = min(t, time_cold(lambda c, x=x: dense.linear(x, weights[c]), dense_copies, 0.02))
+            times["dense"].append(t)
     return times
 
 
-def _source_digest() -> str:
+def source_digest() -> str:
     return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
 
 
@@ -85,12 +127,18 @@ class QuantLinear(MeasuredRouter):
         model: nn.Module,
         packed: dict[str, PackedWeight],
         kernels: QuantKernels,
-        fp32: Kernels | None = None,
+        dense: Kernels | None = None,
     ) -> None:
+        """`dense`: the native linear kernels of the model's dtype, timed beside `F.linear` as the dense path."""
         super().__init__()
         self.kernels = kernels
-        self.fp32 = fp32
+        self.dense = dense
         self.enabled = True
+        self.dtype = next(model.parameters()).dtype
+        if self.dtype not in kernels.DTYPES:
+            raise ValueError(
+                f"packed kernels take float32 or bfloat16 activations, the model is {self.dtype}"
+            )
         modules = dict(model.named_modules())
         self.layers: list[tuple[nn.Linear, PackedWeight]] = []
         for name, weight in packed.items():
@@ -102,82 +150,96 @@ class QuantLinear(MeasuredRouter):
                 logger.warning("packed weight %s does not match its module's shape: left out", name)
                 continue
             if weight.qtype != "int8" and not torch.equal(
-                kernels.dequantize(weight, 0, 1)[0], module.weight[0]
+                kernels.dequantize(weight, 0, 1)[0].to(module.weight.dtype), module.weight[0]
             ):
                 logger.warning("packed weight %s does not hold its module's values: left out", name)
                 continue
             self.layers.append((module, weight))
-        self.times: dict[str, dict[str, list[float]]] | None = None  # filled by measure()
-        self.installed: dict[nn.Module, tuple[PackedWeight, list[bool]]] = {}  # module: (weight, route)
+        self.times: dict[str, dict[str, list]] | None = None  # filled by measure()
+        # module: (weight, the packed code path per bucket, None where the call takes the dense path)
+        self.installed: dict[nn.Module, tuple[PackedWeight, list[str | None]]] = {}
 
     def key(self, weight: PackedWeight) -> str:
         return (
-            f"v1:{weight.qtype}:{weight.out_features}x{weight.in_features}:{self.kernels.variant}:"
-            f"t{torch.get_num_threads()}:{torch.__version__}:{_source_digest()}:"
-            f"{'native' if self.fp32 is not None else 'torch'}"
+            f"v3:{weight.qtype}:{weight.out_features}x{weight.in_features}:{self.kernels.variant}:"
+            f"{self.dtype}:t{torch.get_num_threads()}:{torch.__version__}:{source_digest()}:"
+            f"{'native' if self.dense is not None else 'torch'}"
         )
 
     def measure_one(self, weight: PackedWeight) -> dict[str, list[float]]:
-        return measure(weight.qtype, weight.out_features, weight.in_features, self.kernels, self.fp32)
+        return measure(
+            weight.qtype, weight.out_features, weight.in_features, self.kernels, self.dense, self.dtype
+        )
 
     def valid(self, record: dict[str, list[float]]) -> bool:
-        return len(record.get("packed", ())) == len(BUCKETS)
+        return all(len(record.get(k, ())) == len(BUCKETS) for k in ("packed", "path", "dense")) and all(
+            p in self.kernels.paths for p in record["path"]
+        )
 
-    def measure(self) -> dict[str, dict[str, list[float]]]:
-        """Seconds per call of each packed shape at each bucket, packed and fp32 (measured once, cached)."""
+    def measure(self) -> dict[str, dict[str, list]]:
+        """Seconds per call of each packed shape at each bucket, packed and dense (measured once, cached)."""
         known = self.measured([w for _, w in self.layers])
         self.times = {self.key(w): known[self.key(w)] for _, w in self.layers}
         return self.times
 
     def step_seconds(self, rows: int = 1) -> tuple[float, float]:
-        """(packed, fp32) seconds of all packed layers' calls in one forward of `rows` rows, as measured."""
+        """(packed, dense) seconds of all packed layers' calls in one forward of `rows` rows, as measured."""
         i = bucket_index(BUCKETS, rows)
         if i == len(BUCKETS):
             raise ValueError(f"rows must be at most {BUCKETS[-1]}, got {rows}")
         if self.times is None:
             self.measure()
         packed = sum(self.times[self.key(w)]["packed"][i] for _, w in self.layers)
-        fp32 = sum(self.times[self.key(w)]["fp32"][i] for _, w in self.layers)
-        return packed, fp32
+        dense = sum(self.times[self.key(w)]["dense"][i] for _, w in self.layers)
+        return packed, dense
 
     def formats(self) -> dict[str, int]:
         return dict(Counter(w.qtype for _, w in self.layers))
 
     def install(self, installation: ModuleInstallation, measured: bool = False) -> None:
-        """Replace each packed layer's forward (recorded in `installation`, which puts the originals back).
-        `measured`: packed only at the buckets where it measured faster; else at every bucket."""
+        """Replace each packed layer's forward (recorded in `installation`, which puts the originals back),
+        each bucket on its fastest packed code path. `measured`: packed only at the buckets where that
+        measured faster than the dense path; else at every bucket."""
+        times = self.times or self.measure()
         for module, weight in self.layers:
-            route = [True] * len(BUCKETS)
-            if measured:
-                t = (self.times or self.measure())[self.key(weight)]
-                route = [p < f for p, f in zip(t["packed"], t["fp32"], strict=True)]
+            t = times[self.key(weight)]
+            route = [
+                path if not measured or p < d else None
+                for path, p, d in zip(t["path"], t["packed"], t["dense"], strict=True)
+            ]
+            for path in set(route) - {None}:
+                self.kernels.pointer(weight, path)  # a tiled path's copy, made once here
             installation.replace_forward(module, self._make_forward(module, weight, route))
             self.installed[module] = (weight, route)
 
-    def packed_for(self, module: nn.Module, rows: int) -> PackedWeight | None:
-        """The packed weight a call of `rows` rows on `module` runs on while engaged, or None (fp32 path)."""
+    def packed_for(self, module: nn.Module, rows: int) -> tuple[PackedWeight, str] | None:
+        """The packed weight and code path a call of `rows` rows on `module` runs on while engaged, or None
+        (dense path)."""
         entry = self.installed.get(module)
         i = bucket_index(BUCKETS, rows)
-        if not self.enabled or entry is None or i == len(BUCKETS) or not entry[1][i]:
+        if not self.enabled or entry is None or i == len(BUCKETS) or entry[1][i] is None:
             return None
-        return entry[0]
+        return entry[0], entry[1][i]
 
     def routes(self, x: torch.Tensor) -> bool:
-        return self.enabled and x.dtype == torch.float32 and super().routes(x)
+        return self.enabled and x.dtype == self.dtype and super().routes(x)
 
-    def _make_forward(self, module: nn.Linear, weight: PackedWeight, route: list[bool]) -> Callable:
+    def _make_forward(self, module: nn.Linear, weight: PackedWeight, route: list[str | None]) -> Callable:
         kernels = self.kernels
 
-        def run(x: torch.Tensor) -> torch.Tensor:
-            return kernels.linear(x.contiguous(), weight, module.bias)
+        def runner(path: str) -> Runner:
+            def run(x: torch.Tensor) -> torch.Tensor:
+                return kernels.linear(x.contiguous(), weight, module.bias, path=path)
 
-        runners: list[Runner | None] = [run if packed else None for packed in route]
-        runners.append(None)  # rows above the last bucket take the fp32 path
+            return run
+
+        runners: list[Runner | None] = [runner(path) if path else None for path in route]
+        runners.append(None)  # rows above the last bucket take the dense path
         return self.routed_forward(module, BUCKETS, runners)
 
     def refresh(self) -> None:
-        """After an in-place weight update: int8 weights are quantized again from the new fp32 values; GGUF
-        blocks no longer describe the weights, so their layers go back to the fp32 path."""
+        """After an in-place weight update: int8 weights are quantized again from the new values; GGUF
+        blocks no longer describe the weights, so their layers go back to the dense path."""
         stale = False
         with torch.no_grad():
             for module, weight in self.layers:
@@ -186,5 +248,8 @@ class QuantLinear(MeasuredRouter):
                 else:
                     stale = True
         if stale and self.enabled:
-            logger.warning("weights updated: the GGUF file's packed blocks no longer apply, serving fp32")
+            logger.warning(
+                "weights updated: the GGUF file's packed blocks no longer apply, serving the %s weights",
+                str(self.dtype).removeprefix("torch."),
+            )
             self.enabled = False

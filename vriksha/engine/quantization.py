@@ -1,14 +1,16 @@
 """The engine's `quantization` option: which linear weights are served packed, decided once at load.
 
-- `none`: the fp32 weights.
+- `none`: the dense weights (the engine's dtype, fp32 or bf16).
 - `gguf`: the GGUF file's own Q4_0 / Q4_1 / Q8_0 blocks (the embedded model or `--model FILE.gguf`).
 - `int8`: weight-only int8 with one scale per output channel, quantized at load from any model's weights.
 - `auto` (the default): the GGUF blocks where the model came from a GGUF file and the packed layers of one
-  decode step (one row) were measured faster than their fp32 path on this CPU, else `none`. The timings are
-  cached per CPU, thread count and kernel build (`quant_linear.py`), so the choice is measured, not assumed.
+  decode step (one row) were measured faster than their dense path on this CPU, else `none`. The timings are
+  cached per CPU, dtype, thread count and kernel build (`quant_linear.py`), so the choice is measured, not
+  assumed.
 
-Packed kernels need fp32 activations on the CPU; `auto` falls back to `none` elsewhere, an explicit `gguf` or
-`int8` there is a configuration error.
+Packed kernels run on the CPU with fp32 or bf16 activations (bf16 ones are widened to fp32 in registers, the
+sums are fp32); `auto` falls back to `none` elsewhere, an explicit `gguf` or `int8` there is a configuration
+error.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from torch import nn
 
 from vriksha.engine.installation import ModuleInstallation
 from vriksha.engine.native import Kernels
-from vriksha.engine.native.quant import quant_kernels
+from vriksha.engine.native.quant import QuantKernels, quant_kernels
 from vriksha.engine.quant_linear import QuantLinear
 from vriksha.errors import ConfigError
 from vriksha.loading.packed import quantize_int8
@@ -30,6 +32,7 @@ from vriksha.loading.packed import quantize_int8
 logger = logging.getLogger(__name__)
 
 MODES = ("none", "gguf", "int8", "auto")
+SHORT_DTYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 @dataclass(slots=True)
@@ -42,7 +45,8 @@ class QuantizationChoice:
     formats: dict[str, int] = field(default_factory=dict)
     variant: str | None = None
     packed_ms: float | None = None  # the packed layers of one decode step (1 row), measured
-    fp32_ms: float | None = None  # the same layers on their fp32 path
+    dense_ms: float | None = None  # the same layers on their dense path (the engine's dtype)
+    dense: str = "fp32"
 
     def describe(self) -> str:
         text = f"quantization {self.mode} (requested {self.requested}): {self.reason}"
@@ -50,8 +54,10 @@ class QuantizationChoice:
             text += f"; packed layers {', '.join(f'{n} {q}' for q, n in sorted(self.formats.items()))}"
         if self.variant:
             text += f"; kernels {self.variant}"
-        if self.packed_ms is not None and self.fp32_ms is not None:
-            text += f"; decode-step linears {self.packed_ms:.2f} ms packed vs {self.fp32_ms:.2f} ms fp32"
+        if self.packed_ms is not None and self.dense_ms is not None:
+            text += (
+                f"; decode-step linears {self.packed_ms:.2f} ms packed vs {self.dense_ms:.2f} ms {self.dense}"
+            )
         return text
 
 
@@ -60,7 +66,7 @@ def _packed_weights(model: nn.Module, mode: str, gguf: Path | None) -> dict:
         return {
             name: quantize_int8(m.weight)
             for name, m in model.named_modules()
-            if isinstance(m, nn.Linear) and m.weight.dtype == torch.float32
+            if isinstance(m, nn.Linear) and m.weight.dtype in QuantKernels.DTYPES
         }
     from vriksha.loading.gguf_weights import read_gguf_linears
 
@@ -72,26 +78,32 @@ def apply(
     model: nn.Module,
     requested: str,
     installation: ModuleInstallation,
-    fp32_kernels: Kernels | None,
+    dense_kernels: Kernels | None,
     gguf: Path | None,
-    cpu_fp32: bool,
+    cpu: bool,
 ) -> tuple[QuantLinear | None, QuantizationChoice]:
-    """Decide what to serve for `requested` and install it; returns the router (None for fp32) and why."""
+    """Decide what to serve for `requested` and install it; returns the router (None for dense) and why.
+    `dense_kernels`: the native linear kernels of the model's dtype, the dense path packed layers are timed
+    against; `cpu`: whether the model runs on the host."""
     if requested not in MODES:
         raise ConfigError(f"engine option quantization must be one of {', '.join(MODES)}, got {requested!r}")
+    dtype = next(model.parameters()).dtype
+    dense = SHORT_DTYPES.get(dtype, str(dtype).removeprefix("torch."))
     if requested == "none":
-        return None, QuantizationChoice(requested, "none", "fp32 weights as requested")
+        return None, QuantizationChoice(requested, "none", f"{dense} weights as requested", dense=dense)
     explicit = requested != "auto"
     mode = "gguf" if requested == "auto" else requested
 
     def refuse(why: str, fix: str) -> tuple[None, QuantizationChoice]:
         if explicit:
             raise ConfigError(f"quantization {requested}: {why}; {fix}")
-        return None, QuantizationChoice(requested, "none", why)
+        return None, QuantizationChoice(requested, "none", why, dense=dense)
 
-    if not cpu_fp32:
+    if not cpu or dtype not in QuantKernels.DTYPES:
         return refuse(
-            "packed kernels run on the CPU with float32 activations", "use --dtype float32 on the CPU"
+            f"packed kernels run on the CPU with float32 or bfloat16 activations, not {dense} on "
+            f"{'the CPU' if cpu else 'an accelerator'}",
+            "use --dtype float32 or --dtype bfloat16 on the CPU",
         )
     if mode == "gguf" and gguf is None:
         return refuse(
@@ -104,17 +116,19 @@ def apply(
     packed = _packed_weights(model, mode, gguf)
     if not packed:
         return refuse("no linear weight in a packed format", "use --quantization none")
-    router = QuantLinear(model, packed, kernels, fp32_kernels)
-    choice = QuantizationChoice(requested, mode, "as requested", router.formats(), kernels.variant)
+    router = QuantLinear(model, packed, kernels, dense_kernels)
+    choice = QuantizationChoice(
+        requested, mode, "as requested", router.formats(), kernels.variant, dense=dense
+    )
     if explicit:
         router.install(installation)
         return router, choice
-    packed_s, fp32_s = router.step_seconds(1)
-    choice.packed_ms, choice.fp32_ms = packed_s * 1e3, fp32_s * 1e3
-    if packed_s >= fp32_s:
+    packed_s, dense_s = router.step_seconds(1)
+    choice.packed_ms, choice.dense_ms = packed_s * 1e3, dense_s * 1e3
+    if packed_s >= dense_s:
         choice.mode, choice.formats, choice.variant = "none", {}, None
-        choice.reason = "the GGUF's packed weights measured slower than fp32 on this CPU"
+        choice.reason = f"the GGUF's packed weights measured slower than {dense} on this CPU"
         return None, choice
-    choice.reason = "the GGUF's packed weights measured faster than fp32"
+    choice.reason = f"the GGUF's packed weights measured faster than {dense}"
     router.install(installation, measured=True)
     return router, choice

@@ -34,6 +34,7 @@ class PackedWeight:
     out_features: int
     in_features: int
     scale: torch.Tensor | None = None  # int8: fp32 [out]
+    tiled: torch.Tensor | None = None  # the copy a tiled kernel path reads, made on its first use
 
     def __post_init__(self) -> None:
         if self.qtype not in QTYPES:

@@ -29,6 +29,7 @@ typedef struct {
   const float* scale; /* int8: one per output row */
   const float* bias;
   int64_t out, in;
+  int64_t path; /* the quantized kernels' code path (vq_variants' bit) for this weight at this batch size */
 } vl_linear;
 
 typedef struct {
@@ -46,7 +47,6 @@ typedef struct {
   rope_fn rope;
   silu_mul_fn silu_mul;
   attention_fn attention;
-  int64_t vq_path; /* the quantized kernels' code path */
   int64_t num_layers, hidden, heads, kv_heads, head_dim, v_dim, intermediate;
   const vl_layer* layers;
 } vl_model;
@@ -56,7 +56,7 @@ static int run_linear(const vl_model* m, const vl_linear* l, const float* x, flo
     m->linear((const float*)l->weight, l->bias, x, y, l->out, l->in, rows, threads);
     return 0;
   }
-  return m->vq_linear((int)m->vq_path, (int)l->kind, l->weight, l->scale, l->bias, x, y, l->out, l->in, rows,
+  return m->vq_linear((int)l->path, (int)l->kind, l->weight, l->scale, l->bias, x, y, l->out, l->in, rows,
                       threads);
 }
 

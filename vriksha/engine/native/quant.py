@@ -1,9 +1,14 @@
 """The quantized linear kernels (`quant_kernels.c`): packed weights dequantized in registers.
 
 Built like the fp32 kernels, once per instruction-set variant (`isa.py`; the AVX2 and AVX-512 builds add
-F16C, which every CPU with AVX2 has), and the widest variant this CPU's flags allow is loaded. Inside a
-build, `paths` lists its code paths (`scalar` always, `avx2`, `avx512`): the widest runs, the scalar one is the
-reference the tests hold the others to."""
+F16C, which every CPU with AVX2 has, the AVX512-BF16 build adds AVX-512 VNNI), and the widest variant this
+CPU's flags allow is loaded. Inside a build, `paths` lists its code paths (`scalar` always, `avx2`, `avx512`,
+`avx2_i16`, `avx512_vnni`): the last runs, the scalar one is the reference the tests hold the others to.
+`avx2` and `avx512` sum fp32 products of the dequantized weights with the activations as they are; the
+integer paths round each block of 32 activations to int16 (at most 1/65534 of the block's largest) and dot it
+with the weights widened to int16: `avx2_i16` row by row (vpmaddwd), `avx512_vnni` on a copy of the weight
+tiled 16 output rows at a time (made once, on first use), where one vpdpwssd advances 16 rows' dot products
+by two elements, so decode is bound by reading the weights rather than by decoding them."""
 
 from __future__ import annotations
 
@@ -21,7 +26,12 @@ from vriksha.loading.packed import PackedWeight
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("quant_kernels.c")
-PATHS = {"scalar": 1, "avx2": 2, "avx512": 4}  # the bits of vq_variants()
+# the bits of vq_variants(), in order of preference: the widest a build has runs
+PATHS = {"scalar": 1, "avx2": 2, "avx512": 4, "avx2_i16": 16, "avx512_vnni": 8}
+# the float paths take fp32 products of the activations as they are; the others round them to int16
+FLOAT_PATHS = ("scalar", "avx2", "avx512")
+TILED_PATHS = ("avx512_vnni",)  # read a copy of the weight tiled 16 rows at a time (`vq_tile`)
+TILE_ROWS = 16
 KINDS = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "int8": 3}
 _I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 
@@ -31,15 +41,23 @@ class QuantKernelError(VrikshaError):
 
 
 class QuantKernels:
-    """Typed entry points; activations fp32 on the CPU. `variant` is the fastest one this build has."""
+    """Typed entry points; activations fp32 or bf16 on the CPU. `variant` is the fastest one this build has."""
+
+    DTYPES = (torch.float32, torch.bfloat16)
 
     def __init__(self, path: Path, variant: isa.Variant) -> None:
         lib = ctypes.CDLL(str(path))
         lib.vq_variants.restype = _INT
         lib.vq_linear.argtypes = [_INT, _INT] + [_PTR] * 5 + [_I64] * 3 + [_INT]
         lib.vq_linear.restype = _INT
+        lib.vq_linear_bf16.argtypes = [_INT, _INT] + [_PTR] * 6 + [_I64] * 3 + [_INT]
+        lib.vq_linear_bf16.restype = _INT
         lib.vq_dequantize.argtypes = [_INT] + [_PTR] * 3 + [_I64] * 3
         lib.vq_dequantize.restype = _INT
+        lib.vq_tile.argtypes = [_INT, _PTR, _PTR, _I64, _I64]
+        lib.vq_tile.restype = _INT
+        lib.vq_tile_bytes.argtypes = [_INT, _I64, _I64]
+        lib.vq_tile_bytes.restype = _I64
         self._lib = lib
         self.path = path
         self.isa = variant
@@ -54,29 +72,63 @@ class QuantKernels:
         bias: torch.Tensor | None = None,
         path: str | None = None,
     ) -> torch.Tensor:
-        """x [M, in] (fp32, contiguous) @ dequantize(weight).T (+ bias) -> [M, out]; `path`: a code path of
-        this build (default: the widest)."""
+        """x [M, in] (fp32 or bf16, contiguous) @ dequantize(weight).T (+ bias, x's dtype) -> [M, out] in x's
+        dtype, summed in fp32 either way; `path`: a code path of this build (default: the widest)."""
+        if x.dtype not in self.DTYPES or (bias is not None and bias.dtype != x.dtype):
+            raise QuantKernelError(
+                f"packed kernels take float32 or bfloat16 activations with a bias of the same dtype, got "
+                f"{x.dtype}{'' if bias is None else f' and a {bias.dtype} bias'}"
+            )
         rows = x.shape[0]
-        y = torch.empty(rows, weight.out_features, dtype=torch.float32)
-        done = self._lib.vq_linear(
-            PATHS[path or self.variant],
+        y = torch.empty(rows, weight.out_features, dtype=x.dtype)
+        path = path or self.variant
+        head = (
+            PATHS[path],
             KINDS[weight.qtype],
-            weight.data.data_ptr(),
+            self.pointer(weight, path),
             weight.scale.data_ptr() if weight.scale is not None else None,
             bias.data_ptr() if bias is not None else None,
             x.data_ptr(),
             y.data_ptr(),
-            weight.out_features,
-            weight.in_features,
-            rows,
-            torch.get_num_threads(),
         )
+        shape = (weight.out_features, weight.in_features, rows, torch.get_num_threads())
+        if x.dtype == torch.float32:
+            done = self._lib.vq_linear(*head, *shape)
+        else:
+            work = torch.empty(rows * (weight.in_features + weight.out_features), dtype=torch.float32)
+            done = self._lib.vq_linear_bf16(*head, work.data_ptr(), *shape)
         if done != 0:
             raise QuantKernelError(
-                f"the {path or self.variant} kernel cannot run a {weight.qtype} weight "
+                f"the {path} kernel cannot run a {weight.qtype} weight "
                 f"[{weight.out_features} x {weight.in_features}]; this build's paths: {self.paths}"
             )
         return y
+
+    def runs(self, weight: PackedWeight, path: str) -> bool:
+        """Whether code path `path` of this build serves `weight` (the tiled path needs rows in sixteens)."""
+        if path not in self.paths:
+            return False
+        return path not in TILED_PATHS or weight.qtype == "int8" or weight.out_features % TILE_ROWS == 0
+
+    def pointer(self, weight: PackedWeight, path: str) -> int:
+        """The address of the bytes `path` reads for `weight`: its tiled copy on a tiled path (made on first
+        use and kept with the weight), else its packed rows."""
+        if path not in TILED_PATHS or weight.qtype == "int8":
+            return weight.data.data_ptr()
+        if weight.tiled is None:
+            kind = KINDS[weight.qtype]
+            size = self._lib.vq_tile_bytes(kind, weight.out_features, weight.in_features)
+            if size < 0:
+                raise QuantKernelError(
+                    f"the {path} kernel needs a multiple of {TILE_ROWS} output rows, this {weight.qtype} "
+                    f"weight has {weight.out_features}"
+                )
+            tiled = torch.empty(size, dtype=torch.uint8)
+            self._lib.vq_tile(
+                kind, weight.data.data_ptr(), tiled.data_ptr(), weight.out_features, weight.in_features
+            )
+            weight.tiled = tiled
+        return weight.tiled.data_ptr()
 
     def dequantize(self, weight: PackedWeight, row0: int = 0, rows: int | None = None) -> torch.Tensor:
         """Rows [row0, row0 + rows) of the weight in fp32."""
@@ -107,13 +159,21 @@ def quant_kernels(variant: str | None = None) -> QuantKernels | None:
     return QuantKernels(*loaded) if loaded else None
 
 
+def _extra(variant: isa.Variant) -> dict[str, str]:
+    """Flags the quantized build adds to `variant`'s: F16C with AVX2 (every AVX2 CPU has it), and AVX-512 VNNI
+    with AVX512-BF16 (every CPU with BF16 has VNNI; the `vnni` path needs it), as {cflag: cpu flag}."""
+    extra = {"-mf16c": "f16c"} if "-mavx2" in variant.cflags else {}
+    if "-mavx512bf16" in variant.cflags:
+        extra["-mavx512vnni"] = "avx512_vnni"
+    return extra
+
+
 def build_variant(compiler: str, variant: isa.Variant) -> Path:
     """The quantized kernels' library of `variant` (compiles whether or not this CPU runs it)."""
-    extra = ("-mf16c",) if "-mavx2" in variant.cflags else ()
-    return build(compiler, variant, (SOURCE,), (), "quant_kernels", extra)
+    return build(compiler, variant, (SOURCE,), (), "quant_kernels", tuple(_extra(variant)))
 
 
 def missing_flags(variant: isa.Variant) -> list[str]:
     """The CPU flags the quantized build of `variant` needs that this CPU lacks."""
-    need = set(variant.cpu_flags) | ({"f16c"} if "-mavx2" in variant.cflags else set())
+    need = set(variant.cpu_flags) | set(_extra(variant).values())
     return sorted(need - isa.cpu_flags())

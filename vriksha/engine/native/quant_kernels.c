@@ -6,8 +6,9 @@
  *   Q8_0  34 bytes a block: fp16 d, 32 int8; w = q * d
  *   I8    int8 per weight, one fp32 scale per output row; w = q * scale[o]
  * In a nibble block, byte j holds element j in its low nibble and element j + 16 in its high one (GGML's order).
- * Activations and outputs are fp32; every product and sum is fp32, so the result equals a matmul on the
- * dequantized weights up to the order of the additions (and one rounding of q * d + m, fused here).
+ * Activations and outputs are fp32 (`vq_linear`) or bf16 (`vq_linear_bf16`, widened on entry and rounded once
+ * on exit); every product and sum is fp32, so the result equals a matmul on the dequantized weights up to the
+ * order of the additions (and one rounding of q * d + m, fused here).
  *
  * Each output row is decoded once per tile of up to 8 input rows, so at decode batch sizes the weights are read
  * from memory once per call at 1/8 (Q4) or 1/4 (int8) of the fp32 bytes. Variants by instruction set: `avx2`
@@ -15,6 +16,8 @@
  * (-march=native); `vq_variants()` says which ones this build has.
  */
 #include <stdint.h>
+#include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -24,6 +27,8 @@
 #define VQ_SCALAR 1
 #define VQ_AVX2 2
 #define VQ_AVX512 4
+#define VQ_AVX512_VNNI 8
+#define VQ_AVX2_I16 16
 #define TILE 8
 
 enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, I8 = 3 };
@@ -275,6 +280,257 @@ static void linear_avx512(int kind, const uint8_t* w, const float* scale, const 
 }
 #endif
 
+
+/* ---- Integer paths: activations quantized to int16 per block, integer dot products -------------------------
+ * Each input row is quantized once per call: per block of 32, dx = max|x| / 32767, xq = round(x / dx) (int16),
+ * and sx = dx * sum(xq). A weight block, widened to int16 (Q4_0: q - 8; Q4_1: q; Q8_0: q), is dotted with xq
+ * in integers (AVX-512 VNNI vpdpwssd, or AVX2 vpmaddwd), so its contribution is d * dx * sum(w * xq), plus
+ * min * sx for Q4_1. The weights are exact; each activation carries a rounding of at most dx / 2 (1/65534 of its
+ * block's largest), and a block costs one or two integer instructions per input row instead of a dozen float
+ * ones. The quantization of the rows is scalar: it is O(rows * in) against the dot products' O(rows * in * out). */
+#ifdef HAVE_AVX2 /* every integer path needs AVX2 and F16C */
+typedef struct {
+  int16_t* q; /* [m, in] */
+  float* d;   /* [m, in / 32] */
+  float* s;   /* [m, in / 32] */
+  void* buf;
+} QuantRows;
+
+/* One block of 32 activations to int16 (round to nearest even, as lrintf), its dx and its dx * sum(xq). */
+static inline void quantize_block(const float* xb, int16_t* qb, float* d, float* s) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 v[4], amax = _mm256_setzero_ps();
+  for (int k = 0; k < 4; k++) {
+    v[k] = _mm256_loadu_ps(xb + 8 * k);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_movehdup_ps(h));
+  float top = _mm_cvtss_f32(h);
+  float id = top > 0.f ? 32767.f / top : 0.f;
+  __m256 scale = _mm256_set1_ps(id);
+  __m256i sum = _mm256_setzero_si256();
+  for (int k = 0; k < 4; k += 2) {
+    __m256i a = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], scale));
+    __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(v[k + 1], scale));
+    sum = _mm256_add_epi32(sum, _mm256_add_epi32(a, c));
+    /* packs works per 128-bit lane: [a0-3 c0-3 a4-7 c4-7]; the permute puts a0-7 before c0-7 */
+    __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, c), 0xd8);
+    _mm256_storeu_si256((__m256i*)(qb + 8 * k), packed);
+  }
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+  *d = top / 32767.f;
+  *s = *d * (float)_mm_cvtsi128_si32(t);
+}
+
+static int quantize_rows(const float* x, int64_t m, int64_t in, QuantRows* qr, int threads) {
+  int64_t nb = in / QK;
+  qr->buf = malloc((size_t)(m * in * (int64_t)sizeof(int16_t) + 2 * m * nb * (int64_t)sizeof(float)) + 64);
+  if (qr->buf == NULL) return -1;
+  qr->d = (float*)qr->buf;
+  qr->s = qr->d + m * nb;
+  qr->q = (int16_t*)(qr->s + m * nb);
+  int par = m * in >= 16384 ? threads : 1; /* a decode step's few rows are not worth waking the threads */
+  _Pragma("omp parallel for schedule(static) num_threads(par)")
+  for (int64_t i = 0; i < m * nb; i++) {
+    int64_t r = i / nb, b = i % nb;
+    quantize_block(x + r * in + b * QK, qr->q + r * in + b * QK, qr->d + i, qr->s + i);
+  }
+  return 0;
+}
+
+#define DEFINE_LINEAR_INT(ISA, KIND)                                                                          \
+  static void linear_##ISA##_##KIND(const uint8_t* w, const float* bias, const QuantRows* qr, float* y,       \
+                                    int64_t out, int64_t in, int64_t m, int threads) {                        \
+    int64_t rb = row_bytes(KIND, in);                                                                         \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")                                         \
+    for (int64_t o = 0; o < out; o++) {                                                                       \
+      const uint8_t* wo = w + o * rb;                                                                         \
+      int64_t r = 0;                                                                                          \
+      for (; r + TILE <= m; r += TILE) row_##ISA(KIND, wo, in, qr, r, y + r * out + o, out, TILE);            \
+      if (m - r >= 4) { row_##ISA(KIND, wo, in, qr, r, y + r * out + o, out, 4); r += 4; }                    \
+      if (m - r >= 2) { row_##ISA(KIND, wo, in, qr, r, y + r * out + o, out, 2); r += 2; }                    \
+      if (m - r >= 1) row_##ISA(KIND, wo, in, qr, r, y + r * out + o, out, 1);                                \
+      if (bias)                                                                                               \
+        for (int64_t k = 0; k < m; k++) y[k * out + o] += bias[o];                                            \
+    }                                                                                                         \
+  }
+
+#define DEFINE_LINEAR_INT_ENTRY(ISA)                                                                          \
+  DEFINE_LINEAR_INT(ISA, Q4_0)                                                                                \
+  DEFINE_LINEAR_INT(ISA, Q4_1)                                                                                \
+  DEFINE_LINEAR_INT(ISA, Q8_0)                                                                                \
+  static int linear_##ISA(int kind, const uint8_t* w, const float* bias, const float* x, float* y,            \
+                          int64_t out, int64_t in, int64_t m, int threads) {                                  \
+    QuantRows qr;                                                                                             \
+    if (quantize_rows(x, m, in, &qr, threads) != 0) return -1;                                                         \
+    switch (kind) {                                                                                           \
+      case Q4_0: linear_##ISA##_Q4_0(w, bias, &qr, y, out, in, m, threads); break;                           \
+      case Q4_1: linear_##ISA##_Q4_1(w, bias, &qr, y, out, in, m, threads); break;                           \
+      default: linear_##ISA##_Q8_0(w, bias, &qr, y, out, in, m, threads);                                    \
+    }                                                                                                         \
+    free(qr.buf);                                                                                             \
+    return 0;                                                                                                 \
+  }
+
+/* The block's d and min (Q4_1; else 0), and a pointer to its 16 nibble bytes or 32 int8 weights. */
+static inline __attribute__((always_inline)) const uint8_t* int_block(int kind, const uint8_t* w, int64_t b,
+                                                                       float* d, float* mn) {
+  const uint8_t* blk = w + b * (kind == Q8_0 ? 34 : kind == Q4_0 ? 18 : 20);
+  *d = _cvtsh_ss(load_u16(blk));
+  *mn = kind == Q4_1 ? _cvtsh_ss(load_u16(blk + 2)) : 0.f;
+  return blk + (kind == Q4_1 ? 4 : 2);
+}
+
+#define HAVE_AVX2_I16 1
+/* Block weights as two vectors of sixteen int16 (elements 0-15, 16-31). */
+static inline __attribute__((always_inline)) void widen16x2(int kind, const uint8_t* q, __m256i* v) {
+  if (kind == Q8_0) {
+    v[0] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)q));
+    v[1] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(q + 16)));
+    return;
+  }
+  __m128i raw = _mm_loadu_si128((const __m128i*)q), nib = _mm_set1_epi8(0x0f);
+  v[0] = _mm256_cvtepu8_epi16(_mm_and_si128(raw, nib));
+  v[1] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), nib));
+  if (kind == Q4_0) {
+    v[0] = _mm256_sub_epi16(v[0], _mm256_set1_epi16(8));
+    v[1] = _mm256_sub_epi16(v[1], _mm256_set1_epi16(8));
+  }
+}
+
+static inline __attribute__((always_inline)) void row_avx2_i16(int kind, const uint8_t* w, int64_t in,
+                                                               const QuantRows* qr, int64_t r0, float* y,
+                                                               int64_t out, int R) {
+  __m256 acc[TILE];
+  float mins[TILE];
+  for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); mins[r] = 0.f; }
+  int64_t nb = in / QK;
+  for (int64_t b = 0; b < nb; b++) {
+    float d, mn;
+    __m256i v[2];
+    widen16x2(kind, int_block(kind, w, b, &d, &mn), v);
+    for (int r = 0; r < R; r++) {
+      int64_t row = r0 + r;
+      const int16_t* xq = qr->q + row * in + b * QK;
+      __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(v[0], _mm256_loadu_si256((const __m256i*)xq)),
+                                     _mm256_madd_epi16(v[1], _mm256_loadu_si256((const __m256i*)(xq + 16))));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * qr->d[row * nb + b]), acc[r]);
+      if (kind == Q4_1) mins[r] += mn * qr->s[row * nb + b];
+    }
+  }
+  for (int r = 0; r < R; r++) y[r * out] = hsum8(acc[r]) + mins[r];
+}
+DEFINE_LINEAR_INT_ENTRY(avx2_i16)
+
+#if defined(HAVE_AVX512) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define HAVE_AVX512_VNNI 1
+/* AVX-512 VNNI on tiled weights (`vq_tile`): 16 output rows at a time, one lane per row. A tile holds block b
+ * of rows [16g, 16g + 16): their 16 fp16 d, (Q4_1) their 16 fp16 min, then the weights, so that a vector of
+ * 32 int16 holds element pair (2k, 2k + 1) of all 16 rows and one vpdpwssd against the broadcast activation
+ * pair k advances 16 dot products by two elements. Nibble tiles (Q4_0, Q4_1): 4 chunks of 64 bytes, chunk c
+ * holding pairs 4c..4c+3: byte 2j + p of its first half holds element 2(4c) + p of row j in its low nibble
+ * and 2(4c + 1) + p in its high one, the second half pairs 4c + 2 and 4c + 3 alike. Q8_0 tiles: 16 runs of
+ * 32 int8, run k holding element 2k + p of row j at byte 2j + p. */
+#define TILE_ROWS 16
+
+static int64_t tile_bytes(int kind) {
+  return kind == Q8_0 ? 32 + 512 : kind == Q4_1 ? 64 + 256 : 32 + 256;
+}
+
+static inline __attribute__((always_inline)) void tile_dots(int kind, const uint8_t* q, const QuantRows* qr,
+                                                            int64_t r0, int R, int64_t in, int64_t b,
+                                                            __m512i* dots) {
+  for (int r = 0; r < R; r++) dots[r] = _mm512_setzero_si512();
+  if (kind == Q8_0) {
+    for (int k = 0; k < 16; k++) {
+      __m512i w = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(q + 32 * k)));
+      for (int r = 0; r < R; r++) {
+        const int32_t* xp = (const int32_t*)(qr->q + (r0 + r) * in + b * QK);
+        dots[r] = _mm512_dpwssd_epi32(dots[r], w, _mm512_set1_epi32(xp[k]));
+      }
+    }
+    return;
+  }
+  const __m512i nib = _mm512_set1_epi8(0x0f);
+  for (int c = 0; c < 4; c++) {
+    __m512i raw = _mm512_loadu_si512((const void*)(q + 64 * c));
+    __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+    __m512i w[4] = {
+        _mm512_cvtepu8_epi16(_mm512_castsi512_si256(lo)),
+        _mm512_cvtepu8_epi16(_mm512_castsi512_si256(hi)),
+        _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(lo, 1)),
+        _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(hi, 1)),
+    };
+    for (int r = 0; r < R; r++) {
+      const int32_t* xp = (const int32_t*)(qr->q + (r0 + r) * in + b * QK) + 4 * c;
+      for (int k = 0; k < 4; k++) dots[r] = _mm512_dpwssd_epi32(dots[r], w[k], _mm512_set1_epi32(xp[k]));
+    }
+  }
+}
+
+/* Rows [r0, r0 + R) of y for output rows [16g, 16g + 16). */
+static inline __attribute__((always_inline)) void tile_rows(int kind, const uint8_t* t, int64_t in,
+                                                            const QuantRows* qr, int64_t r0, int R, float* y,
+                                                            int64_t out, int64_t o0) {
+  __m512 acc[TILE];
+  for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+  int64_t nb = in / QK, tb = tile_bytes(kind);
+  for (int64_t b = 0; b < nb; b++) {
+    const uint8_t* tile = t + b * tb;
+    __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)tile));
+    __m512 mn = kind == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(tile + 32)))
+                             : _mm512_mul_ps(d, _mm512_set1_ps(kind == Q4_0 ? -8.f : 0.f));
+    __m512i dots[TILE];
+    tile_dots(kind, tile + (kind == Q4_1 ? 64 : 32), qr, r0, R, in, b, dots);
+    for (int r = 0; r < R; r++) {
+      int64_t i = (r0 + r) * nb + b;
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r]), _mm512_mul_ps(d, _mm512_set1_ps(qr->d[i])), acc[r]);
+      if (kind != Q8_0) acc[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(qr->s[i]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; r++) _mm512_storeu_ps(y + (r0 + r) * out + o0, acc[r]);
+}
+
+#define DEFINE_LINEAR_TILED(KIND)                                                                             \
+  static void linear_avx512_vnni_##KIND(const uint8_t* t, const float* bias, const QuantRows* qr, float* y,   \
+                                        int64_t out, int64_t in, int64_t m, int threads) {                    \
+    int64_t group_bytes = in / QK * tile_bytes(KIND);                                                         \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)")                                         \
+    for (int64_t g = 0; g < out / TILE_ROWS; g++) {                                                           \
+      const uint8_t* tg = t + g * group_bytes;                                                                \
+      int64_t r = 0, o0 = g * TILE_ROWS;                                                                      \
+      for (; r + 4 <= m; r += 4) tile_rows(KIND, tg, in, qr, r, 4, y, out, o0);                               \
+      if (m - r >= 2) { tile_rows(KIND, tg, in, qr, r, 2, y, out, o0); r += 2; }                              \
+      if (m - r >= 1) tile_rows(KIND, tg, in, qr, r, 1, y, out, o0);                                          \
+      if (bias)                                                                                               \
+        for (int64_t k = 0; k < m; k++)                                                                       \
+          for (int64_t j = 0; j < TILE_ROWS; j++) y[k * out + o0 + j] += bias[o0 + j];                        \
+    }                                                                                                         \
+  }
+DEFINE_LINEAR_TILED(Q4_0)
+DEFINE_LINEAR_TILED(Q4_1)
+DEFINE_LINEAR_TILED(Q8_0)
+
+static int linear_avx512_vnni(int kind, const uint8_t* t, const float* bias, const float* x, float* y,
+                              int64_t out, int64_t in, int64_t m, int threads) {
+  if (out % TILE_ROWS != 0) return -1;
+  QuantRows qr;
+  if (quantize_rows(x, m, in, &qr, threads) != 0) return -1;
+  switch (kind) {
+    case Q4_0: linear_avx512_vnni_Q4_0(t, bias, &qr, y, out, in, m, threads); break;
+    case Q4_1: linear_avx512_vnni_Q4_1(t, bias, &qr, y, out, in, m, threads); break;
+    default: linear_avx512_vnni_Q8_0(t, bias, &qr, y, out, in, m, threads);
+  }
+  free(qr.buf);
+  return 0;
+}
+#endif
+#endif /* HAVE_AVX2 */
+
 int vq_variants(void) {
   int v = VQ_SCALAR;
 #ifdef HAVE_AVX2
@@ -282,6 +538,12 @@ int vq_variants(void) {
 #endif
 #ifdef HAVE_AVX512
   v |= VQ_AVX512;
+#endif
+#ifdef HAVE_AVX2_I16
+  v |= VQ_AVX2_I16;
+#endif
+#ifdef HAVE_AVX512_VNNI
+  v |= VQ_AVX512_VNNI;
 #endif
   return v;
 }
@@ -306,6 +568,16 @@ int vq_linear(int variant, int kind, const void* w, const float* scale, const fl
       linear_avx512(kind, wb, scale, bias, x, y, out, in, m, threads);
       return 0;
 #endif
+#ifdef HAVE_AVX2_I16
+    case VQ_AVX2_I16: /* per-channel int8 rows need not be whole blocks: the float path serves them */
+      if (kind == I8) { linear_avx2(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
+      return linear_avx2_i16(kind, wb, bias, x, y, out, in, m, threads);
+#endif
+#ifdef HAVE_AVX512_VNNI
+    case VQ_AVX512_VNNI:
+      if (kind == I8) { linear_avx512(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
+      return linear_avx512_vnni(kind, wb, bias, x, y, out, in, m, threads);
+#endif
     default:
       return -1;
   }
@@ -318,4 +590,71 @@ int vq_dequantize(int kind, const void* w, const float* scale, float* out, int64
   for (int64_t o = row0; o < row0 + rows; o++)
     dequant_row(kind, (const uint8_t*)w + o * rb, scale ? scale[o] : 1.f, in, out + (o - row0) * in);
   return 0;
+}
+
+static inline float bf16_to_f32(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, NaN kept quiet */
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* vq_linear with bf16 activations and outputs (bias bf16 too): the rows are widened to fp32, the products and
+ * sums stay fp32 as in vq_linear, and each output is rounded once to bf16. `work` holds m * (in + out) floats. */
+int vq_linear_bf16(int variant, int kind, const void* w, const float* scale, const uint16_t* bias,
+                   const uint16_t* x, uint16_t* y, float* work, int64_t out, int64_t in, int64_t m, int threads) {
+  float* xf = work;
+  float* yf = work + m * in;
+  for (int64_t i = 0; i < m * in; i++) xf[i] = bf16_to_f32(x[i]);
+  int done = vq_linear(variant, kind, w, scale, NULL, xf, yf, out, in, m, threads);
+  if (done != 0) return done;
+  for (int64_t r = 0; r < m; r++)
+    for (int64_t o = 0; o < out; o++)
+      y[r * out + o] = f32_to_bf16(yf[r * out + o] + (bias ? bf16_to_f32(bias[o]) : 0.f));
+  return 0;
+}
+
+/* The tiled copy of a GGUF weight that the `avx512_vnni` path reads (layout above its kernel); `dst` holds
+ * out / 16 * (in / 32) tiles. Returns 0, or -1 for int8 weights or a row count that is not a multiple of 16. */
+int vq_tile(int kind, const void* src, void* dst, int64_t out, int64_t in) {
+  if (kind == I8 || out % 16 != 0 || in % QK != 0) return -1;
+  const uint8_t* w = (const uint8_t*)src;
+  uint8_t* t = (uint8_t*)dst;
+  int64_t rb = row_bytes(kind, in), nb = in / QK;
+  int64_t tb = kind == Q8_0 ? 32 + 512 : kind == Q4_1 ? 64 + 256 : 32 + 256;
+  int64_t head = kind == Q8_0 ? 2 : kind == Q4_1 ? 4 : 2;
+  for (int64_t g = 0; g < out / 16; g++)
+    for (int64_t b = 0; b < nb; b++, t += tb) {
+      memset(t, 0, (size_t)tb);
+      for (int j = 0; j < 16; j++) {
+        const uint8_t* blk = w + (g * 16 + j) * rb + b * (rb / nb);
+        memcpy(t + 2 * j, blk, 2);                       /* d */
+        if (kind == Q4_1) memcpy(t + 32 + 2 * j, blk + 2, 2); /* min */
+        const uint8_t* q = blk + head;
+        uint8_t* body = t + (kind == Q4_1 ? 64 : 32);
+        for (int e = 0; e < QK; e++) {
+          int k = e / 2, p = e % 2;
+          if (kind == Q8_0) {
+            body[32 * k + 2 * j + p] = q[e];
+          } else {
+            uint8_t v = e < 16 ? (q[e] & 0x0f) : (q[e - 16] >> 4);
+            int c = k / 4, half = (k % 4) / 2, high = k % 2;
+            body[64 * c + 32 * half + 2 * j + p] |= (uint8_t)(high ? v << 4 : v);
+          }
+        }
+      }
+    }
+  return 0;
+}
+
+int64_t vq_tile_bytes(int kind, int64_t out, int64_t in) {
+  if (kind == I8 || out % 16 != 0 || in % QK != 0) return -1;
+  return out / 16 * (in / QK) * (kind == Q8_0 ? 32 + 512 : kind == Q4_1 ? 64 + 256 : 32 + 256);
 }
