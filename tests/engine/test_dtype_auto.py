@@ -175,3 +175,30 @@ def test_the_engine_loads_at_the_measured_dtype_and_reports_it(cache, model_dir,
         assert llm.engine.dtype == measured.dtype and llm.engine.dtype_choice.how == "cached"
     with LLM(model=str(model_dir), dtype="float32", **small) as llm:
         assert llm.engine.dtype == torch.float32 and llm.engine.dtype_choice.how == "given"
+
+
+def test_a_gguf_model_runs_float32_where_its_packed_decode_is_faster(model_dir):
+    """Under auto, the embedded GGUF's packed decode step (measured on its shapes) is weighed against each
+    dense dtype's decode step: float32 where it is faster than all of them, the dense choice elsewhere."""
+    from vriksha.engine.native.quant import quant_kernels
+    from vriksha.engine.quantization import packed_dtype
+
+    if quant_kernels() is None:
+        pytest.skip("no C compiler: the quantized kernels cannot be built")
+    cpu = devices.host()
+
+    def dense(bf16_decode_s: float) -> fast_dtype.DtypeChoice:
+        timings = {
+            "float32": {"decode_s": 2 * bf16_decode_s, "prefill_s": 1.0},
+            "bfloat16": {"decode_s": bf16_decode_s, "prefill_s": 0.3},
+        }
+        return fast_dtype.DtypeChoice(torch.bfloat16, "auto", "measured", "cpu", timings=timings)
+
+    embedded = EngineConfig()  # the embedded Q4_1 GGUF, quantization auto
+    chosen = packed_dtype(dense(10.0), embedded, cpu)  # a dense step of 10 s: any packed step beats it
+    assert chosen is not None and chosen.dtype == torch.float32 and chosen.requested == "auto"
+    assert "packed blocks" in chosen.how and "dense bf16" in chosen.describe()
+    assert packed_dtype(dense(1e-9), embedded, cpu) is None  # no packed step beats a nanosecond
+    assert packed_dtype(dense(10.0), EngineConfig(quantization="none"), cpu) is None
+    assert packed_dtype(fast_dtype.given("bfloat16", cpu), embedded, cpu) is None  # --dtype stands
+    assert packed_dtype(dense(10.0), EngineConfig(model=str(model_dir)), cpu) is None  # not a GGUF file

@@ -21,6 +21,7 @@ from vriksha.engine.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
 from vriksha.engine.model_runner import ModelRunner
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
 from vriksha.engine.prompt_logprobs import prompt_logprobs_list, record_prompt_logprobs
+from vriksha.engine.quantization import packed_dtype
 from vriksha.engine.request import Request
 from vriksha.engine.sampler import Sampler
 from vriksha.engine.sampling_params import SamplingParams
@@ -106,9 +107,12 @@ class LLMEngine:
 
             device = tp.device if tp is not None else pick_device(config.device)
             # every rank computes in the dtype rank 0 chose (before it started them)
-            self.dtype_choice = (
-                tp.dtype_choice if tp is not None else fast_dtype.resolve(config.dtype, config.model, device)
-            )
+            if tp is not None:
+                self.dtype_choice = tp.dtype_choice
+            else:
+                dense = fast_dtype.resolve(config.dtype, config.model, device)
+                packed = packed_dtype(dense, config, device)
+                self.dtype_choice = packed or dense
             loaded = load_model(config.model, dtype=self.dtype_choice.dtype, device=device)
             model, tokenizer = loaded.model, loaded.tokenizer
             self.model_name = loaded.name

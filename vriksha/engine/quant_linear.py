@@ -18,7 +18,8 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -116,11 +117,56 @@ def source_digest() -> str:
     return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
 
 
-class QuantLinear(MeasuredRouter):
-    """The packed layers of one model: measured routes, installed forwards, refresh after weight updates."""
+class PackedShape(NamedTuple):
+    qtype: str
+    out_features: int
+    in_features: int
+
+
+def shape_of(weight: PackedWeight) -> PackedShape:
+    return PackedShape(weight.qtype, weight.out_features, weight.in_features)
+
+
+class PackedTimings(MeasuredRouter):
+    """The measured seconds per call of packed shapes at every bucket, packed and dense, for one kernel build,
+    dtype and dense path: measured once per machine, kept in `$VRIKSHA_CACHE/quant_linear.json`. Shared by
+    the layers of a loaded model (`QuantLinear`) and by `dtype="auto"`, which weighs packed decode steps
+    before a model is loaded."""
 
     CACHE_FILE = "quant_linear.json"
     WHAT = "packed linear"
+
+    def __init__(self, kernels: QuantKernels, dense: Kernels | None, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.kernels, self.dense, self.dtype = kernels, dense, dtype
+
+    def key(self, shape: PackedShape) -> str:
+        return (
+            f"v3:{shape.qtype}:{shape.out_features}x{shape.in_features}:{self.kernels.variant}:"
+            f"{self.dtype}:t{torch.get_num_threads()}:{torch.__version__}:{source_digest()}:"
+            f"{'native' if self.dense is not None else 'torch'}"
+        )
+
+    def measure_one(self, shape: PackedShape) -> dict[str, list]:
+        return measure(*shape, self.kernels, self.dense, self.dtype)
+
+    def valid(self, record: dict[str, list]) -> bool:
+        return all(len(record.get(k, ())) == len(BUCKETS) for k in ("packed", "path", "dense")) and all(
+            p in self.kernels.paths for p in record["path"]
+        )
+
+    def step_seconds(self, shapes: Sequence[PackedShape], rows: int = 1) -> tuple[float, float]:
+        """(packed, dense) seconds of one call of each of `shapes` with `rows` rows (repeats counted)."""
+        i = bucket_index(BUCKETS, rows)
+        if i == len(BUCKETS):
+            raise ValueError(f"rows must be at most {BUCKETS[-1]}, got {rows}")
+        known = self.measured(sorted(set(shapes)))
+        records = [known[self.key(s)] for s in shapes]
+        return sum(r["packed"][i] for r in records), sum(r["dense"][i] for r in records)
+
+
+class QuantLinear(MeasuredRouter):
+    """The packed layers of one model: measured routes, installed forwards, refresh after weight updates."""
 
     def __init__(
         self,
@@ -139,6 +185,7 @@ class QuantLinear(MeasuredRouter):
             raise ValueError(
                 f"packed kernels take float32 or bfloat16 activations, the model is {self.dtype}"
             )
+        self.timings = PackedTimings(kernels, dense, self.dtype)
         modules = dict(model.named_modules())
         self.layers: list[tuple[nn.Linear, PackedWeight]] = []
         for name, weight in packed.items():
@@ -160,38 +207,17 @@ class QuantLinear(MeasuredRouter):
         self.installed: dict[nn.Module, tuple[PackedWeight, list[str | None]]] = {}
 
     def key(self, weight: PackedWeight) -> str:
-        return (
-            f"v3:{weight.qtype}:{weight.out_features}x{weight.in_features}:{self.kernels.variant}:"
-            f"{self.dtype}:t{torch.get_num_threads()}:{torch.__version__}:{source_digest()}:"
-            f"{'native' if self.dense is not None else 'torch'}"
-        )
-
-    def measure_one(self, weight: PackedWeight) -> dict[str, list[float]]:
-        return measure(
-            weight.qtype, weight.out_features, weight.in_features, self.kernels, self.dense, self.dtype
-        )
-
-    def valid(self, record: dict[str, list[float]]) -> bool:
-        return all(len(record.get(k, ())) == len(BUCKETS) for k in ("packed", "path", "dense")) and all(
-            p in self.kernels.paths for p in record["path"]
-        )
+        return self.timings.key(shape_of(weight))
 
     def measure(self) -> dict[str, dict[str, list]]:
         """Seconds per call of each packed shape at each bucket, packed and dense (measured once, cached)."""
-        known = self.measured([w for _, w in self.layers])
+        known = self.timings.measured(sorted({shape_of(w) for _, w in self.layers}))
         self.times = {self.key(w): known[self.key(w)] for _, w in self.layers}
         return self.times
 
     def step_seconds(self, rows: int = 1) -> tuple[float, float]:
         """(packed, dense) seconds of all packed layers' calls in one forward of `rows` rows, as measured."""
-        i = bucket_index(BUCKETS, rows)
-        if i == len(BUCKETS):
-            raise ValueError(f"rows must be at most {BUCKETS[-1]}, got {rows}")
-        if self.times is None:
-            self.measure()
-        packed = sum(self.times[self.key(w)]["packed"][i] for _, w in self.layers)
-        dense = sum(self.times[self.key(w)]["dense"][i] for _, w in self.layers)
-        return packed, dense
+        return self.timings.step_seconds([shape_of(w) for _, w in self.layers], rows)
 
     def formats(self) -> dict[str, int]:
         return dict(Counter(w.qtype for _, w in self.layers))

@@ -11,6 +11,12 @@
 Packed kernels run on the CPU with fp32 or bf16 activations (bf16 ones are widened to fp32 in registers, the
 sums are fp32); `auto` falls back to `none` elsewhere, an explicit `gguf` or `int8` there is a configuration
 error.
+
+The dtype follows from the weights served (`packed_dtype`): under `dtype="auto"`, a GGUF model whose every
+linear layer the packed kernels serve runs float32 when a packed decode step (one row, measured on the file's
+shapes before loading) beats the dense decode step of every dtype `fast_dtype` timed. Decode then reads the
+4-bit blocks whatever the dtype, and float32 is the dtype whose decode steps run as one native call
+(`native_decode.py`); bf16 would keep only its edge on large prefill matmuls.
 """
 
 from __future__ import annotations
@@ -18,15 +24,21 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
+import vriksha.device as devices
 from vriksha.engine.installation import ModuleInstallation
 from vriksha.engine.native import Kernels
 from vriksha.engine.native.quant import QuantKernels, quant_kernels
-from vriksha.engine.quant_linear import QuantLinear
+from vriksha.engine.quant_linear import PackedShape, PackedTimings, QuantLinear
 from vriksha.errors import ConfigError
+from vriksha.fast_dtype import DtypeChoice
+
+if TYPE_CHECKING:
+    from vriksha.engine.config import EngineConfig
 from vriksha.loading.packed import quantize_int8
 
 logger = logging.getLogger(__name__)
@@ -59,6 +71,40 @@ class QuantizationChoice:
                 f"; decode-step linears {self.packed_ms:.2f} ms packed vs {self.dense_ms:.2f} ms {self.dense}"
             )
         return text
+
+
+def packed_dtype(dense: DtypeChoice, config: EngineConfig, device: torch.device) -> DtypeChoice | None:
+    """float32 in place of `dense` (the measured dense choice of `dtype="auto"`) where the model's GGUF blocks
+    make decode faster than any dense dtype (see the module's text), else None."""
+    from vriksha.engine import kernel_sets
+    from vriksha.loading.gguf_weights import gguf_linear_types
+    from vriksha.loading.loader import gguf_source
+
+    if dense.how not in ("measured", "cached") or config.quantization not in ("auto", "gguf"):
+        return None
+    gguf = gguf_source(config.model) if devices.is_host(device) and dense.timings else None
+    kernels = quant_kernels() if gguf is not None else None
+    if kernels is None:
+        return None
+    types = gguf_linear_types(gguf)
+    if not types or any(qtype is None for qtype, _, _ in types):
+        return None  # some layers would stay dense: the dense choice stands
+    kernel_set = kernel_sets.select(config.kernels, device, torch.float32, config.native_kernels)
+    fp32_kernels = kernel_set.linear_for(torch.float32)
+    timings = PackedTimings(kernels, fp32_kernels, torch.float32)
+    packed_s, _ = timings.step_seconds([PackedShape(*t) for t in types], rows=1)
+    best = min(dense.timings, key=lambda name: dense.timings[name]["decode_s"])
+    best_s = dense.timings[best]["decode_s"]
+    if packed_s >= best_s:
+        return None
+    return DtypeChoice(
+        torch.float32,
+        "auto",
+        f"{dense.how}: decode from the GGUF's packed blocks, {packed_s * 1e3:.2f} ms a step against "
+        f"{best_s * 1e3:.2f} ms for dense {SHORT_DTYPES[getattr(torch, best)]}; float32 runs it natively",
+        dense.device,
+        timings=dense.timings,
+    )
 
 
 def _packed_weights(model: nn.Module, mode: str, gguf: Path | None) -> dict:

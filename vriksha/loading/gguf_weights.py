@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 import re
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from vriksha.loading.gguf_index import read_gguf_index
+from vriksha.loading.gguf_index import GGUFIndex, GGUFTensor, read_gguf_index
 from vriksha.loading.packed import PackedWeight, permute_rows
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,27 @@ def _rotary_order(rows: int, heads: int) -> torch.Tensor:
     return torch.argsort(interleaved)
 
 
+def _linear_tensors(index: GGUFIndex, tie_word_embeddings: bool) -> Iterator[tuple[str, GGUFTensor]]:
+    """(Transformers module name, tensor) for every linear layer's weight in the file."""
+    names = {t.name for t in index.tensors}
+    for tensor in index.tensors:
+        module = _hf_module(tensor.name)
+        if module is None and tensor.name == "token_embd.weight" and tie_word_embeddings:
+            module = None if "output.weight" in names else "lm_head"
+        if module is not None:
+            yield module, tensor
+
+
+def gguf_linear_types(path: Path, tie_word_embeddings: bool = True) -> list[tuple[str | None, int, int]]:
+    """(packed type or None where no packed kernel serves it, out, in) of every linear layer in the file, read
+    from its index alone (no weight is read)."""
+    out = []
+    for _, tensor in _linear_tensors(read_gguf_index(path), tie_word_embeddings):
+        in_features, out_features = (int(n) for n in tensor.shape)
+        out.append((_PACKABLE.get(tensor.type_name), out_features, in_features))
+    return out
+
+
 def read_gguf_linears(path: Path, tie_word_embeddings: bool = True) -> dict[str, PackedWeight]:
     """{Transformers module name: packed weight} for every linear layer stored in a packable type."""
     index = read_gguf_index(path)
@@ -60,13 +82,7 @@ def read_gguf_linears(path: Path, tie_word_embeddings: bool = True) -> dict[str,
     kv_heads = index.metadata.get(f"{arch}.attention.head_count_kv") or heads
     packed: dict[str, PackedWeight] = {}
     skipped: Counter[str] = Counter()
-    names = {t.name for t in index.tensors}
-    for tensor in index.tensors:
-        module = _hf_module(tensor.name)
-        if module is None and tensor.name == "token_embd.weight" and tie_word_embeddings:
-            module = None if "output.weight" in names else "lm_head"
-        if module is None:
-            continue
+    for module, tensor in _linear_tensors(index, tie_word_embeddings):
         qtype = _PACKABLE.get(tensor.type_name)
         if qtype is None:
             skipped[tensor.type_name] += 1
