@@ -16,7 +16,7 @@ Byte j of a 4-bit block holds element j in its low nibble and element j + 16 in 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,7 +34,7 @@ class PackedWeight:
     out_features: int
     in_features: int
     scale: torch.Tensor | None = None  # int8: fp32 [out]
-    tiled: torch.Tensor | None = None  # the copy a tiled kernel path reads, made on its first use
+    tiled: dict[int, torch.Tensor] = field(default_factory=dict)  # rows a tile: the copy a tiled path reads
 
     def __post_init__(self) -> None:
         if self.qtype not in QTYPES:

@@ -6,9 +6,9 @@ CPU's flags allow is loaded. Inside a build, `paths` lists its code paths (`scal
 `avx2_i16`, `avx512_vnni`): the last runs, the scalar one is the reference the tests hold the others to.
 `avx2` and `avx512` sum fp32 products of the dequantized weights with the activations as they are; the
 integer paths round each block of 32 activations to int16 (at most 1/65534 of the block's largest) and dot it
-with the weights widened to int16: `avx2_i16` row by row (vpmaddwd), `avx512_vnni` on a copy of the weight
-tiled 16 output rows at a time (made once, on first use), where one vpdpwssd advances 16 rows' dot products
-by two elements, so decode is bound by reading the weights rather than by decoding them."""
+with the weights widened to int16, on a copy of the weight tiled 8 (`avx2_i16`, vpmaddwd) or 16
+(`avx512_vnni`, vpdpwssd) output rows at a time, made once on first use, where one instruction advances every
+row's dot product by two elements: decode is bound by reading the weights rather than by decoding them."""
 
 from __future__ import annotations
 
@@ -30,8 +30,7 @@ SOURCE = Path(__file__).with_name("quant_kernels.c")
 PATHS = {"scalar": 1, "avx2": 2, "avx512": 4, "avx2_i16": 16, "avx512_vnni": 8}
 # the float paths take fp32 products of the activations as they are; the others round them to int16
 FLOAT_PATHS = ("scalar", "avx2", "avx512")
-TILED_PATHS = ("avx512_vnni",)  # read a copy of the weight tiled 16 rows at a time (`vq_tile`)
-TILE_ROWS = 16
+TILED_PATHS = {"avx2_i16": 8, "avx512_vnni": 16}  # read a copy of the weight tiled so many rows at a time
 KINDS = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "int8": 3}
 _I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 
@@ -54,9 +53,9 @@ class QuantKernels:
         lib.vq_linear_bf16.restype = _INT
         lib.vq_dequantize.argtypes = [_INT] + [_PTR] * 3 + [_I64] * 3
         lib.vq_dequantize.restype = _INT
-        lib.vq_tile.argtypes = [_INT, _PTR, _PTR, _I64, _I64]
+        lib.vq_tile.argtypes = [_INT, _I64, _PTR, _PTR, _I64, _I64]
         lib.vq_tile.restype = _INT
-        lib.vq_tile_bytes.argtypes = [_INT, _I64, _I64]
+        lib.vq_tile_bytes.argtypes = [_INT, _I64, _I64, _I64]
         lib.vq_tile_bytes.restype = _I64
         self._lib = lib
         self.path = path
@@ -105,30 +104,33 @@ class QuantKernels:
         return y
 
     def runs(self, weight: PackedWeight, path: str) -> bool:
-        """Whether code path `path` of this build serves `weight` (the tiled path needs rows in sixteens)."""
+        """Whether code path `path` of this build serves `weight` (a tiled path needs whole tiles of rows)."""
         if path not in self.paths:
             return False
-        return path not in TILED_PATHS or weight.qtype == "int8" or weight.out_features % TILE_ROWS == 0
+        return (
+            path not in TILED_PATHS or weight.qtype == "int8" or weight.out_features % TILED_PATHS[path] == 0
+        )
 
     def pointer(self, weight: PackedWeight, path: str) -> int:
         """The address of the bytes `path` reads for `weight`: its tiled copy on a tiled path (made on first
         use and kept with the weight), else its packed rows."""
         if path not in TILED_PATHS or weight.qtype == "int8":
             return weight.data.data_ptr()
-        if weight.tiled is None:
+        rows = TILED_PATHS[path]
+        if rows not in weight.tiled:
             kind = KINDS[weight.qtype]
-            size = self._lib.vq_tile_bytes(kind, weight.out_features, weight.in_features)
+            size = self._lib.vq_tile_bytes(kind, rows, weight.out_features, weight.in_features)
             if size < 0:
                 raise QuantKernelError(
-                    f"the {path} kernel needs a multiple of {TILE_ROWS} output rows, this {weight.qtype} "
+                    f"the {path} kernel needs a multiple of {rows} output rows, this {weight.qtype} "
                     f"weight has {weight.out_features}"
                 )
             tiled = torch.empty(size, dtype=torch.uint8)
             self._lib.vq_tile(
-                kind, weight.data.data_ptr(), tiled.data_ptr(), weight.out_features, weight.in_features
+                kind, rows, weight.data.data_ptr(), tiled.data_ptr(), weight.out_features, weight.in_features
             )
-            weight.tiled = tiled
-        return weight.tiled.data_ptr()
+            weight.tiled[rows] = tiled
+        return weight.tiled[rows].data_ptr()
 
     def dequantize(self, weight: PackedWeight, row0: int = 0, rows: int | None = None) -> torch.Tensor:
         """Rows [row0, row0 + rows) of the weight in fp32."""

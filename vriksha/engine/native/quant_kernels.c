@@ -342,31 +342,44 @@ static int quantize_rows(const float* x, int64_t m, int64_t in, QuantRows* qr, i
   return 0;
 }
 
-#define DEFINE_LINEAR_INT(ISA, KIND)                                                                          \
+/* Tiled weights (`vq_tile`): T output rows at a time (T = 8 for AVX2, 16 for AVX-512), one vector lane per
+ * row. A tile holds block b of rows [Tg, Tg + T): their T fp16 d, (Q4_1) their T fp16 min, then the weights,
+ * laid out so that a vector of 2T int16 holds element pair (2k, 2k + 1) of all T rows, and one vpmaddwd (or
+ * VNNI's vpdpwssd) against the broadcast activation pair k advances T dot products by two elements: the
+ * weights are decoded once per tile and shared by up to four input rows. Nibble bodies (Q4_0, Q4_1): 4
+ * chunks of 4T bytes, chunk c holding pairs 4c..4c+3: byte 2j + p of its first half holds element 2(4c) + p of
+ * row j in its low nibble and 2(4c + 1) + p in its high one, the second half pairs 4c + 2 and 4c + 3 alike.
+ * Q8_0 bodies: 16 runs of 2T int8, run k holding element 2k + p of row j at byte 2j + p. */
+static inline int64_t tile_head(int kind, int64_t t) { return (kind == Q4_1 ? 4 : 2) * t; }
+static inline int64_t tile_bytes(int kind, int64_t t) { return (kind == Q8_0 ? 34 : kind == Q4_1 ? 20 : 18) * t; }
+
+#define DEFINE_LINEAR_TILED(ISA, KIND, T)                                                                     \
   static void linear_##ISA##_##KIND(const uint8_t* w, const float* bias, const QuantRows* qr, float* y,       \
                                     int64_t out, int64_t in, int64_t m, int threads) {                        \
-    int64_t rb = row_bytes(KIND, in);                                                                         \
+    int64_t group_bytes = in / QK * tile_bytes(KIND, T);                                                      \
     _Pragma("omp parallel for schedule(static) num_threads(threads)")                                         \
-    for (int64_t o = 0; o < out; o++) {                                                                       \
-      const uint8_t* wo = w + o * rb;                                                                         \
-      int64_t r = 0;                                                                                          \
-      for (; r + TILE <= m; r += TILE) row_##ISA(KIND, wo, in, qr, r, y + r * out + o, out, TILE);            \
-      if (m - r >= 4) { row_##ISA(KIND, wo, in, qr, r, y + r * out + o, out, 4); r += 4; }                    \
-      if (m - r >= 2) { row_##ISA(KIND, wo, in, qr, r, y + r * out + o, out, 2); r += 2; }                    \
-      if (m - r >= 1) row_##ISA(KIND, wo, in, qr, r, y + r * out + o, out, 1);                                \
+    for (int64_t g = 0; g < out / T; g++) {                                                                   \
+      const uint8_t* tg = w + g * group_bytes;                                                                \
+      int64_t r = 0, o0 = g * T;                                                                              \
+      for (; r + 4 <= m; r += 4) tile_rows_##ISA(KIND, tg, in, qr, r, 4, y, out, o0);                         \
+      if (m - r >= 2) { tile_rows_##ISA(KIND, tg, in, qr, r, 2, y, out, o0); r += 2; }                        \
+      if (m - r >= 1) tile_rows_##ISA(KIND, tg, in, qr, r, 1, y, out, o0);                                    \
       if (bias)                                                                                               \
-        for (int64_t k = 0; k < m; k++) y[k * out + o] += bias[o];                                            \
+        for (int64_t k = 0; k < m; k++)                                                                       \
+          for (int64_t j = 0; j < T; j++) y[k * out + o0 + j] += bias[o0 + j];                                \
     }                                                                                                         \
   }
 
-#define DEFINE_LINEAR_INT_ENTRY(ISA)                                                                          \
-  DEFINE_LINEAR_INT(ISA, Q4_0)                                                                                \
-  DEFINE_LINEAR_INT(ISA, Q4_1)                                                                                \
-  DEFINE_LINEAR_INT(ISA, Q8_0)                                                                                \
+/* Returns -1 where the rows do not tile or the activations cannot be staged (out of memory). */
+#define DEFINE_LINEAR_TILED_ENTRY(ISA, T)                                                                     \
+  DEFINE_LINEAR_TILED(ISA, Q4_0, T)                                                                           \
+  DEFINE_LINEAR_TILED(ISA, Q4_1, T)                                                                           \
+  DEFINE_LINEAR_TILED(ISA, Q8_0, T)                                                                           \
   static int linear_##ISA(int kind, const uint8_t* w, const float* bias, const float* x, float* y,            \
                           int64_t out, int64_t in, int64_t m, int threads) {                                  \
+    if (out % T != 0) return -1;                                                                              \
     QuantRows qr;                                                                                             \
-    if (quantize_rows(x, m, in, &qr, threads) != 0) return -1;                                                         \
+    if (quantize_rows(x, m, in, &qr, threads) != 0) return -1;                                                \
     switch (kind) {                                                                                           \
       case Q4_0: linear_##ISA##_Q4_0(w, bias, &qr, y, out, in, m, threads); break;                           \
       case Q4_1: linear_##ISA##_Q4_1(w, bias, &qr, y, out, in, m, threads); break;                           \
@@ -376,74 +389,71 @@ static int quantize_rows(const float* x, int64_t m, int64_t in, QuantRows* qr, i
     return 0;                                                                                                 \
   }
 
-/* The block's d and min (Q4_1; else 0), and a pointer to its 16 nibble bytes or 32 int8 weights. */
-static inline __attribute__((always_inline)) const uint8_t* int_block(int kind, const uint8_t* w, int64_t b,
-                                                                       float* d, float* mn) {
-  const uint8_t* blk = w + b * (kind == Q8_0 ? 34 : kind == Q4_0 ? 18 : 20);
-  *d = _cvtsh_ss(load_u16(blk));
-  *mn = kind == Q4_1 ? _cvtsh_ss(load_u16(blk + 2)) : 0.f;
-  return blk + (kind == Q4_1 ? 4 : 2);
-}
-
+/* ---- AVX2: 8-row tiles, vpmaddwd ---- */
 #define HAVE_AVX2_I16 1
-/* Block weights as two vectors of sixteen int16 (elements 0-15, 16-31). */
-static inline __attribute__((always_inline)) void widen16x2(int kind, const uint8_t* q, __m256i* v) {
+
+static inline __attribute__((always_inline)) void tile_dots_avx2(int kind, const uint8_t* q, const QuantRows* qr,
+                                                                 int64_t r0, int R, int64_t in, int64_t b,
+                                                                 __m256i* dots) {
+  for (int r = 0; r < R; r++) dots[r] = _mm256_setzero_si256();
   if (kind == Q8_0) {
-    v[0] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)q));
-    v[1] = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(q + 16)));
+    for (int k = 0; k < 16; k++) {
+      __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i*)(q + 16 * k)));
+      for (int r = 0; r < R; r++) {
+        const int32_t* xp = (const int32_t*)(qr->q + (r0 + r) * in + b * QK);
+        dots[r] = _mm256_add_epi32(dots[r], _mm256_madd_epi16(w, _mm256_set1_epi32(xp[k])));
+      }
+    }
     return;
   }
-  __m128i raw = _mm_loadu_si128((const __m128i*)q), nib = _mm_set1_epi8(0x0f);
-  v[0] = _mm256_cvtepu8_epi16(_mm_and_si128(raw, nib));
-  v[1] = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), nib));
-  if (kind == Q4_0) {
-    v[0] = _mm256_sub_epi16(v[0], _mm256_set1_epi16(8));
-    v[1] = _mm256_sub_epi16(v[1], _mm256_set1_epi16(8));
-  }
-}
-
-static inline __attribute__((always_inline)) void row_avx2_i16(int kind, const uint8_t* w, int64_t in,
-                                                               const QuantRows* qr, int64_t r0, float* y,
-                                                               int64_t out, int R) {
-  __m256 acc[TILE];
-  float mins[TILE];
-  for (int r = 0; r < R; r++) { acc[r] = _mm256_setzero_ps(); mins[r] = 0.f; }
-  int64_t nb = in / QK;
-  for (int64_t b = 0; b < nb; b++) {
-    float d, mn;
-    __m256i v[2];
-    widen16x2(kind, int_block(kind, w, b, &d, &mn), v);
+  const __m256i nib = _mm256_set1_epi8(0x0f);
+  for (int c = 0; c < 4; c++) {
+    __m256i raw = _mm256_loadu_si256((const __m256i*)(q + 32 * c));
+    __m256i lo = _mm256_and_si256(raw, nib), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nib);
+    __m256i w[4] = {
+        _mm256_cvtepu8_epi16(_mm256_castsi256_si128(lo)),
+        _mm256_cvtepu8_epi16(_mm256_castsi256_si128(hi)),
+        _mm256_cvtepu8_epi16(_mm256_extracti128_si256(lo, 1)),
+        _mm256_cvtepu8_epi16(_mm256_extracti128_si256(hi, 1)),
+    };
     for (int r = 0; r < R; r++) {
-      int64_t row = r0 + r;
-      const int16_t* xq = qr->q + row * in + b * QK;
-      __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(v[0], _mm256_loadu_si256((const __m256i*)xq)),
-                                     _mm256_madd_epi16(v[1], _mm256_loadu_si256((const __m256i*)(xq + 16))));
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * qr->d[row * nb + b]), acc[r]);
-      if (kind == Q4_1) mins[r] += mn * qr->s[row * nb + b];
+      const int32_t* xp = (const int32_t*)(qr->q + (r0 + r) * in + b * QK) + 4 * c;
+      for (int k = 0; k < 4; k++)
+        dots[r] = _mm256_add_epi32(dots[r], _mm256_madd_epi16(w[k], _mm256_set1_epi32(xp[k])));
     }
   }
-  for (int r = 0; r < R; r++) y[r * out] = hsum8(acc[r]) + mins[r];
 }
-DEFINE_LINEAR_INT_ENTRY(avx2_i16)
 
+static inline __attribute__((always_inline)) void tile_rows_avx2_i16(int kind, const uint8_t* t, int64_t in,
+                                                                     const QuantRows* qr, int64_t r0, int R,
+                                                                     float* y, int64_t out, int64_t o0) {
+  __m256 acc[4];
+  for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
+  int64_t nb = in / QK, tb = tile_bytes(kind, 8);
+  for (int64_t b = 0; b < nb; b++) {
+    const uint8_t* tile = t + b * tb;
+    __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)tile));
+    __m256 mn = kind == Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(tile + 16)))
+                             : _mm256_mul_ps(d, _mm256_set1_ps(kind == Q4_0 ? -8.f : 0.f));
+    __m256i dots[4];
+    tile_dots_avx2(kind, tile + tile_head(kind, 8), qr, r0, R, in, b, dots);
+    for (int r = 0; r < R; r++) {
+      int64_t i = (r0 + r) * nb + b;
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[r]), _mm256_mul_ps(d, _mm256_set1_ps(qr->d[i])), acc[r]);
+      if (kind != Q8_0) acc[r] = _mm256_fmadd_ps(mn, _mm256_set1_ps(qr->s[i]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (r0 + r) * out + o0, acc[r]);
+}
+DEFINE_LINEAR_TILED_ENTRY(avx2_i16, 8)
+
+/* ---- AVX-512 VNNI: 16-row tiles, vpdpwssd ---- */
 #if defined(HAVE_AVX512) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
 #define HAVE_AVX512_VNNI 1
-/* AVX-512 VNNI on tiled weights (`vq_tile`): 16 output rows at a time, one lane per row. A tile holds block b
- * of rows [16g, 16g + 16): their 16 fp16 d, (Q4_1) their 16 fp16 min, then the weights, so that a vector of
- * 32 int16 holds element pair (2k, 2k + 1) of all 16 rows and one vpdpwssd against the broadcast activation
- * pair k advances 16 dot products by two elements. Nibble tiles (Q4_0, Q4_1): 4 chunks of 64 bytes, chunk c
- * holding pairs 4c..4c+3: byte 2j + p of its first half holds element 2(4c) + p of row j in its low nibble
- * and 2(4c + 1) + p in its high one, the second half pairs 4c + 2 and 4c + 3 alike. Q8_0 tiles: 16 runs of
- * 32 int8, run k holding element 2k + p of row j at byte 2j + p. */
-#define TILE_ROWS 16
 
-static int64_t tile_bytes(int kind) {
-  return kind == Q8_0 ? 32 + 512 : kind == Q4_1 ? 64 + 256 : 32 + 256;
-}
-
-static inline __attribute__((always_inline)) void tile_dots(int kind, const uint8_t* q, const QuantRows* qr,
-                                                            int64_t r0, int R, int64_t in, int64_t b,
-                                                            __m512i* dots) {
+static inline __attribute__((always_inline)) void tile_dots_avx512(int kind, const uint8_t* q, const QuantRows* qr,
+                                                                   int64_t r0, int R, int64_t in, int64_t b,
+                                                                   __m512i* dots) {
   for (int r = 0; r < R; r++) dots[r] = _mm512_setzero_si512();
   if (kind == Q8_0) {
     for (int k = 0; k < 16; k++) {
@@ -472,20 +482,19 @@ static inline __attribute__((always_inline)) void tile_dots(int kind, const uint
   }
 }
 
-/* Rows [r0, r0 + R) of y for output rows [16g, 16g + 16). */
-static inline __attribute__((always_inline)) void tile_rows(int kind, const uint8_t* t, int64_t in,
-                                                            const QuantRows* qr, int64_t r0, int R, float* y,
-                                                            int64_t out, int64_t o0) {
-  __m512 acc[TILE];
+static inline __attribute__((always_inline)) void tile_rows_avx512_vnni(int kind, const uint8_t* t, int64_t in,
+                                                                        const QuantRows* qr, int64_t r0, int R,
+                                                                        float* y, int64_t out, int64_t o0) {
+  __m512 acc[4];
   for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
-  int64_t nb = in / QK, tb = tile_bytes(kind);
+  int64_t nb = in / QK, tb = tile_bytes(kind, 16);
   for (int64_t b = 0; b < nb; b++) {
     const uint8_t* tile = t + b * tb;
     __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)tile));
     __m512 mn = kind == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(tile + 32)))
                              : _mm512_mul_ps(d, _mm512_set1_ps(kind == Q4_0 ? -8.f : 0.f));
-    __m512i dots[TILE];
-    tile_dots(kind, tile + (kind == Q4_1 ? 64 : 32), qr, r0, R, in, b, dots);
+    __m512i dots[4];
+    tile_dots_avx512(kind, tile + tile_head(kind, 16), qr, r0, R, in, b, dots);
     for (int r = 0; r < R; r++) {
       int64_t i = (r0 + r) * nb + b;
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r]), _mm512_mul_ps(d, _mm512_set1_ps(qr->d[i])), acc[r]);
@@ -494,40 +503,7 @@ static inline __attribute__((always_inline)) void tile_rows(int kind, const uint
   }
   for (int r = 0; r < R; r++) _mm512_storeu_ps(y + (r0 + r) * out + o0, acc[r]);
 }
-
-#define DEFINE_LINEAR_TILED(KIND)                                                                             \
-  static void linear_avx512_vnni_##KIND(const uint8_t* t, const float* bias, const QuantRows* qr, float* y,   \
-                                        int64_t out, int64_t in, int64_t m, int threads) {                    \
-    int64_t group_bytes = in / QK * tile_bytes(KIND);                                                         \
-    _Pragma("omp parallel for schedule(static) num_threads(threads)")                                         \
-    for (int64_t g = 0; g < out / TILE_ROWS; g++) {                                                           \
-      const uint8_t* tg = t + g * group_bytes;                                                                \
-      int64_t r = 0, o0 = g * TILE_ROWS;                                                                      \
-      for (; r + 4 <= m; r += 4) tile_rows(KIND, tg, in, qr, r, 4, y, out, o0);                               \
-      if (m - r >= 2) { tile_rows(KIND, tg, in, qr, r, 2, y, out, o0); r += 2; }                              \
-      if (m - r >= 1) tile_rows(KIND, tg, in, qr, r, 1, y, out, o0);                                          \
-      if (bias)                                                                                               \
-        for (int64_t k = 0; k < m; k++)                                                                       \
-          for (int64_t j = 0; j < TILE_ROWS; j++) y[k * out + o0 + j] += bias[o0 + j];                        \
-    }                                                                                                         \
-  }
-DEFINE_LINEAR_TILED(Q4_0)
-DEFINE_LINEAR_TILED(Q4_1)
-DEFINE_LINEAR_TILED(Q8_0)
-
-static int linear_avx512_vnni(int kind, const uint8_t* t, const float* bias, const float* x, float* y,
-                              int64_t out, int64_t in, int64_t m, int threads) {
-  if (out % TILE_ROWS != 0) return -1;
-  QuantRows qr;
-  if (quantize_rows(x, m, in, &qr, threads) != 0) return -1;
-  switch (kind) {
-    case Q4_0: linear_avx512_vnni_Q4_0(t, bias, &qr, y, out, in, m, threads); break;
-    case Q4_1: linear_avx512_vnni_Q4_1(t, bias, &qr, y, out, in, m, threads); break;
-    default: linear_avx512_vnni_Q8_0(t, bias, &qr, y, out, in, m, threads);
-  }
-  free(qr.buf);
-  return 0;
-}
+DEFINE_LINEAR_TILED_ENTRY(avx512_vnni, 16)
 #endif
 #endif /* HAVE_AVX2 */
 
@@ -621,32 +597,32 @@ int vq_linear_bf16(int variant, int kind, const void* w, const float* scale, con
   return 0;
 }
 
-/* The tiled copy of a GGUF weight that the `avx512_vnni` path reads (layout above its kernel); `dst` holds
- * out / 16 * (in / 32) tiles. Returns 0, or -1 for int8 weights or a row count that is not a multiple of 16. */
-int vq_tile(int kind, const void* src, void* dst, int64_t out, int64_t in) {
-  if (kind == I8 || out % 16 != 0 || in % QK != 0) return -1;
+/* The copy of a GGUF weight tiled `t` rows at a time (8 or 16; the layout above the tiled kernels); `dst`
+ * holds out / t * (in / 32) tiles. Returns 0, or -1 for int8 weights or rows that do not tile. */
+int vq_tile(int kind, int64_t t, const void* src, void* dst, int64_t out, int64_t in) {
+  if (kind == I8 || (t != 8 && t != 16) || out % t != 0 || in % QK != 0) return -1;
   const uint8_t* w = (const uint8_t*)src;
-  uint8_t* t = (uint8_t*)dst;
-  int64_t rb = row_bytes(kind, in), nb = in / QK;
-  int64_t tb = kind == Q8_0 ? 32 + 512 : kind == Q4_1 ? 64 + 256 : 32 + 256;
-  int64_t head = kind == Q8_0 ? 2 : kind == Q4_1 ? 4 : 2;
-  for (int64_t g = 0; g < out / 16; g++)
-    for (int64_t b = 0; b < nb; b++, t += tb) {
-      memset(t, 0, (size_t)tb);
-      for (int j = 0; j < 16; j++) {
-        const uint8_t* blk = w + (g * 16 + j) * rb + b * (rb / nb);
-        memcpy(t + 2 * j, blk, 2);                       /* d */
-        if (kind == Q4_1) memcpy(t + 32 + 2 * j, blk + 2, 2); /* min */
-        const uint8_t* q = blk + head;
-        uint8_t* body = t + (kind == Q4_1 ? 64 : 32);
+  uint8_t* tile = (uint8_t*)dst;
+  int64_t rb = row_bytes(kind, in), nb = in / QK, block = rb / nb;
+  int64_t tb = (kind == Q8_0 ? 34 : kind == Q4_1 ? 20 : 18) * t, head = (kind == Q4_1 ? 4 : 2) * t;
+  int64_t qs = kind == Q4_1 ? 4 : 2; /* where a GGML block's weights start */
+  for (int64_t g = 0; g < out / t; g++)
+    for (int64_t b = 0; b < nb; b++, tile += tb) {
+      memset(tile, 0, (size_t)tb);
+      uint8_t* body = tile + head;
+      for (int64_t j = 0; j < t; j++) {
+        const uint8_t* blk = w + (g * t + j) * rb + b * block;
+        memcpy(tile + 2 * j, blk, 2);                              /* d */
+        if (kind == Q4_1) memcpy(tile + 2 * t + 2 * j, blk + 2, 2); /* min */
+        const uint8_t* q = blk + qs;
         for (int e = 0; e < QK; e++) {
           int k = e / 2, p = e % 2;
           if (kind == Q8_0) {
-            body[32 * k + 2 * j + p] = q[e];
+            body[2 * t * k + 2 * j + p] = q[e];
           } else {
             uint8_t v = e < 16 ? (q[e] & 0x0f) : (q[e - 16] >> 4);
             int c = k / 4, half = (k % 4) / 2, high = k % 2;
-            body[64 * c + 32 * half + 2 * j + p] |= (uint8_t)(high ? v << 4 : v);
+            body[4 * t * c + 2 * t * half + 2 * j + p] |= (uint8_t)(high ? v << 4 : v);
           }
         }
       }
@@ -654,7 +630,7 @@ int vq_tile(int kind, const void* src, void* dst, int64_t out, int64_t in) {
   return 0;
 }
 
-int64_t vq_tile_bytes(int kind, int64_t out, int64_t in) {
-  if (kind == I8 || out % 16 != 0 || in % QK != 0) return -1;
-  return out / 16 * (in / QK) * (kind == Q8_0 ? 32 + 512 : kind == Q4_1 ? 64 + 256 : 32 + 256);
+int64_t vq_tile_bytes(int kind, int64_t t, int64_t out, int64_t in) {
+  if (kind == I8 || (t != 8 && t != 16) || out % t != 0 || in % QK != 0) return -1;
+  return out / t * (in / QK) * (kind == Q8_0 ? 34 : kind == Q4_1 ? 20 : 18) * t;
 }
