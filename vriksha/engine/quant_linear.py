@@ -33,22 +33,14 @@ from vriksha.loading.packed import BLOCK_BYTES, PackedWeight, requantize_int8_, 
 
 logger = logging.getLogger(__name__)
 
-BUCKETS = (
-    1,
-    2,
-    4,
-    8,
-    16,
-    32,
-    64,
-    128,
-    256,
-    512,
-    1024,
-)  # rows per call: a call uses the smallest bucket >= its rows
-FLOAT_PATH_ROWS = (
-    64  # above it the float packed paths are not timed (they decode each weight once per 8 rows)
-)
+# rows per call: a call uses the smallest bucket >= its rows
+BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+# above it the float packed paths are not timed (they decode each weight once per 8 rows)
+FLOAT_PATH_ROWS = 64
+# a bucket whose one call would exceed this many multiply-adds is not timed but extrapolated from the last one
+# timed (linearly in rows: both paths are bound by arithmetic there); it spares the output head's large
+# buckets (49152 x 576 at 1024 rows: 29 G), which only prompt log-probs ever reach
+MAX_TIMED_MACS = 1 << 30
 
 
 def _random_packed(qtype: str, out_f: int, in_f: int) -> PackedWeight:
@@ -83,7 +75,7 @@ def measure(
 ) -> dict[str, list]:
     """Per bucket, with `dtype` activations, each on weights out of cache: the seconds of the fastest packed
     code path (`packed`) and its name (`path`), and of the dense path (`dense`: the faster of `F.linear`
-    and the native linear kernel `dense`)."""
+    and the native linear kernel `dense`). Buckets above MAX_TIMED_MACS are extrapolated."""
     packed_copies = cold_copies(row_bytes(qtype, in_f) * out_f)
     dense_copies = cold_copies(torch.empty((), dtype=dtype).element_size() * out_f * in_f)
     packed = [_random_packed(qtype, out_f, in_f) for _ in range(packed_copies)]
@@ -94,7 +86,13 @@ def measure(
             kernels.pointer(weight, path)
     times: dict[str, list] = {"packed": [], "path": [], "dense": []}
     with torch.inference_mode():
-        for rows in BUCKETS:
+        for i, rows in enumerate(BUCKETS):
+            if i > 0 and rows * out_f * in_f > MAX_TIMED_MACS:
+                scale = rows / BUCKETS[i - 1]
+                times["packed"].append(times["packed"][-1] * scale)
+                times["path"].append(times["path"][-1])
+                times["dense"].append(times["dense"][-1] * scale)
+                continue
             x = torch.randn(rows, in_f, dtype=dtype)
             timed = [p for p in paths if rows <= FLOAT_PATH_ROWS or p not in FLOAT_PATHS] or paths
             by_path = {
@@ -142,7 +140,7 @@ class PackedTimings(MeasuredRouter):
 
     def key(self, shape: PackedShape) -> str:
         return (
-            f"v3:{shape.qtype}:{shape.out_features}x{shape.in_features}:{self.kernels.variant}:"
+            f"v4:{shape.qtype}:{shape.out_features}x{shape.in_features}:{self.kernels.variant}:"
             f"{self.dtype}:t{torch.get_num_threads()}:{torch.__version__}:{source_digest()}:"
             f"{'native' if self.dense is not None else 'torch'}"
         )
