@@ -6,9 +6,10 @@ kv_aware, on two workloads:
 - multi-turn: conversations whose next turn extends the last (prompt + answer + a new user line).
 
 Per policy and workload: prefix-cache hit rate (cached / prompt tokens, as the replicas report them) beside
-the rate one shared cache would reach, throughput, TTFT and ITL p50/p99; per router the latency it adds
-(a one-token request through it against the same request sent straight to the replica that served it).
-Loopback only.
+the rate one shared cache would reach, throughput, TTFT and ITL p50/p99, the CPU seconds the router process
+used (it shares the machine's cores with the replicas) and how many requests each replica served (where the
+router names it); per router the latency it adds (a one-token request through it against the same request
+sent straight to the replica that served it). Loopback only.
 
 The default sizes are the regime where routing matters: each replica's KV pool holds 2560 tokens
 (`--kv-tokens`, passed as `vriksha serve --kv-cache-memory-gb`), the 13 groups' prefixes (300 words, about
@@ -97,6 +98,7 @@ class Result:
     itl: list[float] = field(default_factory=list)
     text: str = ""
     error: str = ""
+    replica: str = ""  # the replica that served it, where the router names it (x-vriksha-replica)
 
 
 def kv_bytes_per_token(model: str | None) -> int:
@@ -196,6 +198,7 @@ async def request(client: httpx.AsyncClient, url: str, model: str, prompt: str, 
             if r.status_code != 200:
                 res.error = f"HTTP {r.status_code}: {(await r.aread())[:200]!r}"
                 return res
+            res.replica = r.headers.get("x-vriksha-replica", "")
             async for line in r.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
@@ -260,8 +263,21 @@ async def multi_turn(url: str, model: str, args) -> list[Result]:
     return out
 
 
+def cpu_seconds(child: Child | None) -> float:
+    """User + system CPU time the child's process has used so far (0 where /proc cannot tell)."""
+    try:
+        fields = Path(f"/proc/{child.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (AttributeError, OSError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def summary(results: list[Result], duration: float) -> dict:
     ok = [r for r in results if r.ok]
+    served: dict[str, int] = {}
+    for r in ok:
+        if r.replica:
+            served[r.replica] = served.get(r.replica, 0) + 1
     prompt = sum(r.prompt_tokens for r in ok)
     itl = [x for r in ok for x in r.itl]
     ms = 1000.0
@@ -276,6 +292,7 @@ def summary(results: list[Result], duration: float) -> dict:
         "ttft_p99_ms": pct([r.ttft for r in ok], 99) * ms,
         "itl_p50_ms": pct(itl, 50) * ms,
         "itl_p99_ms": pct(itl, 99) * ms,
+        "served": dict(sorted(served.items())),
     }
 
 
@@ -340,9 +357,10 @@ def run(args: argparse.Namespace, log_dir: Path) -> dict:
             try:
                 for name, fn in WORKLOADS.items():
                     fleet.flush()
-                    t0 = time.perf_counter()
+                    t0, cpu0 = time.perf_counter(), cpu_seconds(fleet.router)
                     results = asyncio.run(fn(url, fleet.model, args))
                     row[name] = summary(results, time.perf_counter() - t0)
+                    row[name]["router_cpu_s"] = cpu_seconds(fleet.router) - cpu0
                 row["overhead"] = overhead(
                     url, [r["url"] for r in fleet.replicas], fleet.model, args.overhead_samples
                 )
@@ -357,7 +375,9 @@ def run(args: argparse.Namespace, log_dir: Path) -> dict:
 def report(rows: dict) -> str:
     lines = [f"KV pool per replica: {rows.get('kv_tokens')} tokens; ideal: one cache of their sum"]
     head = f"{'policy':<18}{'workload':<15}{'hit':>7}{'ideal':>7}{'req/s':>8}{'tok/s':>8}"
-    head += f"{'TTFT p50':>10}{'p99':>8}{'ITL p50':>9}{'p99':>8}{'added p50':>11}{'p99':>7}"
+    head += (
+        f"{'TTFT p50':>10}{'p99':>8}{'ITL p50':>9}{'p99':>8}{'added p50':>11}{'p99':>7}{'CPU s':>7}  split"
+    )
     lines.append(head)
     for policy, row in rows["policies"].items():
         for name in WORKLOADS:
@@ -367,6 +387,7 @@ def report(rows: dict) -> str:
                 f"{policy:<18}{name:<15}{s['hit_rate']:>7.1%}{rows['ideal'][name]:>7.1%}{s['req_per_s']:>8.2f}"
                 f"{s['out_tok_per_s']:>8.1f}{s['ttft_p50_ms']:>10.1f}{s['ttft_p99_ms']:>8.1f}{s['itl_p50_ms']:>9.1f}"
                 f"{s['itl_p99_ms']:>8.1f}{o['added_p50_ms']:>11.2f}{o['added_p99_ms']:>7.2f}"
+                f"{s.get('router_cpu_s', 0.0):>7.2f}  {'/'.join(map(str, s.get('served', {}).values())) or '-'}"
                 + (f"  failed {s['failed']}: {s['errors']}" if s["failed"] else "")
             )
     lines += ["", *targets(rows)]
