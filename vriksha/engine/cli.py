@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"engine: {engine.quantization.describe()}", file=sys.stderr)
         print(f"engine: native decode {engine.runner.native_decode_choice}", file=sys.stderr)
+        print(f"engine: matmuls {engine.runner.matmul_choice}", file=sys.stderr)
     prompts = args.prompt
     if args.chat:
         prompts = [

@@ -74,6 +74,12 @@ class EngineConfig:
         None, "layers from local kernel repositories in the `kernels` package's format, bound in place of "
         "the model's: NAME=DIR[:LAYER],... e.g. RMSNorm=/opt/kernels/rmsnorm (no hub access)"
     )  # fmt: skip
+    fp32_precision: str = option(
+        "auto", "fp32 engines on the CPU: bf16 lets a linear layer's calls run in bf16 arithmetic with fp32 sums "
+        "(oneDNN, AMX or AVX512-BF16) at the batch sizes where that measured faster, ieee keeps strict fp32; "
+        "auto: bf16 when the dtype came from --dtype auto, ieee for an explicit --dtype float32",
+        choices=("auto", "ieee", "bf16"),
+    )  # fmt: skip
     quantization: str = option(
         "auto", "linear weights served packed: gguf (the GGUF file's Q4_0/Q4_1/Q8_0 blocks), int8 (weight-only, "
         "per output channel, any model), none (fp32), auto (the GGUF's blocks where measured faster on this "
@@ -125,6 +131,10 @@ class EngineConfig:
             raise ConfigError(f"engine option kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"engine option dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.fp32_precision not in ("auto", "ieee", "bf16"):
+            raise ConfigError(
+                f"engine option fp32_precision must be auto, ieee or bf16, got {self.fp32_precision!r}"
+            )
         if self.quantization not in ("none", "gguf", "int8", "auto"):
             raise ConfigError(
                 f"engine option quantization must be none, gguf, int8 or auto, got {self.quantization!r}"

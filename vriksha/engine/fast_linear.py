@@ -7,7 +7,9 @@ for each distinct weight shape at a few batch-size buckets, with the weights out
 decode step streams the whole model, and routes every call to the winner. The choice applies only while the
 router is engaged (the engine's forward passes); training forwards use `F.linear` as usual. The replaced
 `forward`s are recorded in the engine's `ModuleInstallation`, which puts the originals back.
-Derived weight layouts are rebuilt by `refresh()` after the weights change in place.
+Derived weight layouts are rebuilt by `refresh()` after the weights change in place. Where the engine allows it
+(`fp32_precision.py`), fp32 layers also time `F.linear` in bf16 arithmetic (no weight copy) and take it at
+the batch sizes where it measured faster.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import vriksha.device as devices
+from vriksha.engine.fp32_precision import bf16_arithmetic
 from vriksha.engine.installation import ModuleInstallation
 from vriksha.engine.measured_router import MeasuredRouter, Runner, cold_copies, time_cold
 from vriksha.engine.native import DTYPES, Kernels
@@ -35,7 +38,7 @@ BUCKETS = (
     256,
     1024,
 )  # representative batch sizes; a call uses the smallest bucket >= its rows
-PATHS = ("linear", "transposed", "mkldnn", "native")
+PATHS = ("linear", "transposed", "mkldnn", "native", "bf16")
 MIN_GAIN = 0.05  # keep a derived weight copy only if it saves at least 5% per bucket on average
 
 
@@ -76,18 +79,26 @@ class _Layouts:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
         if path == "native":
             return self.native.linear(x.contiguous(), self.linear.weight, bias)
+        if path == "bf16":
+            with bf16_arithmetic():
+                return F.linear(x, self.linear.weight, bias)
         return F.linear(x, self.linear.weight, bias)
 
 
-def _choose(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: Kernels | None) -> list[str]:
+def _choose(
+    out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: Kernels | None, bf16: bool = False
+) -> list[str]:
     """The fastest path per bucket for one shape, timed on random data out of cache.
 
     At most one derived layout is kept per shape (a second full copy of the weights costs more memory than
     it saves time), and only where it saves at least MIN_GAIN; each bucket picks between `F.linear`, the
-    native kernel (no copy) and that derived path.
+    native kernel and, with `bf16` on an fp32 layer, `F.linear` in bf16 arithmetic (none copies the weight)
+    and that derived path.
     """
     derived = ["transposed"] + (["mkldnn"] if _mkldnn_available(dtype) else [])
     free = ["linear"] + (["native"] if native is not None and dtype in DTYPES else [])
+    if bf16 and dtype == torch.float32:
+        free.append("bf16")
     weight_bytes = out_f * in_f * torch.empty((), dtype=dtype).element_size()
     copies = cold_copies(weight_bytes)
     layouts = [
@@ -115,10 +126,10 @@ def _choose(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: K
     return [best_of(t, [*free, kept]) for t in times]
 
 
-def _profile_key(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: str) -> str:
+def _profile_key(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: str, bf16: bool) -> str:
     return (
-        f"v6:{out_f}x{in_f}:{dtype}:{'b' if has_bias else 'nb'}:t{torch.get_num_threads()}:"
-        f"{torch.__version__}:{native}"
+        f"v7:{out_f}x{in_f}:{dtype}:{'b' if has_bias else 'nb'}:t{torch.get_num_threads()}:"
+        f"{torch.__version__}:{native}{':bf16' if bf16 else ''}"
     )
 
 
@@ -129,17 +140,25 @@ class FastLinear(MeasuredRouter):
     WHAT = "linear-path plan"
 
     def __init__(
-        self, model: torch.nn.Module, installation: ModuleInstallation, native: Kernels | None = None
+        self,
+        model: torch.nn.Module,
+        installation: ModuleInstallation,
+        native: Kernels | None = None,
+        bf16: bool = False,
     ) -> None:
+        """`bf16`: fp32 layers may take `F.linear` in bf16 arithmetic where it measures faster."""
         super().__init__()
         self.layouts: list[_Layouts] = []
         self.native = native
+        self.bf16 = bf16
+        self.plan: dict[str, list[str]] = {}
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
         if not linears or not devices.is_host(linears[0].weight.device):
             return
         plan = self.measured(linears)
         for linear in linears:
             choice = plan[self.key(linear)]
+            self.plan[self.key(linear)] = choice
             if set(choice) == {"linear"}:
                 continue
             layouts = _Layouts(linear, set(choice) - {"linear", "native"}, native)
@@ -157,15 +176,25 @@ class FastLinear(MeasuredRouter):
             linear.weight.dtype,
             linear.bias is not None,
             f"native-{self.native.variant.name}" if self.native is not None else "torch",
+            self.bf16 and linear.weight.dtype == torch.float32,
         )
 
     def measure_one(self, linear: torch.nn.Linear) -> list[str]:
         return _choose(
-            linear.out_features, linear.in_features, linear.weight.dtype, linear.bias is not None, self.native
+            linear.out_features,
+            linear.in_features,
+            linear.weight.dtype,
+            linear.bias is not None,
+            self.native,
+            self.bf16,
         )
 
     def valid(self, record: list[str]) -> bool:
-        return len(record) == len(BUCKETS)
+        return len(record) == len(BUCKETS) and all(path in PATHS for path in record)
+
+    def bf16_buckets(self) -> list[int]:
+        """The batch-size buckets at which some layer runs in bf16 arithmetic (for logs and --verbose)."""
+        return [b for i, b in enumerate(BUCKETS) if any(c[i] == "bf16" for c in self.plan.values())]
 
     def describe(self, record: list[str]) -> dict[int, str]:
         return dict(zip(BUCKETS, record, strict=True))

@@ -155,7 +155,9 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.cache)
         if config.speculative != "none":
             self.scheduler.speculator = Speculator(config, self.max_model_len)
-        self.runner = ModelRunner(model, self.pool, self.table, config, gguf=gguf)
+        # every tensor-parallel rank runs the same arithmetic: strict fp32 there
+        measured = config.dtype == "auto" and tp is None and self.dtype_choice.how != "the module's own"
+        self.runner = ModelRunner(model, self.pool, self.table, config, gguf=gguf, dtype_auto=measured)
         self.quantization = self.runner.quantization
         if tp is not None:
             self.runner.tensor_parallel = tp

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 import vriksha.device as devices
-from vriksha.engine import fast_linear, hub_layers, kernel_sets, native_decode, quantization
+from vriksha.engine import fast_linear, fp32_precision, hub_layers, kernel_sets, native_decode, quantization
 from vriksha.engine import native as native_lib
 from vriksha.engine.attention import AttentionBatch, PrefillSegment, forward_context, register_attention
 from vriksha.engine.batch import ForwardBatch
@@ -33,8 +33,10 @@ class ModelRunner:
         table: ReqToTokenTable,
         config: EngineConfig,
         gguf: Path | None = None,
+        dtype_auto: bool = False,
     ) -> None:
-        """`gguf`: the file the model was loaded from, whose packed blocks `quantization` may serve."""
+        """`gguf`: the file the model was loaded from, whose packed blocks `quantization` may serve;
+        `dtype_auto`: the engine chose its dtype by measurement (`fp32_precision`'s `auto` then allows bf16)."""
         self.model = model
         self.pool = pool
         self.table = table
@@ -47,10 +49,15 @@ class ModelRunner:
             self.kernels = hub_layers.bind(model, config.kernel_layers, self.installation, self.kernels)
         logger.info("kernel set for %s on %s: %s", pool.dtype, self.device, self.kernels.describe())
         self.decode_kernel = self.kernels.decode_attention_for(pool.dtype)
+        self.bf16_matmuls = fp32_precision.resolve(
+            config.fp32_precision, pool.dtype, "auto" if dtype_auto else pool.dtype, cpu
+        )
         self.fast_linear: fast_linear.FastLinear | None = None
         if config.fast_linear and cpu:
             linear_kernels = self.kernels.linear_for(pool.dtype)
-            self.fast_linear = fast_linear.FastLinear(model, self.installation, linear_kernels)
+            self.fast_linear = fast_linear.FastLinear(
+                model, self.installation, linear_kernels, self.bf16_matmuls
+            )
         # tensor parallel: a TensorParallelGroup that hands each step's batch to the other ranks, then runs it
         self.tensor_parallel = None
         self.quant, self.quantization = quantization.apply(
@@ -60,7 +67,9 @@ class ModelRunner:
             self.kernels.linear_for(pool.dtype),
             gguf,
             cpu,
+            self.bf16_matmuls and self.fast_linear is not None,
         )
+        self.matmul_choice = self._describe_matmuls()
         self.fast_forward: FastForward | None = None
         if config.fast_forward:
             try:
@@ -71,6 +80,17 @@ class ModelRunner:
         self.native_decode_choice = "off"  # what decode steps run natively, and why (logs, --verbose)
         if config.native_decode != "off":
             self._set_up_native_decode(model, config)
+
+    def _describe_matmuls(self) -> str:
+        """Which fp32 matmuls run in bf16 arithmetic (logs, --verbose)."""
+        text = fp32_precision.describe(self.bf16_matmuls)
+        if self.bf16_matmuls and self.fast_linear is not None:
+            buckets = self.fast_linear.bf16_buckets()
+            dense = f"dense calls of {', '.join(map(str, buckets))} rows" if buckets else "no dense call"
+            text += f": {dense}"
+            if self.quant is not None:
+                text += " (packed layers take the dense path only where it measured faster)"
+        return text
 
     def _set_up_native_decode(self, model: torch.nn.Module, config: EngineConfig) -> None:
         if self.fast_forward is None:

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vriksha.engine.fp32_precision import bf16_arithmetic
 from vriksha.engine.installation import ModuleInstallation
 from vriksha.engine.measured_router import MeasuredRouter, Runner, bucket_index, cold_copies, time_cold
 from vriksha.engine.native import Kernels
@@ -72,10 +73,12 @@ def measure(
     kernels: QuantKernels,
     dense: Kernels | None,
     dtype: torch.dtype = torch.float32,
+    bf16: bool = False,
 ) -> dict[str, list]:
     """Per bucket, with `dtype` activations, each on weights out of cache: the seconds of the fastest packed
-    code path (`packed`) and its name (`path`), and of the dense path (`dense`: the faster of `F.linear`
-    and the native linear kernel `dense`). Buckets above MAX_TIMED_MACS are extrapolated."""
+    code path (`packed`) and its name (`path`), and of the dense path (`dense`: the fastest of `F.linear`,
+    the native linear kernel `dense` and, with `bf16` in an fp32 model, `F.linear` in bf16 arithmetic, the
+    paths the fast-linear router chooses among). Buckets above MAX_TIMED_MACS are extrapolated."""
     packed_copies = cold_copies(row_bytes(qtype, in_f) * out_f)
     dense_copies = cold_copies(torch.empty((), dtype=dtype).element_size() * out_f * in_f)
     packed = [_random_packed(qtype, out_f, in_f) for _ in range(packed_copies)]
@@ -107,8 +110,15 @@ def measure(
             t = time_cold(lambda c, x=x: F.linear(x, weights[c]), dense_copies, 0.02)
             if dense is not None:
                 t = min(t, time_cold(lambda c, x=x: dense.linear(x, weights[c]), dense_copies, 0.02))
+            if bf16 and dtype == torch.float32:
+                t = min(t, time_cold(lambda c, x=x: _bf16_linear(x, weights[c]), dense_copies, 0.02))
             times["dense"].append(t)
     return times
+
+
+def _bf16_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    with bf16_arithmetic():
+        return F.linear(x, weight)
 
 
 def source_digest() -> str:
@@ -134,19 +144,23 @@ class PackedTimings(MeasuredRouter):
     CACHE_FILE = "quant_linear.json"
     WHAT = "packed linear"
 
-    def __init__(self, kernels: QuantKernels, dense: Kernels | None, dtype: torch.dtype) -> None:
+    def __init__(
+        self, kernels: QuantKernels, dense: Kernels | None, dtype: torch.dtype, bf16: bool = False
+    ) -> None:
+        """`bf16`: the dense path of an fp32 model includes `F.linear` in bf16 arithmetic."""
         super().__init__()
         self.kernels, self.dense, self.dtype = kernels, dense, dtype
+        self.bf16 = bf16 and dtype == torch.float32
 
     def key(self, shape: PackedShape) -> str:
         return (
             f"v4:{shape.qtype}:{shape.out_features}x{shape.in_features}:{self.kernels.variant}:"
             f"{self.dtype}:t{torch.get_num_threads()}:{torch.__version__}:{source_digest()}:"
-            f"{'native' if self.dense is not None else 'torch'}"
+            f"{'native' if self.dense is not None else 'torch'}{':bf16' if self.bf16 else ''}"
         )
 
     def measure_one(self, shape: PackedShape) -> dict[str, list]:
-        return measure(*shape, self.kernels, self.dense, self.dtype)
+        return measure(*shape, self.kernels, self.dense, self.dtype, self.bf16)
 
     def valid(self, record: dict[str, list]) -> bool:
         return all(len(record.get(k, ())) == len(BUCKETS) for k in ("packed", "path", "dense")) and all(
@@ -172,8 +186,10 @@ class QuantLinear(MeasuredRouter):
         packed: dict[str, PackedWeight],
         kernels: QuantKernels,
         dense: Kernels | None = None,
+        bf16: bool = False,
     ) -> None:
-        """`dense`: the native linear kernels of the model's dtype, timed beside `F.linear` as the dense path."""
+        """`dense`: the native linear kernels of the model's dtype, timed beside `F.linear` as the dense path;
+        `bf16`: so is `F.linear` in bf16 arithmetic (an fp32 model whose fast-linear router may take it)."""
         super().__init__()
         self.kernels = kernels
         self.dense = dense
@@ -183,7 +199,7 @@ class QuantLinear(MeasuredRouter):
             raise ValueError(
                 f"packed kernels take float32 or bfloat16 activations, the model is {self.dtype}"
             )
-        self.timings = PackedTimings(kernels, dense, self.dtype)
+        self.timings = PackedTimings(kernels, dense, self.dtype, bf16)
         modules = dict(model.named_modules())
         self.layers: list[tuple[nn.Linear, PackedWeight]] = []
         for name, weight in packed.items():

@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 import vriksha.device as devices
+from vriksha.engine import fp32_precision
 from vriksha.engine.installation import ModuleInstallation
 from vriksha.engine.native import Kernels
 from vriksha.engine.native.quant import QuantKernels, quant_kernels
@@ -91,7 +92,8 @@ def packed_dtype(dense: DtypeChoice, config: EngineConfig, device: torch.device)
         return None  # some layers would stay dense: the dense choice stands
     kernel_set = kernel_sets.select(config.kernels, device, torch.float32, config.native_kernels)
     fp32_kernels = kernel_set.linear_for(torch.float32)
-    timings = PackedTimings(kernels, fp32_kernels, torch.float32)
+    bf16 = config.fast_linear and fp32_precision.resolve(config.fp32_precision, torch.float32, "auto", True)
+    timings = PackedTimings(kernels, fp32_kernels, torch.float32, bf16)  # the key the engine's router uses
     packed_s, _ = timings.step_seconds([PackedShape(*t) for t in types], rows=1)
     best = min(dense.timings, key=lambda name: dense.timings[name]["decode_s"])
     best_s = dense.timings[best]["decode_s"]
@@ -127,10 +129,12 @@ def apply(
     dense_kernels: Kernels | None,
     gguf: Path | None,
     cpu: bool,
+    bf16: bool = False,
 ) -> tuple[QuantLinear | None, QuantizationChoice]:
     """Decide what to serve for `requested` and install it; returns the router (None for dense) and why.
     `dense_kernels`: the native linear kernels of the model's dtype, the dense path packed layers are timed
-    against; `cpu`: whether the model runs on the host."""
+    against; `cpu`: whether the model runs on the host; `bf16`: the dense path of an fp32 model may run in
+    bf16 arithmetic (`fp32_precision.py`)."""
     if requested not in MODES:
         raise ConfigError(f"engine option quantization must be one of {', '.join(MODES)}, got {requested!r}")
     dtype = next(model.parameters()).dtype
@@ -162,7 +166,7 @@ def apply(
     packed = _packed_weights(model, mode, gguf)
     if not packed:
         return refuse("no linear weight in a packed format", "use --quantization none")
-    router = QuantLinear(model, packed, kernels, dense_kernels)
+    router = QuantLinear(model, packed, kernels, dense_kernels, bf16)
     choice = QuantizationChoice(
         requested, mode, "as requested", router.formats(), kernels.variant, dense=dense
     )

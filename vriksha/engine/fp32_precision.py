@@ -1,0 +1,71 @@
+"""Whether an fp32 engine's CPU matmuls may run in bf16 arithmetic, and the switch that makes one do so.
+
+oneDNN can compute an fp32 matmul with bf16 multiplies and fp32 sums (its "fpmath mode", torch's
+`torch.backends.mkldnn.matmul.fp32_precision = "bf16"`), on AMX tiles or AVX512-BF16 instructions, with
+no bf16 copy of the weight. On such CPUs a prefill-sized fp32 matmul runs about three times faster that
+way; a decode-sized one often does not. The engine's linear routers (`fast_linear.py`, `quant_linear.py`)
+time the bf16 path beside the fp32 ones per layer shape and batch size and take it only where it measured
+faster. The torch setting is process-wide, so each routed call sets it around its own matmul and puts the
+previous value back: training forwards and every other matmul keep theirs.
+
+`fp32_precision` (an engine option): `ieee` keeps strict fp32 matmuls; `bf16` lets the routers choose bf16
+arithmetic where it measures faster; `auto` is `bf16` when the engine's dtype came from `dtype="auto"`
+(the fastest measured, within the precision bf16 engines already run at) and `ieee` for an explicit
+`--dtype float32` or an engine around a module it was handed (the trainer's colocated rollouts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+
+from vriksha.cpu_features import cpu_features
+from vriksha.errors import ConfigError
+
+MODES = ("auto", "ieee", "bf16")
+CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # oneDNN runs bf16 arithmetic natively with one of these
+
+
+def supported() -> bool:
+    """Whether this CPU and torch build can run fp32 matmuls in bf16 arithmetic natively."""
+    matmul = getattr(torch.backends.mkldnn, "matmul", None)
+    return (
+        torch.backends.mkldnn.is_available()
+        and matmul is not None
+        and hasattr(matmul, "fp32_precision")
+        and any(cpu_features().has(flag) for flag in CPU_FLAGS)
+    )
+
+
+def resolve(requested: str, dtype: torch.dtype, dtype_requested: object, cpu: bool) -> bool:
+    """Whether the engine's routers may time and take the bf16 path for its fp32 linear layers;
+    `dtype_requested`: "auto" where the engine measured its dtype, anything else where it was given."""
+    if requested not in MODES:
+        raise ConfigError(
+            f"engine option fp32_precision must be one of {', '.join(MODES)}, got {requested!r}"
+        )
+    if dtype != torch.float32 or not cpu or requested == "ieee":
+        return False
+    if requested == "auto" and dtype_requested != "auto":
+        return False
+    return supported()
+
+
+@contextlib.contextmanager
+def bf16_arithmetic() -> Iterator[None]:
+    """fp32 matmuls issued inside this block run with bf16 multiplies and fp32 sums (oneDNN's fpmath mode)."""
+    matmul = torch.backends.mkldnn.matmul
+    previous = matmul.fp32_precision
+    matmul.fp32_precision = "bf16"
+    try:
+        yield
+    finally:
+        matmul.fp32_precision = previous
+
+
+def describe(allowed: bool) -> str:
+    if allowed:
+        return "fp32 matmuls in bf16 arithmetic where measured faster (oneDNN fpmath)"
+    return "strict fp32 matmuls"
