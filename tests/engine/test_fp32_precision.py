@@ -78,3 +78,24 @@ def test_a_router_not_allowed_bf16_never_measures_or_takes_it(monkeypatch, tmp_p
     plan = json.loads((tmp_path / "fast_linear.json").read_text())
     assert all("bf16" not in choice for choice in plan.values())
     assert router.bf16_buckets() == []
+
+
+def test_an_engine_decides_by_how_its_dtype_was_chosen(default_tokenizer):
+    from tests.engine.conftest import ENGINE_TEST_OPTIONS, tiny_model
+    from vriksha import LLM, SamplingParams
+
+    model, tok = tiny_model("llama", len(default_tokenizer)), default_tokenizer
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    prompt = {"prompt_token_ids": list(range(3, 40))}
+    with LLM.from_module(
+        model, tok, **ENGINE_TEST_OPTIONS
+    ) as llm:  # a module handed over (the trainer's rollouts): strict fp32
+        assert not llm.engine.runner.bf16_matmuls
+        assert llm.engine.runner.matmul_choice == "strict fp32 matmuls"
+        strict = llm.generate(prompt, greedy)[0].outputs[0].token_ids
+    if not fp32_precision.supported():
+        pytest.skip("needs amx_bf16 or avx512_bf16 (oneDNN's bf16 arithmetic)")
+    with LLM.from_module(model, tok, fp32_precision="bf16", **ENGINE_TEST_OPTIONS) as llm:
+        assert llm.engine.runner.bf16_matmuls
+        assert llm.engine.runner.matmul_choice.startswith("fp32 matmuls in bf16 arithmetic")
+        assert len(llm.generate(prompt, greedy)[0].outputs[0].token_ids) == len(strict)

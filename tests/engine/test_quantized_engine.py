@@ -256,3 +256,27 @@ def test_large_buckets_are_extrapolated_not_timed(kernels, monkeypatch):
         assert times["packed"][i] == pytest.approx(times["packed"][i - 1] * scale)
         assert times["dense"][i] == pytest.approx(times["dense"][i - 1] * scale)
         assert times["path"][i] == times["path"][timed]
+
+
+def test_a_native_decode_step_keeps_packed_where_only_bf16_arithmetic_beat_it(tiny, kernels):
+    """Where the dense path won only through bf16 arithmetic (which a native step cannot call), the Python
+    forward takes the dense path and a native decode step the packed kernel."""
+    from vriksha.engine.quant_linear import BUCKETS
+
+    model, _ = tiny
+    model = copy.deepcopy(model)
+    packed = {n: quantize_int8(m.weight) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)}
+    router = QuantLinear(model, packed, kernels)
+    path = kernels.paths[0]
+    n = len(BUCKETS)
+    record = {"packed": [2.0] * n, "path": [path] * n, "dense": [1.0] * n, "dense_native": [3.0] * n}
+    record["dense"][0] = 5.0  # one row: packed beats both
+    router.times = {router.key(w): record for _, w in router.layers}
+    with ModuleInstallation(model) as installation:
+        router.install(installation, measured=True)
+        module = router.layers[0][0]
+        assert router.packed_for(module, 1) == (router.layers[0][1], path)
+        assert router.packed_for(module, 16) is None
+        assert router.packed_for(module, 16, native=True) == (router.layers[0][1], path)
+        router.enabled = False
+        assert router.packed_for(module, 16, native=True) is None

@@ -11,7 +11,8 @@ previous value back: training forwards and every other matmul keep theirs.
 `fp32_precision` (an engine option): `ieee` keeps strict fp32 matmuls; `bf16` lets the routers choose bf16
 arithmetic where it measures faster; `auto` is `bf16` when the engine's dtype came from `dtype="auto"`
 (the fastest measured, within the precision bf16 engines already run at) and `ieee` for an explicit
-`--dtype float32` or an engine around a module it was handed (the trainer's colocated rollouts).
+`--dtype float32`, a dtype pinned by `$VRIKSHA_DTYPE` (the test suite's fp32 references) or an engine
+around a module it was handed (the trainer's colocated rollouts).
 """
 
 from __future__ import annotations

@@ -156,7 +156,7 @@ class LLMEngine:
         if config.speculative != "none":
             self.scheduler.speculator = Speculator(config, self.max_model_len)
         # every tensor-parallel rank runs the same arithmetic: strict fp32 there
-        measured = config.dtype == "auto" and tp is None and self.dtype_choice.how != "the module's own"
+        measured = tp is None and self.dtype_choice.how.startswith(("measured", "cached"))
         self.runner = ModelRunner(model, self.pool, self.table, config, gguf=gguf, dtype_auto=measured)
         self.quantization = self.runner.quantization
         if tp is not None:

@@ -108,7 +108,7 @@ class ModelRunner:
         if config.native_decode == "on":
             self.native_decode_choice = f"on: decode batches up to {self.native_decode.max_batch}"
             return
-        key = native_decode.choice_key(model, self.kernels, self.quant, self.pool)
+        key = native_decode.choice_key(model, self.kernels, self.quant, self.pool, self.bf16_matmuls)
         cached = native_decode.cached_choice(key)
         if cached is not None:
             best, times = cached["max_batch"], cached["timings"]

@@ -47,10 +47,15 @@ MEASURE_BATCHES = (1, 8, 64)
 CACHE_FILE = "native_decode.json"
 
 
-def choice_key(model: nn.Module, kernels, quant: QuantLinear | None, pool: KVPool) -> str:
+def choice_key(
+    model: nn.Module, kernels, quant: QuantLinear | None, pool: KVPool, bf16_matmuls: bool = False
+) -> str:
     """What `auto`'s measurement depends on: the layers' shapes and dtypes, which of them are packed and how,
-    the KV pool's layout, the kernel set, the CPU, the thread count, torch and this module's C source."""
+    the KV pool's layout, the kernel set, whether the lean path's fp32 matmuls may run in bf16 arithmetic,
+    the CPU, the thread count, torch and this module's C source."""
     parts = [f"{name}:{tuple(p.shape)}:{p.dtype}" for name, p in model.named_parameters()]
+    if bf16_matmuls:
+        parts.append("fp32 matmuls:bf16")
     if quant is not None:
         parts += [f"packed:{w.qtype}:{w.out_features}x{w.in_features}" for _, w in quant.layers]
         parts.append(f"packed kernels:{quant.kernels.variant}:{quant_source_digest()}")
@@ -203,7 +208,7 @@ class NativeDecode:
         return not batch.prefills and 0 < tokens == batch.num_decode <= self.max_batch
 
     def _linear(self, module: nn.Linear, rows: int) -> _Linear:
-        packed = self.quant.packed_for(module, rows) if self.quant is not None else None
+        packed = self.quant.packed_for(module, rows, native=True) if self.quant is not None else None
         bias = _ptr(module.bias)
         if packed is None:
             return _Linear(

@@ -78,7 +78,8 @@ def measure(
     """Per bucket, with `dtype` activations, each on weights out of cache: the seconds of the fastest packed
     code path (`packed`) and its name (`path`), and of the dense path (`dense`: the fastest of `F.linear`,
     the native linear kernel `dense` and, with `bf16` in an fp32 model, `F.linear` in bf16 arithmetic, the
-    paths the fast-linear router chooses among). Buckets above MAX_TIMED_MACS are extrapolated."""
+    paths the fast-linear router chooses among; `dense_native`: the fastest without bf16 arithmetic, what a
+    native decode step has in place of a packed kernel). Buckets above MAX_TIMED_MACS are extrapolated."""
     packed_copies = cold_copies(row_bytes(qtype, in_f) * out_f)
     dense_copies = cold_copies(torch.empty((), dtype=dtype).element_size() * out_f * in_f)
     packed = [_random_packed(qtype, out_f, in_f) for _ in range(packed_copies)]
@@ -87,7 +88,7 @@ def measure(
     for path in paths:  # a tiled path's copies are made before timing, as install() makes them
         for weight in packed:
             kernels.pointer(weight, path)
-    times: dict[str, list] = {"packed": [], "path": [], "dense": []}
+    times: dict[str, list] = {"packed": [], "path": [], "dense": [], "dense_native": []}
     with torch.inference_mode():
         for i, rows in enumerate(BUCKETS):
             if i > 0 and rows * out_f * in_f > MAX_TIMED_MACS:
@@ -95,6 +96,7 @@ def measure(
                 times["packed"].append(times["packed"][-1] * scale)
                 times["path"].append(times["path"][-1])
                 times["dense"].append(times["dense"][-1] * scale)
+                times["dense_native"].append(times["dense_native"][-1] * scale)
                 continue
             x = torch.randn(rows, in_f, dtype=dtype)
             timed = [p for p in paths if rows <= FLOAT_PATH_ROWS or p not in FLOAT_PATHS] or paths
@@ -110,6 +112,7 @@ def measure(
             t = time_cold(lambda c, x=x: F.linear(x, weights[c]), dense_copies, 0.02)
             if dense is not None:
                 t = min(t, time_cold(lambda c, x=x: dense.linear(x, weights[c]), dense_copies, 0.02))
+            times["dense_native"].append(t)
             if bf16 and dtype == torch.float32:
                 t = min(t, time_cold(lambda c, x=x: _bf16_linear(x, weights[c]), dense_copies, 0.02))
             times["dense"].append(t)
@@ -163,7 +166,8 @@ class PackedTimings(MeasuredRouter):
         return measure(*shape, self.kernels, self.dense, self.dtype, self.bf16)
 
     def valid(self, record: dict[str, list]) -> bool:
-        return all(len(record.get(k, ())) == len(BUCKETS) for k in ("packed", "path", "dense")) and all(
+        keys = ("packed", "path", "dense", "dense_native")
+        return all(len(record.get(k, ())) == len(BUCKETS) for k in keys) and all(
             p in self.kernels.paths for p in record["path"]
         )
 
@@ -217,8 +221,9 @@ class QuantLinear(MeasuredRouter):
                 continue
             self.layers.append((module, weight))
         self.times: dict[str, dict[str, list]] | None = None  # filled by measure()
-        # module: (weight, the packed code path per bucket, None where the call takes the dense path)
-        self.installed: dict[nn.Module, tuple[PackedWeight, list[str | None]]] = {}
+        # module: (weight, the packed code path per bucket, None where the call takes the dense path; the same
+        # for a native decode step, whose dense path is the native fp32 kernel)
+        self.installed: dict[nn.Module, tuple[PackedWeight, list[str | None], list[str | None]]] = {}
 
     def key(self, weight: PackedWeight) -> str:
         return self.timings.key(shape_of(weight))
@@ -243,23 +248,29 @@ class QuantLinear(MeasuredRouter):
         times = self.times or self.measure()
         for module, weight in self.layers:
             t = times[self.key(weight)]
-            route = [
-                path if not measured or p < d else None
-                for path, p, d in zip(t["path"], t["packed"], t["dense"], strict=True)
-            ]
-            for path in set(route) - {None}:
+            route, native_route = (
+                [
+                    path if not measured or p < d else None
+                    for path, p, d in zip(t["path"], t["packed"], t[dense], strict=True)
+                ]
+                for dense in ("dense", "dense_native")
+            )
+            for path in set(route + native_route) - {None}:
                 self.kernels.pointer(weight, path)  # a tiled path's copy, made once here
             installation.replace_forward(module, self._make_forward(module, weight, route))
-            self.installed[module] = (weight, route)
+            self.installed[module] = (weight, route, native_route)
 
-    def packed_for(self, module: nn.Module, rows: int) -> tuple[PackedWeight, str] | None:
+    def packed_for(
+        self, module: nn.Module, rows: int, native: bool = False
+    ) -> tuple[PackedWeight, str] | None:
         """The packed weight and code path a call of `rows` rows on `module` runs on while engaged, or None
-        (dense path)."""
+        (dense path); `native`: in a native decode step, whose dense path is the native fp32 kernel."""
         entry = self.installed.get(module)
         i = bucket_index(BUCKETS, rows)
-        if not self.enabled or entry is None or i == len(BUCKETS) or entry[1][i] is None:
+        if not self.enabled or entry is None or i == len(BUCKETS):
             return None
-        return entry[0], entry[1][i]
+        path = entry[2 if native else 1][i]
+        return None if path is None else (entry[0], path)
 
     def routes(self, x: torch.Tensor) -> bool:
         return self.enabled and x.dtype == self.dtype and super().routes(x)
