@@ -5,7 +5,8 @@ path and its scalar one; a variant the CPU lacks the flags for is skipped naming
 Tolerance: the float paths sum fp32 products in another order than torch's matmul and fuse q * d + m into
 one rounding, so outputs agree to 2e-5 of the largest output magnitude (measured: ~1e-6); the integer paths
 round each activation to int16 within its block of 32 (at most 1/65534 of the block's largest), so they
-agree to 1e-4 (measured: ~2e-5).
+agree to 1e-4 (measured: ~2e-5); the bf16 paths (AMX) round each weight and activation to bf16 (2^-9 of
+its value), so they agree to 1e-2 (measured: ~3e-3).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from vriksha.engine.native import isa
 from vriksha.engine.native.quant import (
+    BF16_PATHS,
     FLOAT_PATHS,
     TILED_PATHS,
     QuantKernelError,
@@ -29,10 +31,11 @@ gguf_quants = pytest.importorskip("gguf.quants")
 GGML_TYPES = {"q4_0": "Q4_0", "q4_1": "Q4_1", "q8_0": "Q8_0"}
 RTOL = 2e-5
 RTOL_INT = 1e-4
+RTOL_BF16 = 1e-2
 
 
 def rtol(path: str) -> float:
-    return RTOL if path in FLOAT_PATHS else RTOL_INT
+    return RTOL if path in FLOAT_PATHS else RTOL_BF16 if path in BF16_PATHS else RTOL_INT
 
 
 def out_features(path: str) -> int:
@@ -196,3 +199,26 @@ def test_every_variant_compiles_here(variant):
     if compiler is None or not isa.is_x86():
         pytest.skip("needs a C compiler for x86")
     assert build_variant(compiler, isa.variant(variant)).is_file()
+
+
+def test_the_amx_path_is_listed_where_the_cpu_has_amx_and_only_timed_with_bf16_allowed():
+    from vriksha.cpu_features import cpu_features
+    from vriksha.engine.quant_linear import candidate_paths
+
+    if missing_flags(isa.variant("avx512_bf16")) or (k := quant_kernels("avx512_bf16")) is None:
+        pytest.skip(
+            "needs the avx512_bf16 build's flags: " + ", ".join(missing_flags(isa.variant("avx512_bf16")))
+        )
+    has_amx = cpu_features().has("amx_bf16") and cpu_features().has("amx_tile")
+    assert ("amx_bf16" in k.paths) is has_amx
+    assert k.variant == "avx512_vnni"  # never the default: it rounds to bf16
+    assert not set(candidate_paths(k, "q4_1")) & set(BF16_PATHS)
+    assert ("amx_bf16" in candidate_paths(k, "q4_1", bf16=True)) is has_amx
+    assert "amx_bf16" not in candidate_paths(k, "int8", bf16=True)
+    if not has_amx:
+        pytest.skip("needs amx_bf16 and amx_tile for the rest")
+    p = packed_random("q4_1", 32, 64)
+    x = torch.randn(20, 64)
+    y = k.linear(x, p, path="amx_bf16")  # a bf16 copy of both sides, fp32 sums: what the path computes
+    want = x.bfloat16().float() @ dequantize(p).bfloat16().float().T
+    assert (y - want).abs().max() <= 1e-5 * want.abs().max()

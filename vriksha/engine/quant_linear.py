@@ -8,7 +8,9 @@ dense path. Other calls take the dense path (the forward the fast-linear router 
 weight), as do rows above the last bucket. Each bucket runs the packed code path that measured fastest there:
 the tiled integer path reads 4-bit weights at decode and, on AVX-512 VNNI, outruns an fp32 GEMM on prefill
 chunks too; where bf16 matmuls are faster still (AMX, AVX512-BF16), a bf16 engine decodes from the 4-bit
-blocks and prefills on bf16 matmuls, from one model.
+blocks and prefills on bf16 matmuls, from one model. Where bf16 arithmetic is allowed (a bf16 model, or an
+fp32 one under `fp32_precision` bf16), the AMX path decodes the same tiled copy to bf16 tiles: from 16 rows
+up it outruns the integer path (2-3x at 32 to 64 rows), which keeps the smaller batches.
 The timings are taken once per shape, format, dtype, kernel variant and thread count, on weights out of cache
 as a decode step streams them, and kept in `$VRIKSHA_CACHE/quant_linear.json`.
 """
@@ -29,7 +31,7 @@ from vriksha.engine.fp32_precision import bf16_arithmetic
 from vriksha.engine.installation import ModuleInstallation
 from vriksha.engine.measured_router import MeasuredRouter, Runner, bucket_index, cold_copies, time_cold
 from vriksha.engine.native import Kernels
-from vriksha.engine.native.quant import FLOAT_PATHS, SOURCE, QuantKernels
+from vriksha.engine.native.quant import BF16_PATHS, FLOAT_PATHS, SOURCE, QuantKernels
 from vriksha.loading.packed import BLOCK_BYTES, PackedWeight, requantize_int8_, row_bytes
 
 logger = logging.getLogger(__name__)
@@ -58,12 +60,14 @@ def _random_packed(qtype: str, out_f: int, in_f: int) -> PackedWeight:
     return PackedWeight(qtype, data, out_f, in_f)
 
 
-def candidate_paths(kernels: QuantKernels, qtype: str) -> list[str]:
+def candidate_paths(kernels: QuantKernels, qtype: str, bf16: bool = False) -> list[str]:
     """The packed code paths worth timing for `qtype`: the widest float one and the widest integer one (the
-    integer paths win at one or two rows, the float ones where more rows share each decoded weight)."""
+    integer paths win at one or two rows, the float ones where more rows share each decoded weight), and with
+    `bf16` (bf16 arithmetic allowed) the bf16 ones (AMX: from 16 rows up)."""
     floats = [p for p in kernels.paths if p in FLOAT_PATHS]
-    ints = [p for p in kernels.paths if p not in FLOAT_PATHS] if qtype != "int8" else []
-    return floats[-1:] + ints[-1:]
+    ints = [p for p in kernels.paths if p not in FLOAT_PATHS + BF16_PATHS] if qtype != "int8" else []
+    bf16s = [p for p in kernels.paths if p in BF16_PATHS] if bf16 and qtype != "int8" else []
+    return floats[-1:] + ints[-1:] + bf16s
 
 
 def measure(
@@ -84,7 +88,8 @@ def measure(
     dense_copies = cold_copies(torch.empty((), dtype=dtype).element_size() * out_f * in_f)
     packed = [_random_packed(qtype, out_f, in_f) for _ in range(packed_copies)]
     weights = [torch.randn(out_f, in_f, dtype=dtype) for _ in range(dense_copies)]
-    paths = [p for p in candidate_paths(kernels, qtype) if kernels.runs(packed[0], p)]
+    allowed = bf16 or dtype == torch.bfloat16  # a bf16 model's activations are bf16 already
+    paths = [p for p in candidate_paths(kernels, qtype, allowed) if kernels.runs(packed[0], p)]
     for path in paths:  # a tiled path's copies are made before timing, as install() makes them
         for weight in packed:
             kernels.pointer(weight, path)

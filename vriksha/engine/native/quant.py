@@ -27,10 +27,13 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("quant_kernels.c")
 # the bits of vq_variants(), in order of preference: the widest a build has runs
-PATHS = {"scalar": 1, "avx2": 2, "avx512": 4, "avx2_i16": 16, "avx512_vnni": 8}
+PATHS = {"scalar": 1, "avx2": 2, "avx512": 4, "avx2_i16": 16, "avx512_vnni": 8, "amx_bf16": 32}
 # the float paths take fp32 products of the activations as they are; the others round them to int16
 FLOAT_PATHS = ("scalar", "avx2", "avx512")
-TILED_PATHS = {"avx2_i16": 8, "avx512_vnni": 16}  # read a copy of the weight tiled so many rows at a time
+# read a copy of the weight tiled so many rows at a time
+TILED_PATHS = {"avx2_i16": 8, "avx512_vnni": 16, "amx_bf16": 16}
+# bf16 arithmetic (weights and activations rounded to bf16, fp32 sums): only where the engine allows it
+BF16_PATHS = ("amx_bf16",)
 KINDS = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "int8": 3}
 _I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 
@@ -62,7 +65,8 @@ class QuantKernels:
         self.isa = variant
         bits = lib.vq_variants()
         self.paths = [name for name, bit in PATHS.items() if bits & bit]
-        self.variant = self.paths[-1]  # the code path that runs
+        # the code path that runs unless one is named: the widest that keeps fp32 activations or int16 ones
+        self.variant = [p for p in self.paths if p not in BF16_PATHS][-1]
 
     def linear(
         self,

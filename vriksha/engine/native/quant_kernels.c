@@ -29,6 +29,7 @@
 #define VQ_AVX512 4
 #define VQ_AVX512_VNNI 8
 #define VQ_AVX2_I16 16
+#define VQ_AMX_BF16 32
 #define TILE 8
 
 enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, I8 = 3 };
@@ -507,6 +508,150 @@ DEFINE_LINEAR_TILED_ENTRY(avx512_vnni, 16)
 #endif
 #endif /* HAVE_AVX2 */
 
+/* ---- AMX-BF16: 16-row tiles expanded to bf16, TDPBF16PS ---------------------------------------------------
+ * bf16 arithmetic (the engine's fp32_precision=bf16): on the same 16-row tiled copy as avx512_vnni, each block
+ * of 16 output rows is decoded in registers to fp32 (q * d + min), rounded once to bf16 and stored as one AMX
+ * B tile (16 rows of 64 bytes: row k holds element pair (2k, 2k + 1) of the 16 output rows, which is how the
+ * tiled copy already orders its pairs); the activations, rounded to bf16 once per call, are A tiles read in
+ * place (16 rows of one block's 32 values); C tiles hold 16 x 16 fp32 sums across the whole input row, so
+ * no per-block scaling follows the tile products. Up to four C tiles (64 activation rows) share one decoded
+ * B tile. Linux grants a process the AMX tile state on request (arch_prctl); `vq_variants` asks once and
+ * lists the path only where that succeeded. */
+#if defined(HAVE_AVX512) && defined(__AVX512BF16__) && defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define HAVE_AMX_BF16 1
+#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+static int amx_usable(void) {
+  static int usable = -1;
+  if (usable < 0) {
+    unsigned int eax, ebx, ecx, edx;
+    __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
+    int has = (edx >> 22) & 1 && (edx >> 24) & 1; /* AMX-BF16, AMX-TILE */
+    usable = has && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+  }
+  return usable;
+}
+
+typedef struct {
+  uint8_t palette, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} AmxConfig;
+
+/* tiles 0-3: C (16 x 16 fp32), 4: B (the decoded weights), 5: A (16 activation rows of one block) */
+AMX_TARGET static void amx_configure(void) {
+  AmxConfig cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette = 1;
+  for (int t = 0; t < 6; t++) {
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  _tile_loadconfig(&cfg);
+}
+
+/* One block of 16 output rows decoded to the B tile layout in `bt` (16 rows of 32 bf16). */
+static inline __attribute__((always_inline)) void amx_decode_block(int kind, const uint8_t* tile, uint16_t* bt) {
+  __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)tile));
+  __m512 mn = kind == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(tile + 32)))
+                           : _mm512_mul_ps(d, _mm512_set1_ps(kind == Q4_0 ? -8.f : 0.f));
+  /* lane 2j + p of a pair vector is row j: rows 0-7 in its low 16 lanes, rows 8-15 in its high ones */
+  const __m512i lo_rows = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
+  const __m512i hi_rows = _mm512_add_epi32(lo_rows, _mm512_set1_epi32(8));
+  __m512 d_lo = _mm512_permutexvar_ps(lo_rows, d), d_hi = _mm512_permutexvar_ps(hi_rows, d);
+  __m512 m_lo = _mm512_permutexvar_ps(lo_rows, mn), m_hi = _mm512_permutexvar_ps(hi_rows, mn);
+  const uint8_t* q = tile + tile_head(kind, 16);
+  __m512i pairs[16];
+  if (kind == Q8_0) {
+    for (int k = 0; k < 16; k++) pairs[k] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i*)(q + 32 * k)));
+  } else {
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    for (int c = 0; c < 4; c++) {
+      __m512i raw = _mm512_loadu_si512((const void*)(q + 64 * c));
+      __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+      pairs[4 * c] = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(lo));
+      pairs[4 * c + 1] = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(hi));
+      pairs[4 * c + 2] = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(lo, 1));
+      pairs[4 * c + 3] = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(hi, 1));
+    }
+  }
+  for (int k = 0; k < 16; k++) {
+    __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_castsi512_si256(pairs[k])));
+    __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(_mm512_extracti64x4_epi64(pairs[k], 1)));
+    lo = _mm512_fmadd_ps(lo, d_lo, m_lo);
+    hi = _mm512_fmadd_ps(hi, d_hi, m_hi);
+    _mm512_store_si512((void*)(bt + 32 * k), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+  }
+}
+
+#define AMX_TILE_PRODUCT(T)                                                                  \
+  do {                                                                                       \
+    _tile_loadd(5, xb + (m0 + 16 * (T)) * in + b * QK, in * (int64_t)sizeof(uint16_t));     \
+    _tile_dpbf16ps(T, 5, 4);                                                                 \
+  } while (0)
+#define AMX_TILE_STORE(T) _tile_stored(T, yt + 16 * 16 * (T), 16 * (int64_t)sizeof(float))
+
+/* xb: the activations in bf16, [mp, in] with mp a multiple of 16 (padding rows zero); y [m, out] fp32. */
+AMX_TARGET static void linear_amx_groups(int kind, const uint8_t* w, const float* bias, const uint16_t* xb, float* y,
+                                         int64_t out, int64_t in, int64_t m, int64_t mp, int threads) {
+  int64_t nb = in / QK, tb = tile_bytes(kind, 16), group_bytes = nb * tb;
+  _Pragma("omp parallel num_threads(threads)")
+  {
+    amx_configure();
+    _Alignas(64) uint16_t bt[16 * 32];
+    _Alignas(64) float yt[4 * 16 * 16];
+    _Pragma("omp for schedule(static)")
+    for (int64_t g = 0; g < out / 16; g++) {
+      const uint8_t* tg = w + g * group_bytes;
+      for (int64_t m0 = 0; m0 < mp; m0 += 64) {
+        int tiles = (int)((mp - m0) / 16 < 4 ? (mp - m0) / 16 : 4);
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+        for (int64_t b = 0; b < nb; b++) {
+          amx_decode_block(kind, tg + b * tb, bt);
+          _tile_loadd(4, bt, 64);
+          AMX_TILE_PRODUCT(0);
+          if (tiles > 1) AMX_TILE_PRODUCT(1);
+          if (tiles > 2) AMX_TILE_PRODUCT(2);
+          if (tiles > 3) AMX_TILE_PRODUCT(3);
+        }
+        AMX_TILE_STORE(0); AMX_TILE_STORE(1); AMX_TILE_STORE(2); AMX_TILE_STORE(3);
+        for (int t = 0; t < tiles; t++)
+          for (int r = 0; r < 16 && m0 + 16 * t + r < m; r++) {
+            float* dst = y + (m0 + 16 * t + r) * out + g * 16;
+            const float* src = yt + 16 * 16 * t + 16 * r;
+            for (int j = 0; j < 16; j++) dst[j] = src[j] + (bias ? bias[g * 16 + j] : 0.f);
+          }
+      }
+    }
+    _tile_release();
+  }
+}
+
+static int linear_amx_bf16(int kind, const uint8_t* w, const float* bias, const float* x, float* y, int64_t out,
+                           int64_t in, int64_t m, int threads) {
+  if (kind == I8 || out % 16 != 0 || !amx_usable()) return -1;
+  int64_t mp = (m + 15) / 16 * 16;
+  uint16_t* xb = (uint16_t*)aligned_alloc(64, (size_t)((mp * in * 2 + 63) / 64 * 64));
+  if (xb == NULL) return -1;
+  int64_t i = 0;
+  for (; i + 16 <= m * in; i += 16)
+    _mm256_storeu_si256((__m256i*)(xb + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + i)));
+  for (; i < m * in; i++) {
+    uint32_t u;
+    memcpy(&u, x + i, 4);
+    xb[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+  memset(xb + m * in, 0, (size_t)((mp - m) * in * 2));
+  linear_amx_groups(kind, w, bias, xb, y, out, in, m, mp, threads);
+  free(xb);
+  return 0;
+}
+#endif
+
 int vq_variants(void) {
   int v = VQ_SCALAR;
 #ifdef HAVE_AVX2
@@ -520,6 +665,9 @@ int vq_variants(void) {
 #endif
 #ifdef HAVE_AVX512_VNNI
   v |= VQ_AVX512_VNNI;
+#endif
+#ifdef HAVE_AMX_BF16
+  if (amx_usable()) v |= VQ_AMX_BF16;
 #endif
   return v;
 }
@@ -553,6 +701,11 @@ int vq_linear(int variant, int kind, const void* w, const float* scale, const fl
     case VQ_AVX512_VNNI:
       if (kind == I8) { linear_avx512(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
       return linear_avx512_vnni(kind, wb, bias, x, y, out, in, m, threads);
+#endif
+#ifdef HAVE_AMX_BF16
+    case VQ_AMX_BF16: /* bf16 arithmetic on the 16-row tiled copy; int8 rows take the float path */
+      if (kind == I8) { linear_avx512(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
+      return linear_amx_bf16(kind, wb, bias, x, y, out, in, m, threads);
 #endif
     default:
       return -1;
