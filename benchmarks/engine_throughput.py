@@ -122,6 +122,7 @@ def run_vriksha(model_path, dtype, wl: Workload, engine_kwargs) -> dict:
     print(f"  vriksha: {llm.engine.quantization.describe()}", flush=True)
     print(f"  vriksha: native decode {llm.engine.runner.native_decode_choice}", flush=True)
     print(f"  vriksha: matmuls {llm.engine.runner.matmul_choice}", flush=True)
+    print(f"  vriksha: KV pool {str(llm.engine.pool.dtype).removeprefix('torch.')}", flush=True)
     llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(temperature=0, max_tokens=4))  # warm-up
     llm.flush_cache()
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in wl.new_tokens]

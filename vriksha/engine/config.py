@@ -80,6 +80,11 @@ class EngineConfig:
         "auto: bf16 when the dtype came from --dtype auto, ieee for an explicit --dtype float32",
         choices=("auto", "ieee", "bf16"),
     )  # fmt: skip
+    kv_cache_dtype: str = option(
+        "auto", "KV pool dtype: auto (the engine's dtype), float32, bfloat16, float16; bfloat16 under a float32 "
+        "engine holds twice the tokens in the same memory (K/V rounded to bf16, the rest fp32)",
+        choices=("auto", "float32", "bfloat16", "float16"),
+    )  # fmt: skip
     quantization: str = option(
         "auto", "linear weights served packed: gguf (the GGUF file's Q4_0/Q4_1/Q8_0 blocks), int8 (weight-only, "
         "per output channel, any model), none (fp32), auto (the GGUF's blocks where measured faster on this "
@@ -131,6 +136,10 @@ class EngineConfig:
             raise ConfigError(f"engine option kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}")
         if self.dtype not in DTYPES:
             raise ConfigError(f"engine option dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.kv_cache_dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ConfigError(
+                f"engine option kv_cache_dtype must be auto, float32, bfloat16 or float16, got {self.kv_cache_dtype!r}"
+            )
         if self.fp32_precision not in ("auto", "ieee", "bf16"):
             raise ConfigError(
                 f"engine option fp32_precision must be auto, ieee or bf16, got {self.fp32_precision!r}"

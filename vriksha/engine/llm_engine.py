@@ -13,11 +13,12 @@ import torch
 
 import vriksha.device as devices
 from vriksha import fast_dtype
+from vriksha.engine import fp32_precision
 from vriksha.engine.cache_events import CacheEventSink
 from vriksha.engine.cache_manager import make_cache_manager
 from vriksha.engine.config import EngineConfig
 from vriksha.engine.kv_layout import probe_kv_layout
-from vriksha.engine.kv_pool import KVPool, ReqToTokenTable, SlotAllocator
+from vriksha.engine.kv_pool import KVPool, ReqToTokenTable, SlotAllocator, kv_cache_dtype
 from vriksha.engine.model_runner import ModelRunner
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
 from vriksha.engine.prompt_logprobs import prompt_logprobs_list, record_prompt_logprobs
@@ -142,12 +143,21 @@ class LLMEngine:
 
         if tp is not None:
             tp.join(model)  # every rank keeps its shard of the heads and MLP columns
+        # every tensor-parallel rank runs the same arithmetic: strict fp32 there
+        measured = tp is None and self.dtype_choice.how.startswith(("measured", "cached"))
+        self.bf16_arithmetic = fp32_precision.resolve(
+            config.fp32_precision,
+            self.dtype,
+            "auto" if measured else self.dtype,
+            devices.is_host(self.device),
+        )
+        self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.dtype, tp is not None)
         layout = probe_kv_layout(model)
-        num_slots = KVPool.slots_for_budget(self._kv_budget_bytes(), layout, self.dtype)
+        num_slots = KVPool.slots_for_budget(self._kv_budget_bytes(), layout, self.kv_dtype)
         if tp is not None:
             num_slots = tp.min_slots(num_slots)
         self.allocator = SlotAllocator(num_slots, self.device)
-        self.pool = KVPool(layout, num_slots, self.dtype, self.device)
+        self.pool = KVPool(layout, num_slots, self.kv_dtype, self.device)
         self.table = ReqToTokenTable(config.max_num_seqs + 1, self.max_model_len + 1, self.device)
         self.cache = make_cache_manager(
             config.enable_prefix_caching, self.allocator, self.table, cache_events
@@ -155,9 +165,9 @@ class LLMEngine:
         self.scheduler = Scheduler(config, self.cache)
         if config.speculative != "none":
             self.scheduler.speculator = Speculator(config, self.max_model_len)
-        # every tensor-parallel rank runs the same arithmetic: strict fp32 there
-        measured = tp is None and self.dtype_choice.how.startswith(("measured", "cached"))
-        self.runner = ModelRunner(model, self.pool, self.table, config, gguf=gguf, dtype_auto=measured)
+        self.runner = ModelRunner(
+            model, self.pool, self.table, config, gguf=gguf, bf16_matmuls=self.bf16_arithmetic
+        )
         self.quantization = self.runner.quantization
         if tp is not None:
             self.runner.tensor_parallel = tp

@@ -33,10 +33,11 @@ class ModelRunner:
         table: ReqToTokenTable,
         config: EngineConfig,
         gguf: Path | None = None,
-        dtype_auto: bool = False,
+        bf16_matmuls: bool = False,
     ) -> None:
         """`gguf`: the file the model was loaded from, whose packed blocks `quantization` may serve;
-        `dtype_auto`: the engine chose its dtype by measurement (`fp32_precision`'s `auto` then allows bf16)."""
+        `bf16_matmuls`: an fp32 model's linear layers may run in bf16 arithmetic where it measures faster
+        (`fp32_precision.resolve`). The KV pool may hold another dtype than the model (`kv_cache_dtype`)."""
         self.model = model
         self.pool = pool
         self.table = table
@@ -44,17 +45,16 @@ class ModelRunner:
         self.installation = ModuleInstallation(model)
         self.installation.set_attn_implementation(register_attention())
         cpu = devices.is_host(self.device)
-        self.kernels = kernel_sets.select(config.kernels, self.device, pool.dtype, config.native_kernels)
+        dtype = next(model.parameters()).dtype
+        self.kernels = kernel_sets.select(config.kernels, self.device, dtype, config.native_kernels)
         if config.kernel_layers:
             self.kernels = hub_layers.bind(model, config.kernel_layers, self.installation, self.kernels)
-        logger.info("kernel set for %s on %s: %s", pool.dtype, self.device, self.kernels.describe())
+        logger.info("kernel set for %s on %s: %s", dtype, self.device, self.kernels.describe())
         self.decode_kernel = self.kernels.decode_attention_for(pool.dtype)
-        self.bf16_matmuls = fp32_precision.resolve(
-            config.fp32_precision, pool.dtype, "auto" if dtype_auto else pool.dtype, cpu
-        )
+        self.bf16_matmuls = bf16_matmuls and dtype == torch.float32 and cpu
         self.fast_linear: fast_linear.FastLinear | None = None
         if config.fast_linear and cpu:
-            linear_kernels = self.kernels.linear_for(pool.dtype)
+            linear_kernels = self.kernels.linear_for(dtype)
             self.fast_linear = fast_linear.FastLinear(
                 model, self.installation, linear_kernels, self.bf16_matmuls
             )
@@ -64,7 +64,7 @@ class ModelRunner:
             model,
             config.quantization,
             self.installation,
-            self.kernels.linear_for(pool.dtype),
+            self.kernels.linear_for(dtype),
             gguf,
             cpu,
             self.bf16_matmuls and self.fast_linear is not None,

@@ -116,6 +116,7 @@ class _Model(ctypes.Structure):
             for name in ("num_layers", "hidden", "heads", "kv_heads", "head_dim", "v_dim", "inter")
         ),
         ("layers", _PTR),
+        ("kv_bf16", _I64),
     ]
 
 
@@ -147,8 +148,8 @@ def unsupported(model: nn.Module, kernels, pool: KVPool) -> str | None:
         return "the native layer library could not be built"
     if getattr(kernels, "lib", None) is None:
         return f"kernel set {kernels.name} is not a native one"
-    if not devices.is_host(pool.device) or pool.dtype != torch.float32:
-        return "it runs float32 on the CPU only"
+    if not devices.is_host(pool.device) or pool.dtype not in (torch.float32, torch.bfloat16):
+        return "it runs float32 on the CPU only (over a float32 or bfloat16 KV pool)"
     reason = unsupported_reason(model)
     if reason is not None:
         return reason
@@ -197,7 +198,8 @@ class NativeDecode:
         self._fns = {
             n: _address(kernels.lib._lib, f"{n}_f32") for n in ("linear", "rms_norm", "rope", "silu_mul")
         }
-        self._fns["attention"] = _address(kernels.lib._lib, "decode_attention_f32")
+        attention = "decode_attention_f32" if pool.dtype == torch.float32 else "decode_attention_f32q_bf16kv"
+        self._fns["attention"] = _address(kernels.lib._lib, attention)
         self._plans: dict[int, tuple[_Model, ctypes.Array, tuple]] = {}  # per packed-kernel bucket
 
     def refresh(self) -> None:
@@ -266,6 +268,7 @@ class NativeDecode:
             v0.shape[2],
             self.layers[0].mlp.gate_proj.out_features,
             ctypes.addressof(layers),
+            int(self.pool.dtype == torch.bfloat16),
         )
         # the layer array, and every tensor it points into, live as long as the plan
         held = (*self.model.parameters(), *self.pool.k, *self.pool.v)

@@ -134,6 +134,38 @@ void decode_attention_bf16(const bf16* q, const bf16* k_pool, const bf16* v_pool
   }
 }
 
+/* decode_attention_bf16 for a float32 engine over a bf16 KV pool: q [B, H, D] float32, rounded to bf16 as the
+ * engine's Python path rounds it before calling decode_attention_bf16, so both give the same bits. */
+void decode_attention_f32q_bf16kv(const float* q, const bf16* k_pool, const bf16* v_pool, const int64_t* slots,
+                                  const int64_t* lens, float* out, int64_t batch, int64_t heads, int64_t kv_heads,
+                                  int64_t d, int64_t dv, int64_t max_len, float scale, int64_t window,
+                                  int threads) {
+  int64_t group = heads / kv_heads;
+#pragma omp parallel num_threads(threads)
+  {
+    float* scores = (float*)malloc(sizeof(float) * group * (max_len > 0 ? max_len : 1));
+    bf16* qb = (bf16*)malloc(sizeof(bf16) * group * d);
+    float* qf = (float*)malloc(sizeof(float) * group * d);
+    float* vrow = (float*)malloc(sizeof(float) * (dv > d ? dv : d));
+#pragma omp for schedule(dynamic, 1) collapse(2)
+    for (int64_t h = 0; h < kv_heads; h++) {
+      for (int64_t b = 0; b < batch; b++) {
+        int64_t len = lens[b];
+        int64_t start = (window > 0 && len > window) ? len - window : 0;
+        const float* qh = q + (b * heads + h * group) * d;
+        for (int64_t e = 0; e < group * d; e++) qb[e] = f32_to_bf16(qh[e]);
+        widen_bf16(qf, qb, group * d);
+        attend_bf16(qf, qb, k_pool, v_pool, slots + b * max_len + start, len - start, kv_heads, h, d, dv,
+                    group, scale, scores, vrow, out + (b * heads + h * group) * dv);
+      }
+    }
+    free(scores);
+    free(qb);
+    free(qf);
+    free(vrow);
+  }
+}
+
 /* Four bf16 weight rows against one float32 input row. */
 static inline void dot4_bf16(const bf16* w, int64_t in, const float* x, float* out4) {
   for (int k = 0; k < 4; k++) out4[k] = dot_f32_bf16(x, w + k * in, in);

@@ -8,7 +8,8 @@
  * `quant_kernels.c`, through function pointers taken from their loaded libraries), in the same order on the
  * same buffers, so its results equal that forward's bit for bit where it picks the same linear kernels. What it
  * removes is the per-operation cost around them: ctypes calls, tensor views and allocations, dispatch.
- * The weights' pointers are prepared once per model (`native_decode.py`); every buffer is float32.
+ * The weights' pointers are prepared once per model (`native_decode.py`); every buffer is float32 but the KV
+ * pool, which may hold bf16 (a float32 engine's `kv_cache_dtype`).
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -20,7 +21,8 @@ typedef int (*vq_linear_fn)(int, int, const void*, const float*, const float*, c
 typedef void (*rms_norm_fn)(float*, const float*, const float*, float*, int64_t, int64_t, float, int);
 typedef void (*rope_fn)(float*, const float*, const float*, int64_t, int64_t, int64_t, int);
 typedef void (*silu_mul_fn)(const float*, const float*, float*, int64_t, int);
-typedef void (*attention_fn)(const float*, const float*, const float*, const int64_t*, const int64_t*, float*,
+/* the pools' element type is the model's `kv_bf16`: float32, or bf16 (uint16_t) */
+typedef void (*attention_fn)(const float*, const void*, const void*, const int64_t*, const int64_t*, float*,
                              int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, float, int64_t, int);
 
 typedef struct {
@@ -37,7 +39,7 @@ typedef struct {
   const float *input_norm, *post_norm, *q_norm, *k_norm; /* q_norm, k_norm: NULL unless per-head norms */
   float input_eps, post_eps, q_eps, k_eps, scale;
   int64_t window; /* 0: none */
-  float *k_pool, *v_pool; /* [slots, kv_heads, head_dim], [slots, kv_heads, v_dim] */
+  void *k_pool, *v_pool; /* [slots, kv_heads, head_dim], [slots, kv_heads, v_dim]: float32 or bf16 */
 } vl_layer;
 
 typedef struct {
@@ -49,7 +51,22 @@ typedef struct {
   attention_fn attention;
   int64_t num_layers, hidden, heads, kv_heads, head_dim, v_dim, intermediate;
   const vl_layer* layers;
+  int64_t kv_bf16; /* the KV pool holds bf16: new K/V are rounded to it (nearest even) as they are written */
 } vl_model;
+
+static void store_kv(void* pool, int64_t slot, const float* src, int64_t n, int64_t bf16) {
+  if (!bf16) {
+    memcpy((float*)pool + slot * n, src, sizeof(float) * n);
+    return;
+  }
+  uint16_t* dst = (uint16_t*)pool + slot * n;
+  for (int64_t e = 0; e < n; e++) {
+    uint32_t u;
+    memcpy(&u, src + e, 4);
+    dst[e] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x40)
+                                              : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+}
 
 static int run_linear(const vl_model* m, const vl_linear* l, const float* x, float* y, int64_t rows, int threads) {
   if (l->kind < 0) {
@@ -88,8 +105,8 @@ int vl_decode(const vl_model* m, float* h, int64_t batch, const float* cos, cons
     m->rope(q, cos, sin, batch, m->heads, m->head_dim, threads);
     m->rope(k, cos, sin, batch, m->kv_heads, m->head_dim, threads);
     for (int64_t t = 0; t < batch; t++) {
-      memcpy(L->k_pool + slot_mapping[t] * kd, k + t * kd, sizeof(float) * kd);
-      memcpy(L->v_pool + slot_mapping[t] * vd, v + t * vd, sizeof(float) * vd);
+      store_kv(L->k_pool, slot_mapping[t], k + t * kd, kd, m->kv_bf16);
+      store_kv(L->v_pool, slot_mapping[t], v + t * vd, vd, m->kv_bf16);
     }
     m->attention(q, L->k_pool, L->v_pool, kv_slots, kv_lens, attn, batch, m->heads, m->kv_heads, m->head_dim,
                  m->v_dim, max_len, L->scale, L->window, threads);
