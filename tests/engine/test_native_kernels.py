@@ -46,7 +46,9 @@ def _reference_attention(q, k_pool, v_pool, slots, lens, scale, window):
     return out
 
 
-@pytest.mark.parametrize("heads,kv_heads,d", [(9, 3, 64), (4, 4, 16), (8, 1, 24), (8, 2, 40)])
+@pytest.mark.parametrize(
+    "heads,kv_heads,d", [(9, 3, 64), (4, 4, 16), (8, 1, 24), (8, 2, 40), (16, 4, 128), (2, 1, 32)]
+)
 @pytest.mark.parametrize("window", [None, 5])
 def test_decode_attention_matches_sdpa(k, heads, kv_heads, d, window):
     gen = torch.Generator().manual_seed(heads * 100 + d)

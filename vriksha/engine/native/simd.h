@@ -170,9 +170,26 @@ static inline float exp_shifted_sum(float* x, int64_t n, float shift) {
 /* scores[0..n) turned into softmax probabilities in place. */
 static inline void softmax_inplace(float* scores, int64_t n) {
   float mx = -INFINITY;
-  for (int64_t j = 0; j < n; j++) mx = scores[j] > mx ? scores[j] : mx;
+  int64_t j = 0;
+#ifdef VRIKSHA_AVX2
+  /* eight running maxima: the maximum is exact in any order, and one serial chain of compares is slow */
+  if (n >= 8) {
+    __m256 m8 = _mm256_loadu_ps(scores);
+    for (j = 8; j + 8 <= n; j += 8) m8 = _mm256_max_ps(m8, _mm256_loadu_ps(scores + j));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m8), _mm256_extractf128_ps(m8, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    mx = _mm_cvtss_f32(m4);
+  }
+#endif
+  for (; j < n; j++) mx = scores[j] > mx ? scores[j] : mx;
   float inv = 1.f / exp_shifted_sum(scores, n, mx);
-  for (int64_t j = 0; j < n; j++) scores[j] *= inv;
+  j = 0;
+#ifdef VRIKSHA_AVX2
+  __m256 inv8 = _mm256_set1_ps(inv);
+  for (; j + 8 <= n; j += 8) _mm256_storeu_ps(scores + j, _mm256_mul_ps(_mm256_loadu_ps(scores + j), inv8));
+#endif
+  for (; j < n; j++) scores[j] *= inv;
 }
 
 #if defined(__GNUC__) && !defined(__clang__)
