@@ -263,6 +263,12 @@ def main() -> None:
         "for an fp32 KV cache; llama.cpp's default is f16)",
     )
     ap.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="vriksha's KV pool dtype (the engine's kv_cache_dtype; auto: the engine's choice)",
+    )
+    ap.add_argument(
         "--quantization",
         default="auto",
         choices=["none", "gguf", "int8", "auto"],
@@ -355,7 +361,10 @@ def main() -> None:
                 # from the GGUF under auto, the engine chooses its dtype knowing the packed kernels too
                 engine_dtype = args.dtype if gguf_model else dtype
                 r = run_vriksha(
-                    args.model if gguf_model else path, engine_dtype, wl, {"quantization": args.quantization}
+                    args.model if gguf_model else path,
+                    engine_dtype,
+                    wl,
+                    {"quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype},
                 )
             elif system == "vriksha-ngram":
                 spec = {"speculative": "ngram", "num_speculative_tokens": args.num_speculative_tokens}

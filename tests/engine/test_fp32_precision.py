@@ -101,16 +101,17 @@ def test_an_engine_decides_by_how_its_dtype_was_chosen(default_tokenizer):
         assert len(llm.generate(prompt, greedy)[0].outputs[0].token_ids) == len(strict)
 
 
-def test_the_kv_cache_dtype_is_the_models_unless_given():
+def test_the_kv_cache_dtype_follows_bf16_arithmetic_under_auto():
     from vriksha.engine.kv_pool import kv_cache_dtype
 
-    assert kv_cache_dtype("auto", torch.float32, False) == torch.float32
-    assert kv_cache_dtype("auto", torch.bfloat16, False) == torch.bfloat16
-    assert kv_cache_dtype("bfloat16", torch.float32, False) == torch.bfloat16
-    assert kv_cache_dtype("float32", torch.float32, False) == torch.float32
+    assert kv_cache_dtype("auto", torch.float32, True, False) == torch.bfloat16
+    assert kv_cache_dtype("auto", torch.float32, False, False) == torch.float32
+    assert kv_cache_dtype("auto", torch.bfloat16, True, False) == torch.bfloat16
+    assert kv_cache_dtype("bfloat16", torch.float32, False, False) == torch.bfloat16
+    assert kv_cache_dtype("float32", torch.float32, True, False) == torch.float32
     with pytest.raises(ConfigError, match="tensor parallel"):
-        kv_cache_dtype("bfloat16", torch.float32, True)
+        kv_cache_dtype("bfloat16", torch.float32, False, True)
     with pytest.raises(ConfigError, match="kv_cache_dtype must be one of"):
-        kv_cache_dtype("int4", torch.float32, False)
+        kv_cache_dtype("int4", torch.float32, False, False)
     with pytest.raises(ConfigError, match="kv_cache_dtype must be"):
         EngineConfig(kv_cache_dtype="fp8")

@@ -81,8 +81,9 @@ class EngineConfig:
         choices=("auto", "ieee", "bf16"),
     )  # fmt: skip
     kv_cache_dtype: str = option(
-        "auto", "KV pool dtype: auto (the engine's dtype), float32, bfloat16, float16; bfloat16 under a float32 "
-        "engine holds twice the tokens in the same memory (K/V rounded to bf16, the rest fp32)",
+        "auto", "KV pool dtype: auto (bfloat16 for a float32 engine allowed bf16 arithmetic by --fp32-precision, "
+        "else the engine's dtype), float32, bfloat16, float16; bfloat16 under a float32 engine reads half the "
+        "bytes in decode attention and holds twice the tokens (K/V rounded to bf16, the rest fp32)",
         choices=("auto", "float32", "bfloat16", "float16"),
     )  # fmt: skip
     quantization: str = option(

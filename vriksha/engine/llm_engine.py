@@ -151,7 +151,9 @@ class LLMEngine:
             "auto" if measured else self.dtype,
             devices.is_host(self.device),
         )
-        self.kv_dtype = kv_cache_dtype(config.kv_cache_dtype, self.dtype, tp is not None)
+        self.kv_dtype = kv_cache_dtype(
+            config.kv_cache_dtype, self.dtype, self.bf16_arithmetic, tp is not None
+        )
         layout = probe_kv_layout(model)
         num_slots = KVPool.slots_for_budget(self._kv_budget_bytes(), layout, self.kv_dtype)
         if tp is not None:

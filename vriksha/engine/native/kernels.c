@@ -20,6 +20,7 @@ static inline void prefetch_row(const float* p, int64_t n) {
 #define TILE_T float
 #define TILE_LOAD8 _mm256_loadu_ps
 #define TILE_PREFETCH_KEY prefetch_row
+#define TILE_LOAD16 _mm512_loadu_ps
 #include "tiles.h"
 
 /* Four weight rows against one input row: each weight element is loaded once per input row. */
@@ -105,70 +106,6 @@ void linear_f32(const float* w, const float* bias, const float* x, float* y,
   }
 }
 
-#ifdef VRIKSHA_AVX512
-/* Scores of four key rows against up to three query heads per pass (d % 16 == 0): each key vector loaded once
- * for every head, the sixteen-wide partial sums folded to four per head at the end. */
-static inline int64_t keys4_avx512(const float* qh, const float* k_pool, const int64_t* row, int64_t j, int64_t n,
-                                   int64_t kv_heads, int64_t h, int64_t d, int64_t group, float scale,
-                                   float* scores) {
-  for (; j + 4 <= n; j += 4) {
-    if (j + 8 < n)
-      for (int t = 4; t < 8; t++) __builtin_prefetch(k_pool + (row[j + t] * kv_heads + h) * d);
-    const float* k[4];
-    for (int t = 0; t < 4; t++) k[t] = k_pool + (row[j + t] * kv_heads + h) * d;
-    for (int64_t g = 0; g < group; g += 3) {
-      int64_t cnt = group - g < 3 ? group - g : 3;
-      const float *q0 = qh + g * d, *q1 = q0 + (cnt > 1 ? d : 0), *q2 = q0 + (cnt > 2 ? 2 * d : 0);
-      __m512 a[3][4];
-      for (int c = 0; c < 3; c++)
-        for (int t = 0; t < 4; t++) a[c][t] = _mm512_setzero_ps();
-      for (int64_t i = 0; i < d; i += 16) {
-        __m512 x0 = _mm512_loadu_ps(q0 + i), x1 = _mm512_loadu_ps(q1 + i), x2 = _mm512_loadu_ps(q2 + i);
-        for (int t = 0; t < 4; t++) {
-          __m512 kv = _mm512_loadu_ps(k[t] + i);
-          a[0][t] = _mm512_fmadd_ps(x0, kv, a[0][t]);
-          a[1][t] = _mm512_fmadd_ps(x1, kv, a[1][t]);
-          a[2][t] = _mm512_fmadd_ps(x2, kv, a[2][t]);
-        }
-      }
-      for (int c = 0; c < cnt; c++) {
-        __m256 y[4];
-        for (int t = 0; t < 4; t++)
-          y[t] = _mm256_add_ps(_mm512_castps512_ps256(a[c][t]), _mm512_extractf32x8_ps(a[c][t], 1));
-        _mm_storeu_ps(scores + (g + c) * n + j, _mm_mul_ps(hsum8x4(y[0], y[1], y[2], y[3]), _mm_set1_ps(scale)));
-      }
-    }
-  }
-  return j;
-}
-
-/* out[g, :] = sum_j p[g, j] v_j for up to three heads at a time, 64 values held in four registers per head. */
-static inline void values64_avx512(const float* scores, const float* v_pool, const int64_t* row, int64_t n,
-                                   int64_t kv_heads, int64_t h, int64_t dv, int64_t group, float* out) {
-  for (int64_t e0 = 0; e0 < dv; e0 += 64) {
-    for (int64_t g = 0; g < group; g += 3) {
-      int64_t cnt = group - g < 3 ? group - g : 3;
-      const float *p0 = scores + g * n, *p1 = p0 + (cnt > 1 ? n : 0), *p2 = p0 + (cnt > 2 ? 2 * n : 0);
-      __m512 a[3][4];
-      for (int c = 0; c < 3; c++)
-        for (int t = 0; t < 4; t++) a[c][t] = _mm512_setzero_ps();
-      for (int64_t j = 0; j < n; j++) {
-        if (j + 4 < n) __builtin_prefetch(v_pool + (row[j + 4] * kv_heads + h) * dv + e0);
-        const float* vj = v_pool + (row[j] * kv_heads + h) * dv + e0;
-        __m512 b0 = _mm512_set1_ps(p0[j]), b1 = _mm512_set1_ps(p1[j]), b2 = _mm512_set1_ps(p2[j]);
-        for (int t = 0; t < 4; t++) {
-          __m512 v = _mm512_loadu_ps(vj + 16 * t);
-          a[0][t] = _mm512_fmadd_ps(b0, v, a[0][t]);
-          a[1][t] = _mm512_fmadd_ps(b1, v, a[1][t]);
-          a[2][t] = _mm512_fmadd_ps(b2, v, a[2][t]);
-        }
-      }
-      for (int c = 0; c < cnt; c++)
-        for (int t = 0; t < 4; t++) _mm512_storeu_ps(out + (g + c) * dv + e0 + 16 * t, a[c][t]);
-    }
-  }
-}
-#endif
 
 /* One request, one KV head: `group` query heads over n KV slots. scores [group * n], acc [group * dv]. */
 NO_AUTO_VECTORIZE
