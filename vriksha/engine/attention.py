@@ -169,6 +169,10 @@ def paged_attention(
             )
         elif mask is None:
             k, v = key[:, :, s : s + n], value[:, :, s : s + n]
+            if (
+                k_pool.dtype != q.dtype
+            ):  # a bf16 pool under an fp32 model: attend over K/V as the pool keeps them
+                q, k, v = q.to(k_pool.dtype), k.to(k_pool.dtype), v.to(k_pool.dtype)
             o = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scaling, enable_gqa=group > 1)
         else:
             k = k_pool.index_select(0, seg.kv_slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]
