@@ -73,7 +73,8 @@ def check_layout(wire: dict[str, Any], pool: KVPool) -> None:
         raise KVTransferError(
             f"the prefill replica's K/V layout ({theirs['dtype']}, {len(theirs['layers'])} layers) differs from "
             f"this replica's ({mine['dtype']}, {len(mine['layers'])} layers): prefill and decode replicas must "
-            "serve the same model with the same --dtype"
+            "serve the same model with the same --dtype and --kv-cache-dtype (auto may pick a bf16 pool on one CPU and "
+            "not another: give it explicitly across unlike hosts)"
         )
 
 
