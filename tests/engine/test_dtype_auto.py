@@ -202,3 +202,22 @@ def test_a_gguf_model_runs_float32_where_its_packed_decode_is_faster(model_dir):
     assert packed_dtype(dense(10.0), EngineConfig(quantization="none"), cpu) is None
     assert packed_dtype(fast_dtype.given("bfloat16", cpu), embedded, cpu) is None  # --dtype stands
     assert packed_dtype(dense(10.0), EngineConfig(model=str(model_dir)), cpu) is None  # not a GGUF file
+
+
+def test_a_burst_of_load_during_one_dtypes_turn_does_not_decide(monkeypatch):
+    """Each dtype is timed in two rounds in opposite orders and keeps its best: a slow first turn of fp32
+    (another job on the machine) does not make the lower precision look faster."""
+    calls: dict[torch.dtype, int] = {}
+
+    def timed(shape, dtype, device, min_s, reps):
+        calls[dtype] = calls.get(dtype, 0) + 1
+        slow = dtype == torch.float32 and calls[dtype] <= 2  # the first round's fp32 turn, under load
+        return (20e-3 if slow else 1e-3), (20e-3 if slow else 1e-3)
+
+    monkeypatch.setattr(fast_dtype, "_shape_times", timed)
+    shapes = [fast_dtype.LinearShape(64, 64, 3, True), fast_dtype.LinearShape(128, 64, 1, False)]
+    timings = fast_dtype.measure(shapes, torch.device("cpu"), ("float32", "bfloat16"))
+    assert calls == {torch.float32: 4, torch.bfloat16: 4}
+    for name in ("float32", "bfloat16"):
+        assert timings[name] == pytest.approx({"decode_s": 4e-3, "prefill_s": 4e-3})
+    assert fast_dtype.pick(timings) == "float32"
