@@ -117,64 +117,57 @@ static void attend_bf16(const float* qf, const bf16* qb, const bf16* k_pool, con
   }
 }
 
+/* Decode attention over a bf16 pool for a query given in bf16 (`q16`) or in float32 (`q32`, rounded to bf16
+ * first, as the engine's Python path rounds it before calling decode_attention_bf16): one of the two is NULL. */
+static void attend_bf16_pool(const bf16* q16, const float* q32, const bf16* k_pool, const bf16* v_pool,
+                             const int64_t* slots, const int64_t* lens, float* out, int64_t batch, int64_t heads,
+                             int64_t kv_heads, int64_t d, int64_t dv, int64_t max_len, float scale,
+                             int64_t window, int threads) {
+  int64_t group = heads / kv_heads;
+#pragma omp parallel num_threads(threads)
+  {
+    float* scores = (float*)malloc(sizeof(float) * group * (max_len > 0 ? max_len : 1));
+    float* qf = (float*)malloc(sizeof(float) * group * d);
+    bf16* rounded = q32 ? (bf16*)malloc(sizeof(bf16) * group * d) : NULL;
+    float* vrow = (float*)malloc(sizeof(float) * (dv > d ? dv : d));
+#pragma omp for schedule(dynamic, 1) collapse(2)
+    for (int64_t h = 0; h < kv_heads; h++) {
+      for (int64_t b = 0; b < batch; b++) {
+        int64_t len = lens[b];
+        int64_t start = (window > 0 && len > window) ? len - window : 0;
+        int64_t at = (b * heads + h * group) * d;
+        const bf16* qb = q16 ? q16 + at : rounded;
+        if (q32)
+          for (int64_t e = 0; e < group * d; e++) rounded[e] = f32_to_bf16(q32[at + e]);
+        widen_bf16(qf, qb, group * d);
+        attend_bf16(qf, qb, k_pool, v_pool, slots + b * max_len + start, len - start, kv_heads, h, d, dv,
+                    group, scale, scores, vrow, out + (b * heads + h * group) * dv);
+      }
+    }
+    free(scores);
+    free(qf);
+    free(rounded);
+    free(vrow);
+  }
+}
+
 /* q [B, H, D] bf16; k_pool [S, Hkv, D], v_pool [S, Hkv, Dv] bf16; slots [B, max_len]; lens [B];
  * out [B, H, Dv] float32. window <= 0: attend to all lens[b] tokens; else to the last `window`. */
 void decode_attention_bf16(const bf16* q, const bf16* k_pool, const bf16* v_pool, const int64_t* slots,
                            const int64_t* lens, float* out, int64_t batch, int64_t heads, int64_t kv_heads,
                            int64_t d, int64_t dv, int64_t max_len, float scale, int64_t window, int threads) {
-  int64_t group = heads / kv_heads;
-#pragma omp parallel num_threads(threads)
-  {
-    float* scores = (float*)malloc(sizeof(float) * group * (max_len > 0 ? max_len : 1));
-    float* qf = (float*)malloc(sizeof(float) * group * d);
-    float* vrow = (float*)malloc(sizeof(float) * (dv > d ? dv : d));
-#pragma omp for schedule(dynamic, 1) collapse(2)
-    for (int64_t h = 0; h < kv_heads; h++) {
-      for (int64_t b = 0; b < batch; b++) {
-        int64_t len = lens[b];
-        int64_t start = (window > 0 && len > window) ? len - window : 0;
-        const bf16* qb = q + (b * heads + h * group) * d;
-        widen_bf16(qf, qb, group * d);
-        attend_bf16(qf, qb, k_pool, v_pool, slots + b * max_len + start, len - start, kv_heads, h, d, dv,
-                    group, scale, scores, vrow, out + (b * heads + h * group) * dv);
-      }
-    }
-    free(scores);
-    free(qf);
-    free(vrow);
-  }
+  attend_bf16_pool(q, NULL, k_pool, v_pool, slots, lens, out, batch, heads, kv_heads, d, dv, max_len, scale,
+                   window, threads);
 }
 
-/* decode_attention_bf16 for a float32 engine over a bf16 KV pool: q [B, H, D] float32, rounded to bf16 as the
- * engine's Python path rounds it before calling decode_attention_bf16, so both give the same bits. */
+/* The same for a float32 engine over a bf16 KV pool: q [B, H, D] float32, rounded to bf16 as above, so the
+ * native decode step and the Python path give the same bits. */
 void decode_attention_f32q_bf16kv(const float* q, const bf16* k_pool, const bf16* v_pool, const int64_t* slots,
                                   const int64_t* lens, float* out, int64_t batch, int64_t heads, int64_t kv_heads,
                                   int64_t d, int64_t dv, int64_t max_len, float scale, int64_t window,
                                   int threads) {
-  int64_t group = heads / kv_heads;
-#pragma omp parallel num_threads(threads)
-  {
-    float* scores = (float*)malloc(sizeof(float) * group * (max_len > 0 ? max_len : 1));
-    bf16* qb = (bf16*)malloc(sizeof(bf16) * group * d);
-    float* qf = (float*)malloc(sizeof(float) * group * d);
-    float* vrow = (float*)malloc(sizeof(float) * (dv > d ? dv : d));
-#pragma omp for schedule(dynamic, 1) collapse(2)
-    for (int64_t h = 0; h < kv_heads; h++) {
-      for (int64_t b = 0; b < batch; b++) {
-        int64_t len = lens[b];
-        int64_t start = (window > 0 && len > window) ? len - window : 0;
-        const float* qh = q + (b * heads + h * group) * d;
-        for (int64_t e = 0; e < group * d; e++) qb[e] = f32_to_bf16(qh[e]);
-        widen_bf16(qf, qb, group * d);
-        attend_bf16(qf, qb, k_pool, v_pool, slots + b * max_len + start, len - start, kv_heads, h, d, dv,
-                    group, scale, scores, vrow, out + (b * heads + h * group) * dv);
-      }
-    }
-    free(scores);
-    free(qb);
-    free(qf);
-    free(vrow);
-  }
+  attend_bf16_pool(NULL, q, k_pool, v_pool, slots, lens, out, batch, heads, kv_heads, d, dv, max_len, scale,
+                   window, threads);
 }
 
 /* Four bf16 weight rows against one float32 input row. */
