@@ -18,16 +18,15 @@ needs_bf16 = pytest.mark.skipif(
 
 def test_resolve_allows_bf16_only_for_auto_fp32_on_a_capable_cpu():
     capable = fp32_precision.supported()
-    assert fp32_precision.resolve("auto", torch.float32, "auto", cpu=True) is capable
-    assert fp32_precision.resolve("bf16", torch.float32, "float32", cpu=True) is capable
-    assert not fp32_precision.resolve(
-        "auto", torch.float32, "float32", cpu=True
-    )  # an explicit fp32 is strict
-    assert not fp32_precision.resolve("ieee", torch.float32, "auto", cpu=True)
-    assert not fp32_precision.resolve("bf16", torch.bfloat16, "auto", cpu=True)
-    assert not fp32_precision.resolve("bf16", torch.float32, "auto", cpu=False)
+    assert fp32_precision.resolve("auto", torch.float32, dtype_measured=True, cpu=True) is capable
+    assert fp32_precision.resolve("bf16", torch.float32, dtype_measured=False, cpu=True) is capable
+    # an explicit or pinned fp32 is strict
+    assert not fp32_precision.resolve("auto", torch.float32, dtype_measured=False, cpu=True)
+    assert not fp32_precision.resolve("ieee", torch.float32, dtype_measured=True, cpu=True)
+    assert not fp32_precision.resolve("bf16", torch.bfloat16, dtype_measured=True, cpu=True)
+    assert not fp32_precision.resolve("bf16", torch.float32, dtype_measured=True, cpu=False)
     with pytest.raises(ConfigError, match="fp32_precision must be one of"):
-        fp32_precision.resolve("tf32", torch.float32, "auto", cpu=True)
+        fp32_precision.resolve("tf32", torch.float32, dtype_measured=True, cpu=True)
     with pytest.raises(ConfigError, match="fp32_precision must be auto, ieee or bf16"):
         EngineConfig(fp32_precision="half")
 

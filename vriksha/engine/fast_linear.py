@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 import vriksha.device as devices
-from vriksha.engine.fp32_precision import bf16_arithmetic
+from vriksha.engine.fp32_precision import bf16_linear
 from vriksha.engine.installation import ModuleInstallation
 from vriksha.engine.measured_router import MeasuredRouter, Runner, cold_copies, time_cold
 from vriksha.engine.native import DTYPES, Kernels
@@ -80,8 +80,7 @@ class _Layouts:
         if path == "native":
             return self.native.linear(x.contiguous(), self.linear.weight, bias)
         if path == "bf16":
-            with bf16_arithmetic():
-                return F.linear(x, self.linear.weight, bias)
+            return bf16_linear(x, self.linear.weight, bias)
         return F.linear(x, self.linear.weight, bias)
 
 

@@ -21,6 +21,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+import torch.nn.functional as F
 
 from vriksha.cpu_features import cpu_features
 from vriksha.errors import ConfigError
@@ -40,16 +41,16 @@ def supported() -> bool:
     )
 
 
-def resolve(requested: str, dtype: torch.dtype, dtype_requested: object, cpu: bool) -> bool:
+def resolve(requested: str, dtype: torch.dtype, dtype_measured: bool, cpu: bool) -> bool:
     """Whether the engine's routers may time and take the bf16 path for its fp32 linear layers;
-    `dtype_requested`: "auto" where the engine measured its dtype, anything else where it was given."""
+    `dtype_measured`: the engine's dtype came from `dtype="auto"`'s measurement (not given or pinned)."""
     if requested not in MODES:
         raise ConfigError(
             f"engine option fp32_precision must be one of {', '.join(MODES)}, got {requested!r}"
         )
     if dtype != torch.float32 or not cpu or requested == "ieee":
         return False
-    if requested == "auto" and dtype_requested != "auto":
+    if requested == "auto" and not dtype_measured:
         return False
     return supported()
 
@@ -64,6 +65,12 @@ def bf16_arithmetic() -> Iterator[None]:
         yield
     finally:
         matmul.fp32_precision = previous
+
+
+def bf16_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`F.linear` of fp32 tensors in bf16 arithmetic."""
+    with bf16_arithmetic():
+        return F.linear(x, weight, bias)
 
 
 def describe(allowed: bool) -> str:

@@ -148,7 +148,7 @@ class LLMEngine:
         self.bf16_arithmetic = fp32_precision.resolve(
             config.fp32_precision,
             self.dtype,
-            "auto" if measured else self.dtype,
+            measured,
             devices.is_host(self.device),
         )
         self.kv_dtype = kv_cache_dtype(

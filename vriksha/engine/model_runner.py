@@ -51,7 +51,7 @@ class ModelRunner:
             self.kernels = hub_layers.bind(model, config.kernel_layers, self.installation, self.kernels)
         logger.info("kernel set for %s on %s: %s", dtype, self.device, self.kernels.describe())
         self.decode_kernel = self.kernels.decode_attention_for(pool.dtype)
-        self.bf16_matmuls = bf16_matmuls and dtype == torch.float32 and cpu
+        self.bf16_matmuls = bf16_matmuls
         self.fast_linear: fast_linear.FastLinear | None = None
         if config.fast_linear and cpu:
             linear_kernels = self.kernels.linear_for(dtype)

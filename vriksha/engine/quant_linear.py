@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vriksha.engine.fp32_precision import bf16_arithmetic
+from vriksha.engine.fp32_precision import bf16_linear
 from vriksha.engine.installation import ModuleInstallation
 from vriksha.engine.measured_router import MeasuredRouter, Runner, bucket_index, cold_copies, time_cold
 from vriksha.engine.native import Kernels
@@ -119,14 +119,9 @@ def measure(
                 t = min(t, time_cold(lambda c, x=x: dense.linear(x, weights[c]), dense_copies, 0.02))
             times["dense_native"].append(t)
             if bf16 and dtype == torch.float32:
-                t = min(t, time_cold(lambda c, x=x: _bf16_linear(x, weights[c]), dense_copies, 0.02))
+                t = min(t, time_cold(lambda c, x=x: bf16_linear(x, weights[c]), dense_copies, 0.02))
             times["dense"].append(t)
     return times
-
-
-def _bf16_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    with bf16_arithmetic():
-        return F.linear(x, weight)
 
 
 def source_digest() -> str:

@@ -92,7 +92,7 @@ def packed_dtype(dense: DtypeChoice, config: EngineConfig, device: torch.device)
         return None  # some layers would stay dense: the dense choice stands
     kernel_set = kernel_sets.select(config.kernels, device, torch.float32, config.native_kernels)
     fp32_kernels = kernel_set.linear_for(torch.float32)
-    bf16 = config.fast_linear and fp32_precision.resolve(config.fp32_precision, torch.float32, "auto", True)
+    bf16 = config.fast_linear and fp32_precision.resolve(config.fp32_precision, torch.float32, True, True)
     timings = PackedTimings(kernels, fp32_kernels, torch.float32, bf16)  # the key the engine's router uses
     packed_s, _ = timings.step_seconds([PackedShape(*t) for t in types], rows=1)
     best = min(dense.timings, key=lambda name: dense.timings[name]["decode_s"])
