@@ -104,6 +104,13 @@ class RolloutConfig(_Section):
     describe_tools: bool = Field(
         False, description="add the episode's tools and the <tool_call> format to the system message"
     )
+    dynamic_sampling_rounds: int = Field(
+        0,
+        ge=0,
+        description="DAPO's dynamic sampling: while fewer of a step's groups than prompts_per_step have "
+        "rewards that differ, play up to K more rounds of fresh prompts and train on the groups that do "
+        "(0: off)",
+    )
     engine: EngineSection = Field(
         default_factory=EngineConfig,
         description="options of the colocated engine (EngineConfig fields; model, dtype and device follow the policy)",

@@ -19,12 +19,14 @@ ranks equal the single-process gradient.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
-__all__ = ["GroupAdvantages", "group_advantages", "LossStats", "grpo_token_loss", "k3_kl"]
+__all__ = ["GroupAdvantages", "group_advantages", "has_signal", "LossStats", "grpo_token_loss", "k3_kl"]
 
 
 @dataclass(slots=True)
@@ -34,7 +36,16 @@ class GroupAdvantages:
     num_zero_variance: int
 
 
-def group_advantages(rewards: Tensor, scale: bool = True, eps: float = 1e-6) -> GroupAdvantages:
+SIGNAL_EPS = 1e-6  # rewards closer than this count as equal
+
+
+def has_signal(group: Sequence[Any]) -> bool:
+    """Whether a group's rewards differ (`Episode`s or anything with `.reward`)."""
+    rewards = [e.reward for e in group]
+    return max(rewards) - min(rewards) > SIGNAL_EPS
+
+
+def group_advantages(rewards: Tensor, scale: bool = True, eps: float = SIGNAL_EPS) -> GroupAdvantages:
     """`rewards` is [groups, group_size]. Zero-variance groups get advantage 0 and `keep=False`.
 
     The std is the sample standard deviation (Bessel-corrected), as in the GRPO paper's code and TRL.

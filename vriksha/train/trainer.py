@@ -34,8 +34,9 @@ from vriksha.profiling import phase
 from vriksha.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from vriksha.train.config import OptimConfig, TrainConfig
 from vriksha.train.distributed import EngineWeights, ParallelDims, init_distributed, shard_range
+from vriksha.train.dynamic_sampling import SampledGroups, sample_with_signal
 from vriksha.train.export import export_model
-from vriksha.train.grpo import LossStats, group_advantages
+from vriksha.train.grpo import LossStats, group_advantages, has_signal
 from vriksha.train.metrics import MetricsWriter, rollout_summary, summary_table, write_plots
 from vriksha.train.parallelize import check_tp_degree, parallelize
 from vriksha.train.policy import load_policy
@@ -191,6 +192,7 @@ class GRPOTrainer:
             resume_step=self.start_step if self.resume else None,
         )
         self._engine_stale = True
+        self._sampling: dict[int, SampledGroups] = {}
         self._elapsed = float(self.state.get("elapsed_s", 0.0))
 
     # -- pieces of a step ----------------------------------------------------
@@ -218,11 +220,19 @@ class GRPOTrainer:
     def _rollout(self, step: int, worker: RolloutWorker | None = None) -> list[list[Episode]]:
         cfg = self.cfg
         worker = worker or self.worker
-        idx = shard_range(cfg.rollout.prompts_per_step, self.pd.rank, self.pd.world_size)
-        seeds = [episode_seed(cfg.trainer.seed, step, i) for i in idx]
-        sampling = [episode_seed(cfg.trainer.seed, step, i, 1) for i in idx]
-        with phase("train.rollout"):
+        prompts = cfg.rollout.prompts_per_step
+        idx = shard_range(prompts, self.pd.rank, self.pd.world_size)
+
+        def play_round(r: int) -> list[list[Episode]]:  # round r > 0: fresh prompts (dynamic sampling)
+            ids = [i + r * prompts for i in idx]
+            seeds = [episode_seed(cfg.trainer.seed, step, i) for i in ids]
+            sampling = [episode_seed(cfg.trainer.seed, step, i, 1) for i in ids]
             return worker.play(seeds, cfg.env.train_split, cfg.rollout.group_size, sampling_seeds=sampling)
+
+        with phase("train.rollout"):
+            sampled = sample_with_signal(play_round, len(idx), cfg.rollout.dynamic_sampling_rounds)
+        self._sampling[step] = sampled  # read by this step's metrics (the producer thread plays ahead)
+        return sampled.groups
 
     def evaluate(self, step: int) -> dict[str, Any]:
         """Greedy, one episode per held-out seed, split round-robin over ranks."""
@@ -303,6 +313,7 @@ class GRPOTrainer:
             self.engine_weights.sync()  # a no-op while the engine module aliases the policy
             sync_s = self.offpolicy.publish(step)
         episodes = [e for g in mine for e in g]
+        sampled = self._sampling.pop(step, None)  # None: a batch restored from a checkpoint's queue
         local = {
             "rewards": [e.reward for e in episodes],
             "success": [e.success for e in episodes],
@@ -314,6 +325,8 @@ class GRPOTrainer:
             "adv": [a for i in kept if i in own for a in adv.advantages[i].tolist()],
             "groups": len(mine),
             "zero_var": sum(not bool(adv.keep[i]) for i in own),
+            "played": sampled.played if sampled else len(mine),
+            "played_signal": sampled.with_signal if sampled else sum(map(has_signal, mine)),
             "loss": result.loss,
             "stats": result.stats,
             "entropy": result.entropy_sum,
@@ -356,6 +369,8 @@ class GRPOTrainer:
             {
                 "groups/total": sum(p["groups"] for p in parts),
                 "groups/zero_variance": sum(p["zero_var"] for p in parts),
+                "groups/played": sum(p["played"] for p in parts),
+                "groups/played_with_signal": sum(p["played_signal"] for p in parts),
                 "advantage/mean": sum(adv) / len(adv) if adv else 0.0,
                 "advantage/std": (sum(a * a for a in adv) / len(adv)) ** 0.5 if adv else 0.0,
                 "advantage/min": min(adv) if adv else 0.0,
