@@ -23,6 +23,8 @@ def _part(stats: LossStats, rewards: list[float]) -> dict:
         "adv": [0.5, -0.5],
         "groups": 1,
         "zero_var": 0,
+        "played": 3,
+        "played_signal": 1,
         "loss": 0.25,
         "stats": stats,
         "entropy": 3.0,
@@ -47,3 +49,4 @@ def test_reduce_sums_loss_stats_by_name_across_ranks():
     assert row["entropy"] == pytest.approx(6 / 40)
     assert row["reward/mean"] == pytest.approx(0.75) and row["success_rate"] == pytest.approx(0.75)
     assert row["loss"] == pytest.approx(0.5) and row["memory/rank1_peak_rss_gb"] == 1.0
+    assert row["groups/total"] == 2 and row["groups/played"] == 6 and row["groups/played_with_signal"] == 2
