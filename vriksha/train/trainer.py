@@ -36,7 +36,7 @@ from vriksha.train.config import OptimConfig, TrainConfig
 from vriksha.train.distributed import EngineWeights, ParallelDims, init_distributed, shard_range
 from vriksha.train.dynamic_sampling import SampledGroups, sample_with_signal
 from vriksha.train.export import export_model
-from vriksha.train.grpo import LossStats, group_advantages, has_signal
+from vriksha.train.grpo import LossStats, group_advantages
 from vriksha.train.metrics import MetricsWriter, rollout_summary, summary_table, write_plots
 from vriksha.train.parallelize import check_tp_degree, parallelize
 from vriksha.train.policy import load_policy
@@ -314,6 +314,7 @@ class GRPOTrainer:
             sync_s = self.offpolicy.publish(step)
         episodes = [e for g in mine for e in g]
         sampled = self._sampling.pop(step, None)  # None: a batch restored from a checkpoint's queue
+        with_signal = sum(bool(adv.keep[i]) for i in own)
         local = {
             "rewards": [e.reward for e in episodes],
             "success": [e.success for e in episodes],
@@ -324,9 +325,9 @@ class GRPOTrainer:
             "components": [e.components for e in episodes],
             "adv": [a for i in kept if i in own for a in adv.advantages[i].tolist()],
             "groups": len(mine),
-            "zero_var": sum(not bool(adv.keep[i]) for i in own),
+            "zero_var": len(own) - with_signal,
             "played": sampled.played if sampled else len(mine),
-            "played_signal": sampled.with_signal if sampled else sum(map(has_signal, mine)),
+            "played_signal": sampled.with_signal if sampled else with_signal,
             "loss": result.loss,
             "stats": result.stats,
             "entropy": result.entropy_sum,
