@@ -71,7 +71,8 @@ def probe_kv_layout(model: torch.nn.Module) -> KVLayout:
         raise ModelLoadError(
             f"{type(model).__name__} computes attention in its own code instead of through Transformers' "
             "AttentionInterface, so the engine cannot give it a KV cache (families written this way, such as "
-            "Falcon, Bloom and MPT, need their attention moved onto the interface in Transformers first); "
+            "Bloom, MPT, and Falcon before Transformers 5.25, need their attention moved onto the interface in "
+            "Transformers first); "
             "run it with Transformers' generate() instead"
         )
     if max(probe.seen) >= num_layers:
