@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 
 import pytest
+import torch
 
 from vriksha.cli import build_parser
 from vriksha.engine.config import EngineConfig
@@ -80,3 +81,22 @@ def test_to_dict_round_trips_and_lists_only_changes():
     cfg = EngineConfig(kv_cache_memory_gb=0.1, enable_prefix_caching=False)
     assert cfg.to_dict(changed_only=True) == {"kv_cache_memory_gb": 0.1, "enable_prefix_caching": False}
     assert EngineConfig.from_dict(cfg.to_dict()) == cfg
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_cache_tokens_sizes_the_pool_in_tokens_whatever_the_dtype(dtype):
+    from tests.tiny_llama import embedded_tokenizer, tiny_llama
+    from vriksha.engine.llm_engine import LLMEngine
+
+    tok = embedded_tokenizer()
+    model = tiny_llama(tok, max_position_embeddings=128).to(dtype).eval()
+    engine = LLMEngine(EngineConfig(kv_cache_tokens=300, kv_cache_memory_gb=0.5), model=model, tokenizer=tok)
+    assert engine.pool.num_slots == 300
+    by_memory = LLMEngine(EngineConfig(kv_cache_memory_gb=0.001), model=model, tokenizer=tok)
+    per_token = by_memory.pool.layout.bytes_per_token(by_memory.kv_dtype)
+    assert by_memory.pool.num_slots == int(0.001 * 2**30) // per_token
+
+
+def test_kv_cache_tokens_below_two_is_refused():
+    with pytest.raises(ConfigError, match="kv_cache_tokens must be >= 2"):
+        EngineConfig(kv_cache_tokens=1)

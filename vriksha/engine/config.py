@@ -43,6 +43,9 @@ class EngineConfig:
         None, "KV pool size in GiB (default: 1 on the CPU, pages touched only as slots fill; 40% of free "
         "memory on an accelerator)"
     )  # fmt: skip
+    kv_cache_tokens: int | None = option(
+        None, "KV pool size in tokens, whatever the KV dtype (overrides --kv-cache-memory-gb)"
+    )
     max_num_seqs: int = option(256, "most requests running at once")
     max_num_batched_tokens: int = option(
         1024, "most tokens one forward pass computes (decode tokens + prefill chunks)"
@@ -133,6 +136,8 @@ class EngineConfig:
         for name, value in positive.items():
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"engine option {name} must be a positive integer, got {value!r}")
+        if self.kv_cache_tokens is not None and self.kv_cache_tokens < 2:
+            raise ConfigError(f"engine option kv_cache_tokens must be >= 2, got {self.kv_cache_tokens}")
         if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:
             raise ConfigError(f"engine option kv_cache_memory_gb must be > 0, got {self.kv_cache_memory_gb}")
         if self.dtype not in DTYPES:

@@ -64,6 +64,14 @@ def pick_device(device: str | None) -> torch.device:
     return devices.resolve(device)
 
 
+def kv_slots(config: EngineConfig, device: torch.device, layout, dtype: torch.dtype) -> int:
+    """The KV pool's token slots on `device` (per rank under tensor parallel): `kv_cache_tokens` when given,
+    else as many as the memory budget holds in `dtype`."""
+    if config.kv_cache_tokens is not None:
+        return config.kv_cache_tokens
+    return KVPool.slots_for_budget(kv_budget_bytes(config, device), layout, dtype)
+
+
 def kv_budget_bytes(config: EngineConfig, device: torch.device) -> int:
     """The KV pool's bytes on `device` (per rank under tensor parallel)."""
     if config.kv_cache_memory_gb is not None:
@@ -155,7 +163,7 @@ class LLMEngine:
             config.kv_cache_dtype, self.dtype, self.bf16_arithmetic, tp is not None
         )
         layout = probe_kv_layout(model)
-        num_slots = KVPool.slots_for_budget(self._kv_budget_bytes(), layout, self.kv_dtype)
+        num_slots = kv_slots(config, self.device, layout, self.kv_dtype)
         if tp is not None:
             num_slots = tp.min_slots(num_slots)
         self.allocator = SlotAllocator(num_slots, self.device)
@@ -210,9 +218,6 @@ class LLMEngine:
             elif source:
                 ids.update(source)
         return frozenset(ids)
-
-    def _kv_budget_bytes(self) -> int:
-        return kv_budget_bytes(self.config, self.device)
 
     # ---- requests ----------------------------------------------------------------------------------
     def add_request(

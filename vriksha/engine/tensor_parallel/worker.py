@@ -63,7 +63,7 @@ def _serve(
 ) -> None:
     from vriksha.engine.kv_layout import probe_kv_layout
     from vriksha.engine.kv_pool import KVPool, ReqToTokenTable
-    from vriksha.engine.llm_engine import kv_budget_bytes
+    from vriksha.engine.llm_engine import kv_slots
     from vriksha.engine.model_runner import ModelRunner
     from vriksha.loading import load_model
 
@@ -76,7 +76,7 @@ def _serve(
     shard_model(model, rank, size, comm.all_reduce)
     dtype = next(model.parameters()).dtype
     layout = probe_kv_layout(model)  # a forward pass: a collective, in step with every rank
-    slots = comm.min_int(KVPool.slots_for_budget(kv_budget_bytes(config, device), layout, dtype))
+    slots = comm.min_int(kv_slots(config, device, layout, dtype))
     pool = KVPool(layout, slots, dtype, device)
     runner = ModelRunner(model, pool, ReqToTokenTable(1, 1, device), config)
     no_rows = torch.empty(0, dtype=torch.int64, device=device)  # rank 0 alone computes logits
