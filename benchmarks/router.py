@@ -12,7 +12,7 @@ router names it); per router the latency it adds (a one-token request through it
 sent straight to the replica that served it). Loopback only.
 
 The default sizes are the regime where routing matters: each replica's KV pool holds 2560 tokens
-(`--kv-tokens`, passed as `vriksha serve --kv-cache-memory-gb`), the 13 groups' prefixes (300 words, about
+(`--kv-tokens`, passed as `vriksha serve --kv-cache-tokens`), the 13 groups' prefixes (300 words, about
 310 tokens each: about 4000 tokens) and the 12 conversations (about 270 tokens each at their last turn) do
 not fit in one pool but do in two. The group count is odd so that round robin, taking the interleaved
 arrivals in turn, sends every group to both replicas (with an even count over 2 replicas it would send group
@@ -40,6 +40,7 @@ import json
 import os
 import random
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -101,23 +102,10 @@ class Result:
     replica: str = ""  # the replica that served it, where the router names it (x-vriksha-replica)
 
 
-def kv_bytes_per_token(model: str | None) -> int:
-    """K and V of one token over all layers, float32 (the CPU engine's dtype for the embedded model)."""
-    from vriksha.loading.loader import resolve_model_path
-
-    cfg = json.loads((Path(resolve_model_path(model)) / "config.json").read_text())
-    cfg = cfg.get("text_config", cfg)
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    kv_heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
-    return 2 * cfg["num_hidden_layers"] * kv_heads * head_dim * 4
-
-
-def kv_bound(args: argparse.Namespace, tokens: int) -> list[str]:
-    """`vriksha serve` flags that size its KV pool to `tokens` (none for 0: the engine's default)."""
-    if tokens <= 0:
-        return []
-    gib = tokens * kv_bytes_per_token(args.model) / 2**30
-    return ["--kv-cache-memory-gb", f"{gib:.9f}"]
+def kv_bound(tokens: int) -> list[str]:
+    """`vriksha serve` flags that size its KV pool to `tokens`, whatever its KV dtype (none for 0: the engine's
+    default)."""
+    return ["--kv-cache-tokens", str(tokens)] if tokens > 0 else []
 
 
 class Fleet:
@@ -138,7 +126,7 @@ class Fleet:
                 f"tcp://127.0.0.1:{r['events']}",
                 "--kv-events-vllm-endpoint",
                 f"tcp://127.0.0.1:{r['vllm']}",
-                *kv_bound(args, args.kv_tokens),
+                *kv_bound(args.kv_tokens),
             )
             self.replicas.append(r)
             self.procs.append(launch(cmd, f"replica{i}", log_dir, r["url"], args.threads))
@@ -341,35 +329,62 @@ def ideal(args: argparse.Namespace, log_dir: Path) -> dict:
 
 
 def run(args: argparse.Namespace, log_dir: Path) -> dict:
-    rows: dict = {"ideal": ideal(args, log_dir), "policies": {}}
+    """Every policy on both workloads, `args.rounds` times, the policies' order rotated each round so that a
+    drift of the machine's speed falls on all of them; a policy's row pools its rounds (requests per second
+    over their summed durations), and each round's own figures are kept for the paired ratios."""
+    rows: dict = {"ideal": ideal(args, log_dir), "policies": {}, "rounds": []}
     fleet = Fleet(args, log_dir)
     rows["kv_tokens"] = [
         httpx.get(f"{r['url']}/load", timeout=10).json().get("kv_total_tokens") for r in fleet.replicas
     ]
+    pooled: dict[str, dict[str, tuple[list[Result], float, float]]] = {}
+    overheads: dict[str, dict] = {}
     try:
-        for policy in args.policies:
-            try:
-                url = fleet.start_router(policy)
-            except FileNotFoundError as exc:
-                print(f"skipping {policy}: {exc}", file=sys.stderr)
-                continue
-            row: dict = {}
-            try:
-                for name, fn in WORKLOADS.items():
-                    fleet.flush()
-                    t0, cpu0 = time.perf_counter(), cpu_seconds(fleet.router)
-                    results = asyncio.run(fn(url, fleet.model, args))
-                    row[name] = summary(results, time.perf_counter() - t0)
-                    row[name]["router_cpu_s"] = cpu_seconds(fleet.router) - cpu0
-                row["overhead"] = overhead(
-                    url, [r["url"] for r in fleet.replicas], fleet.model, args.overhead_samples
-                )
-            finally:
-                fleet.stop_router()
-            rows["policies"][policy] = row
+        for k in range(args.rounds):
+            order = args.policies[k % len(args.policies) :] + args.policies[: k % len(args.policies)]
+            this_round: dict = {}
+            for policy in order:
+                try:
+                    url = fleet.start_router(policy)
+                except FileNotFoundError as exc:
+                    print(f"skipping {policy}: {exc}", file=sys.stderr)
+                    continue
+                row: dict = {}
+                try:
+                    for name, fn in WORKLOADS.items():
+                        fleet.flush()
+                        t0, cpu0 = time.perf_counter(), cpu_seconds(fleet.router)
+                        results = asyncio.run(fn(url, fleet.model, args))
+                        duration, cpu = time.perf_counter() - t0, cpu_seconds(fleet.router) - cpu0
+                        row[name] = summary(results, duration) | {"router_cpu_s": cpu}
+                        res, d, c = pooled.setdefault(policy, {}).get(name, ([], 0.0, 0.0))
+                        pooled[policy][name] = (res + results, d + duration, c + cpu)
+                    if policy not in overheads:
+                        overheads[policy] = overhead(
+                            url, [r["url"] for r in fleet.replicas], fleet.model, args.overhead_samples
+                        )
+                finally:
+                    fleet.stop_router()
+                this_round[policy] = row
+            rows["rounds"].append(this_round)
     finally:
         fleet.stop()
+    for policy in args.policies:
+        if policy in pooled:
+            row = {
+                name: summary(res, d) | {"router_cpu_s": c} for name, (res, d, c) in pooled[policy].items()
+            }
+            rows["policies"][policy] = row | {"overhead": overheads[policy]}
     return rows
+
+
+def paired_ratios(rows: dict, policy: str, peer: str, workload: str) -> list[float]:
+    """`policy`'s requests per second over `peer`'s, round by round."""
+    return [
+        r[policy][workload]["req_per_s"] / r[peer][workload]["req_per_s"]
+        for r in rows.get("rounds", [])
+        if policy in r and peer in r and r[peer][workload]["req_per_s"]
+    ]
 
 
 def report(rows: dict) -> str:
@@ -390,6 +405,19 @@ def report(rows: dict) -> str:
                 f"{s.get('router_cpu_s', 0.0):>7.2f}  {'/'.join(map(str, s.get('served', {}).values())) or '-'}"
                 + (f"  failed {s['failed']}: {s['errors']}" if s["failed"] else "")
             )
+    if len(rows.get("rounds", [])) > 1:
+        lines += [
+            "",
+            f"{len(rows['rounds'])} rounds pooled; precise's req/s over each peer's, round by round:",
+        ]
+        for peer in rows["policies"]:
+            for name in WORKLOADS:
+                ratios = paired_ratios(rows, "precise", peer, name)
+                if peer != "precise" and ratios:
+                    mean = statistics.fmean(ratios)
+                    sd = statistics.stdev(ratios) if len(ratios) > 1 else 0.0
+                    each = " ".join(f"{x:.2f}" for x in ratios)
+                    lines.append(f"  vs {peer:<17}{name:<15}{each}  (mean {mean:.2f}x ± {sd:.2f})")
     lines += ["", *targets(rows)]
     return "\n".join(lines)
 
@@ -433,8 +461,8 @@ def main() -> None:
         "--kv-tokens",
         type=int,
         default=2560,
-        help="each replica's KV pool in tokens (vriksha serve --kv-cache-memory-gb, computed from the model's "
-        "shape); 0: the engine's default, which holds every prefix of the default sizes",
+        help="each replica's KV pool in tokens (vriksha serve --kv-cache-tokens); 0: the engine's default, "
+        "which holds every prefix of the default sizes",
     )
     ap.add_argument("--groups", type=int, default=13, help="prefix groups (odd: see above)")
     ap.add_argument("--per-group", type=int, default=6)
@@ -443,6 +471,12 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=16)
     ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="times each policy runs (order rotated per round); rows pool them",
+    )
     ap.add_argument("--overhead-samples", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output-json", type=Path, default=None)

@@ -49,7 +49,9 @@ class Setup:
                 flags += ["--kv-events-endpoint", f"tcp://127.0.0.1:{events}"]
                 router_cmd += ["--replica", f"{url},tcp://127.0.0.1:{events}"]
             else:
-                router_cmd += ["--prefill", url, "--pd-threshold", str(args.pd_threshold)]
+                router_cmd += ["--prefill", url]
+                if args.pd_threshold is not None:
+                    router_cmd += ["--pd-threshold", str(args.pd_threshold)]
             cmd = bench.replica_command(args, i, port, *flags)
             self.procs.append(bench.launch(cmd, f"{kind}-{role}{i}", log_dir, url, args.threads))
             urls.append(url)
@@ -110,52 +112,84 @@ async def warm_up(url: str, model: str, args) -> None:
         await bench.request(client, url, model, "warm up", args)
 
 
+def summarize(shorts: list, longs: list, duration: float, transfers: float) -> dict:
+    ok = [r for r in shorts + longs if r.ok]
+    itl = [x for r in shorts if r.ok for x in r.itl]
+    ms = 1000.0
+    return {
+        "short": len([r for r in shorts if r.ok]),
+        "long": len([r for r in longs if r.ok]),
+        "failed": len(shorts) + len(longs) - len(ok),
+        "short_itl_p50_ms": bench.pct(itl, 50) * ms,
+        "short_itl_p95_ms": bench.pct(itl, 95) * ms,
+        "short_itl_p99_ms": bench.pct(itl, 99) * ms,
+        "short_itl_max_ms": max(itl, default=float("nan")) * ms,
+        "itl_samples": len(itl),
+        "short_ttft_p50_ms": bench.pct([r.ttft for r in shorts if r.ok], 50) * ms,
+        "long_ttft_p50_ms": bench.pct([r.ttft for r in longs if r.ok], 50) * ms,
+        "out_tok_per_s": sum(r.output_tokens for r in ok) / duration if duration else 0.0,
+        "duration_s": duration,
+        "transfers": transfers,
+    }
+
+
 def run_pd(args, log_dir: Path) -> dict:
-    rows: dict = {}
-    for kind, disaggregated in (("colocated", False), ("pd", True)):
-        setup = Setup(args, log_dir, disaggregated)
-        try:
-            asyncio.run(warm_up(setup.url, setup.model, args))
-            shorts, longs, duration = asyncio.run(mixed(setup.url, setup.model, args))
-            ok = [r for r in shorts + longs if r.ok]
-            itl = [x for r in shorts if r.ok for x in r.itl]
-            ms = 1000.0
-            rows[kind] = {
-                "short": len([r for r in shorts if r.ok]),
-                "long": len([r for r in longs if r.ok]),
-                "failed": len(shorts) + len(longs) - len(ok),
-                "short_itl_p50_ms": bench.pct(itl, 50) * ms,
-                "short_itl_p99_ms": bench.pct(itl, 99) * ms,
-                "short_itl_max_ms": max(itl, default=float("nan")) * ms,
-                "itl_samples": len(itl),
-                "short_ttft_p50_ms": bench.pct([r.ttft for r in shorts if r.ok], 50) * ms,
-                "long_ttft_p50_ms": bench.pct([r.ttft for r in longs if r.ok], 50) * ms,
-                "out_tok_per_s": sum(r.output_tokens for r in ok) / duration,
-                "transfers": setup.transfers() if disaggregated else 0,
-            }
-        finally:
-            setup.stop()
+    """`--pd-runs` rounds of (colocated, P/D), alternating so that a drift of the machine's speed falls on
+    both; the summary pools every round's samples (the p99 of one short round rests on a few dozen of them)."""
+    per_run: list[dict] = []
+    pooled: dict[str, tuple[list, list, float, float]] = {}
+    for _ in range(args.pd_runs):
+        row = {}
+        for kind, disaggregated in (("colocated", False), ("pd", True)):
+            setup = Setup(args, log_dir, disaggregated)
+            try:
+                asyncio.run(warm_up(setup.url, setup.model, args))
+                shorts, longs, duration = asyncio.run(mixed(setup.url, setup.model, args))
+                moved = setup.transfers() if disaggregated else 0.0
+            finally:
+                setup.stop()
+            row[kind] = summarize(shorts, longs, duration, moved)
+            s, lg, d, m = pooled.get(kind, ([], [], 0.0, 0.0))
+            pooled[kind] = (s + shorts, lg + longs, d + duration, m + moved)
+        per_run.append(row)
+    rows: dict = {kind: summarize(*p) for kind, p in pooled.items()}
+    rows["runs"] = per_run
     return rows
 
 
+def _line(kind: str, s: dict) -> str:
+    return (
+        f"{kind:<11}{s['short']:>6}{s['long']:>5}{s['short_itl_p50_ms']:>9.1f}{s['short_itl_p95_ms']:>8.1f}"
+        f"{s['short_itl_p99_ms']:>8.1f}{s['short_itl_max_ms']:>8.1f}"
+        f"{s['short_ttft_p50_ms']:>11.1f}{s['long_ttft_p50_ms']:>8.1f}{s['out_tok_per_s']:>8.1f}"
+        f"{s['transfers']:>6.0f}" + (f"  failed {s['failed']}" if s["failed"] else "")
+    )
+
+
+def _ratios(c: dict, p: dict) -> tuple[float, float]:
+    better = c["short_itl_p99_ms"] / p["short_itl_p99_ms"] if p["short_itl_p99_ms"] else 0.0
+    ratio = p["out_tok_per_s"] / c["out_tok_per_s"] if c["out_tok_per_s"] else 0.0
+    return better, ratio
+
+
 def report_pd(rows: dict) -> str:
-    head = f"{'serving':<11}{'short':>6}{'long':>5}{'ITL p50':>9}{'p99':>8}{'max':>8}{'TTFT short':>11}{'long':>8}"
-    head += f"{'tok/s':>8}{'moved':>6}"
+    head = f"{'serving':<11}{'short':>6}{'long':>5}{'ITL p50':>9}{'p95':>8}{'p99':>8}{'max':>8}{'TTFT short':>11}"
+    head += f"{'long':>8}{'tok/s':>8}{'moved':>6}"
+    runs = rows.get("runs", [])
     lines = [
-        "P/D: long prompts mixed into short chats (1 prefill + 1 decode vs 2 colocated, same cores)",
+        "P/D: long prompts mixed into short chats (1 prefill + 1 decode vs 2 colocated, same cores)"
+        + (f", {len(runs)} rounds pooled" if len(runs) > 1 else ""),
         head,
     ]
-    for kind, s in rows.items():
-        lines.append(
-            f"{kind:<11}{s['short']:>6}{s['long']:>5}{s['short_itl_p50_ms']:>9.1f}{s['short_itl_p99_ms']:>8.1f}"
-            f"{s['short_itl_max_ms']:>8.1f}"
-            f"{s['short_ttft_p50_ms']:>11.1f}{s['long_ttft_p50_ms']:>8.1f}{s['out_tok_per_s']:>8.1f}"
-            f"{s['transfers']:>6.0f}" + (f"  failed {s['failed']}" if s["failed"] else "")
-        )
+    lines += [_line(kind, rows[kind]) for kind in ("colocated", "pd") if kind in rows]
+    if len(runs) > 1:
+        for i, run in enumerate(runs):
+            better, ratio = _ratios(run["colocated"], run["pd"])
+            lines.append(
+                f"  round {i + 1}: ITL p99 {better:.2f}x better, throughput {ratio:.0%} of colocated"
+            )
     if "colocated" in rows and "pd" in rows:
-        c, p = rows["colocated"], rows["pd"]
-        better = c["short_itl_p99_ms"] / p["short_itl_p99_ms"] if p["short_itl_p99_ms"] else 0.0
-        ratio = p["out_tok_per_s"] / c["out_tok_per_s"] if c["out_tok_per_s"] else 0.0
+        better, ratio = _ratios(rows["colocated"], rows["pd"])
         lines.append(f"{'MET ' if better >= 2 else 'MISS'}  P/D decode ITL p99 >= 2x better ({better:.2f}x)")
         lines.append(
             f"{'MET ' if ratio >= 0.8 else 'MISS'}  P/D throughput within 20% ({ratio:.0%} of colocated)"
@@ -172,5 +206,11 @@ def add_arguments(ap) -> None:
     g.add_argument("--pd-long-words", type=int, default=600, help="words of each long prompt")
     g.add_argument("--pd-long-interval", type=float, default=1.5, help="seconds between long prompts")
     g.add_argument("--pd-max-short", type=int, default=1000, help="bound on each chat's requests")
-    g.add_argument("--pd-threshold", type=int, default=256, help="the router's --pd-threshold")
+    g.add_argument(
+        "--pd-threshold",
+        type=int,
+        default=None,
+        help="the router's --pd-threshold (default: the router's own)",
+    )
+    g.add_argument("--pd-runs", type=int, default=1, help="rounds of both setups, pooled in the summary")
     g.add_argument("--pd-policy", default="precise", help="the router's --policy for both setups")
