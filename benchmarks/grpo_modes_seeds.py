@@ -37,6 +37,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {', '.join(MODES)}")
     p.add_argument("--out", default="runs/grpo_modes_seeds", help="one sub-directory per seed goes here")
     p.add_argument("--reuse", action="store_true", help="read finished seeds instead of running them again")
+    p.add_argument(
+        "--add",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="a modes_seeds.json of an earlier run: its seeds join this table (machines named per seed)",
+    )
     args = p.parse_args(own)
     try:
         args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -69,6 +76,35 @@ def read_seed(out: Path, modes: list[str]) -> dict[str, dict] | None:
     results = json.loads(path.read_text())
     found = {m: results[side_name(m)]["summary"] for m in modes if side_name(m) in results}
     return found if len(found) == len(modes) else None
+
+
+FIELDS = {  # summary key -> row key
+    "steps_per_hour": "steps_per_hour",
+    "total_s": "total_s",
+    "staleness_mean": "staleness",
+    "eval_before": "eval_before",
+    "eval_after": "eval_after",
+}
+
+
+def read_report(path: Path, modes: list[str]) -> tuple[dict[int, dict[str, dict]], dict[int, str]]:
+    """The per-seed summaries and machines a modes_seeds.json holds (a figure missing for some seed is left out
+    for all of them)."""
+    report = json.loads(path.read_text())
+    by_mode = {r["mode"]: r for r in report["rows"]}
+    missing = [m for m in modes if m not in by_mode]
+    if missing:
+        raise SystemExit(f"--add {path}: it has no rows for {', '.join(missing)}")
+    per_seed: dict[int, dict[str, dict]] = {}
+    for mode in modes:
+        row = by_mode[mode]
+        for i, seed in enumerate(row["seeds"]):
+            per_seed.setdefault(seed, {})[mode] = {
+                key: row[col]["values"][i] if len(row[col]["values"]) == len(row["seeds"]) else None
+                for key, col in FIELDS.items()
+            }
+    machines = {int(k): v for k, v in report.get("machines", {}).items()}
+    return per_seed, {s: machines.get(s, report.get("machine", "unrecorded")) for s in per_seed}
 
 
 def summarise(per_seed: dict[int, dict[str, dict]], modes: list[str]) -> list[dict]:
@@ -179,7 +215,17 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
+    from vriksha.cpu_features import cpu_features
+
+    here = cpu_features().summary()
     per_seed: dict[int, dict[str, dict]] = {}
+    machines: dict[int, str] = {}
+    if args.add is not None:
+        per_seed, machines = read_report(args.add, args.mode_list)
+        clash = sorted(set(per_seed) & set(args.seed_list))
+        if clash:
+            print(f"seeds {clash} are in {args.add} already; give other --seeds", file=sys.stderr)
+            return 2
     for seed in args.seed_list:
         seed_out = out / f"seed{seed}"
         found = read_seed(seed_out, args.mode_list) if args.reuse else None
@@ -195,13 +241,22 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 1
         per_seed[seed] = found
+        machines[seed] = here
     rows = summarise(per_seed, args.mode_list)
     print(
         f"\nrollout modes, {len(per_seed)} seeds ({', '.join(map(str, per_seed))}), {' '.join(args.passthrough)}"
     )
     print_table(rows)
     out.mkdir(parents=True, exist_ok=True)
-    report = {"seeds": list(per_seed), "modes": args.mode_list, "passthrough": args.passthrough, "rows": rows}
+    for seed, machine in machines.items():
+        print(f"seed {seed}: {machine}")
+    report = {
+        "seeds": list(per_seed),
+        "modes": args.mode_list,
+        "passthrough": args.passthrough,
+        "machines": machines,
+        "rows": rows,
+    }
     (out / "modes_seeds.json").write_text(json.dumps(report, indent=2))
     plot(rows, out / "modes_seeds.png")
     return 0
