@@ -190,13 +190,18 @@ def plot(rows: list[dict], path: Path) -> None:
         print("matplotlib is not installed: no plot", file=sys.stderr)
         return
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.4))
+    # seeds may come from different machines (--add): the speed panel shows each seed's ratio to its own sync
+    paired = all(r.get("vs_sync") for r in rows)
+    speed = (
+        ("vs_sync", "steps per hour / sync's (same seed)") if paired else ("steps_per_hour", "steps per hour")
+    )
     for ax, key, scale, label in (
-        (axes[0], "steps_per_hour", 1.0, "steps per hour"),
+        (axes[0], speed[0], 1.0, speed[1]),
         (axes[1], "eval_after", 100.0, "held-out success after, %"),
     ):
         for i, r in enumerate(rows):
-            s = r[key]
-            if s["mean"] is None:
+            s = r.get(key)
+            if not s or s["mean"] is None:
                 continue
             ax.bar(i, scale * s["mean"], yerr=scale * s["std"], color="C0", alpha=0.5, capsize=4)
             ax.plot([i] * len(s["values"]), [scale * v for v in s["values"]], "ko", ms=3)
