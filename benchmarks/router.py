@@ -357,6 +357,8 @@ def run(args: argparse.Namespace, log_dir: Path) -> dict:
                         results = asyncio.run(fn(url, fleet.model, args))
                         duration, cpu = time.perf_counter() - t0, cpu_seconds(fleet.router) - cpu0
                         row[name] = summary(results, duration) | {"router_cpu_s": cpu}
+                        if name == "shared-prefix":
+                            row[name]["groups"] = groups_per_replica(results, args.groups)
                         res, d, c = pooled.setdefault(policy, {}).get(name, ([], 0.0, 0.0))
                         pooled[policy][name] = (res + results, d + duration, c + cpu)
                     if policy not in overheads:
@@ -376,6 +378,16 @@ def run(args: argparse.Namespace, log_dir: Path) -> dict:
             }
             rows["policies"][policy] = row | {"overhead": overheads[policy]}
     return rows
+
+
+def groups_per_replica(results: list[Result], groups: int) -> dict[str, list[int]]:
+    """Which prefix groups each replica served (the i-th request is group i mod `groups`), where the router
+    names the replica; a group split over both shows up twice."""
+    out: dict[str, set[int]] = {}
+    for i, r in enumerate(results):
+        if r.replica:
+            out.setdefault(r.replica, set()).add(i % groups)
+    return {k: sorted(v) for k, v in sorted(out.items())}
 
 
 def paired_ratios(rows: dict, policy: str, peer: str, workload: str) -> list[float]:

@@ -106,3 +106,15 @@ def test_affinity_min_share_flag() -> None:
     )
     with pytest.raises(ConfigError, match="--affinity-min-share must be in 0..1"):
         config_from_args(parser.parse_args([*base, "--affinity-min-share", "1.5"]))
+
+
+def test_queue_counts_the_routers_own_requests_exactly_and_others_from_the_poll() -> None:
+    r = replicas(1)[0]
+    # the last poll saw 3 running while the router had 3 open there; two of them have finished since
+    r.load, r.in_flight = Load(num_running=3, router_in_flight=3), 1
+    assert r.queue == 1  # not 3: a stale poll does not keep finished requests on the books
+    # 2 more than the router's own are running there (direct clients, another router)
+    r.load = Load(num_running=4, num_waiting=1, router_in_flight=3)
+    assert r.queue == 1 + 2
+    r.load = Load(num_running=1, router_in_flight=3)  # the poll answered before two of ours arrived
+    assert r.queue == 1

@@ -73,6 +73,7 @@ class ReplicaPool:
                 if h.status_code != 200:
                     self.eject(r, f"/health answered {h.status_code}")
                     return
+            sent_in_flight = r.in_flight
             resp = await self.http.get(f"{r.url}/load", timeout=t)
             resp.raise_for_status()
             body = resp.json()
@@ -85,6 +86,7 @@ class ReplicaPool:
             int(body.get("num_running", 0)),
             int(body.get("num_waiting", 0)) + int(body.get("server_waiting", 0)),
             float(body.get("kv_usage", 0.0)),
+            max(sent_in_flight, r.in_flight),
         )
         ev = body.get("kv_events")
         if r.events is not None and ev:

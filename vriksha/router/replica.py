@@ -17,6 +17,13 @@ class Load:
     num_running: int = 0
     num_waiting: int = 0
     kv_usage: float = 0.0
+    router_in_flight: int = 0  # this router's requests open on the replica when it answered
+
+    @property
+    def others(self) -> int:
+        """Requests the replica serves or holds that did not come through this router (other routers, direct
+        clients), as of the poll."""
+        return max(0, self.num_running + self.num_waiting - self.router_in_flight)
 
 
 @dataclass(slots=True)
@@ -38,8 +45,10 @@ class Replica:
 
     @property
     def queue(self) -> int:
-        """Requests this replica is serving or holding, as fresh as the router knows."""
-        return max(self.in_flight, self.load.num_running + self.load.num_waiting)
+        """Requests this replica is serving or holding: the router's own, counted exactly as they open and
+        close, plus the others the last poll saw. (A poll up to `load_interval_s` old still counts requests
+        that have finished since; taking it whole would make a replica that just freed up look busy.)"""
+        return self.in_flight + self.load.others
 
     def cached_prefix(self, tokens: list[int]) -> int:
         """Tokens of `tokens` this replica holds (mirror) or will hold shortly (pending)."""
