@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import vriksha.device as devices
 from vriksha.engine.fp32_precision import bf16_linear
 from vriksha.engine.installation import ModuleInstallation
-from vriksha.engine.measured_router import MeasuredRouter, Runner, cold_copies, time_cold
+from vriksha.engine.measured_router import MeasuredRouter, Runner, cold_copies, retime_inversions, time_cold
 from vriksha.engine.native import DTYPES, Kernels
 
 logger = logging.getLogger(__name__)
@@ -104,13 +104,14 @@ def _choose(
         _Layouts(torch.nn.Linear(in_f, out_f, bias=has_bias, dtype=dtype), set(derived), native)
         for _ in range(copies)
     ]
-    times: list[dict[str, float]] = []
+
+    def time_bucket(i: int) -> dict[str, float]:
+        x = torch.randn(BUCKETS[i], in_f, dtype=dtype)
+        return {p: time_cold(lambda c, p=p, x=x: layouts[c].run(p, x), copies) for p in [*free, *derived]}
+
     with torch.inference_mode():
-        for rows in BUCKETS:
-            x = torch.randn(rows, in_f, dtype=dtype)
-            times.append(
-                {p: time_cold(lambda c, p=p, x=x: layouts[c].run(p, x), copies) for p in [*free, *derived]}
-            )
+        times = [time_bucket(i) for i in range(len(BUCKETS))]
+        retime_inversions(times, time_bucket)
 
     def best_of(t: dict[str, float], paths: list[str]) -> str:
         return min(paths, key=t.__getitem__)
@@ -127,7 +128,7 @@ def _choose(
 
 def _profile_key(out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: str, bf16: bool) -> str:
     return (
-        f"v7:{out_f}x{in_f}:{dtype}:{'b' if has_bias else 'nb'}:t{torch.get_num_threads()}:"
+        f"v8:{out_f}x{in_f}:{dtype}:{'b' if has_bias else 'nb'}:t{torch.get_num_threads()}:"
         f"{torch.__version__}:{native}{':bf16' if bf16 else ''}"
     )
 

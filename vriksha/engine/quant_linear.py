@@ -29,7 +29,14 @@ from torch import nn
 
 from vriksha.engine.fp32_precision import bf16_linear
 from vriksha.engine.installation import ModuleInstallation
-from vriksha.engine.measured_router import MeasuredRouter, Runner, bucket_index, cold_copies, time_cold
+from vriksha.engine.measured_router import (
+    MeasuredRouter,
+    Runner,
+    bucket_index,
+    cold_copies,
+    retime_inversions,
+    time_cold,
+)
 from vriksha.engine.native import Kernels
 from vriksha.engine.native.quant import BF16_PATHS, FLOAT_PATHS, SOURCE, QuantKernels
 from vriksha.loading.packed import BLOCK_BYTES, PackedWeight, requantize_int8_, row_bytes
@@ -44,6 +51,12 @@ FLOAT_PATH_ROWS = 64
 # timed (linearly in rows: both paths are bound by arithmetic there); it spares the output head's large
 # buckets (49152 x 576 at 1024 rows: 29 G), which only prompt log-probs ever reach
 MAX_TIMED_MACS = 1 << 30
+DENSE_TORCH, DENSE_NATIVE, DENSE_BF16 = (
+    "dense:torch",
+    "dense:native",
+    "dense:bf16",
+)  # timed beside the packed paths
+DENSE_PATHS = (DENSE_TORCH, DENSE_NATIVE, DENSE_BF16)
 
 
 def _random_packed(qtype: str, out_f: int, in_f: int) -> PackedWeight:
@@ -93,34 +106,42 @@ def measure(
     for path in paths:  # a tiled path's copies are made before timing, as install() makes them
         for weight in packed:
             kernels.pointer(weight, path)
-    times: dict[str, list] = {"packed": [], "path": [], "dense": [], "dense_native": []}
+
+    def time_bucket(i: int) -> dict[str, float]:
+        rows = BUCKETS[i]
+        x = torch.randn(rows, in_f, dtype=dtype)
+        timed = [p for p in paths if rows <= FLOAT_PATH_ROWS or p not in FLOAT_PATHS] or paths
+        t = {
+            path: time_cold(lambda c, x=x, p=path: kernels.linear(x, packed[c], path=p), packed_copies, 0.02)
+            for path in timed
+        }
+        t[DENSE_TORCH] = time_cold(lambda c, x=x: F.linear(x, weights[c]), dense_copies, 0.02)
+        if dense is not None:
+            t[DENSE_NATIVE] = time_cold(lambda c, x=x: dense.linear(x, weights[c]), dense_copies, 0.02)
+        if bf16 and dtype == torch.float32:
+            t[DENSE_BF16] = time_cold(lambda c, x=x: bf16_linear(x, weights[c]), dense_copies, 0.02)
+        return t
+
     with torch.inference_mode():
-        for i, rows in enumerate(BUCKETS):
-            if i > 0 and rows * out_f * in_f > MAX_TIMED_MACS:
-                scale = rows / BUCKETS[i - 1]
-                times["packed"].append(times["packed"][-1] * scale)
-                times["path"].append(times["path"][-1])
-                times["dense"].append(times["dense"][-1] * scale)
-                times["dense_native"].append(times["dense_native"][-1] * scale)
-                continue
-            x = torch.randn(rows, in_f, dtype=dtype)
-            timed = [p for p in paths if rows <= FLOAT_PATH_ROWS or p not in FLOAT_PATHS] or paths
-            by_path = {
-                path: time_cold(
-                    lambda c, x=x, p=path: kernels.linear(x, packed[c], path=p), packed_copies, 0.02
-                )
-                for path in timed
-            }
-            fastest = min(by_path, key=by_path.__getitem__)
-            times["packed"].append(by_path[fastest])
-            times["path"].append(fastest)
-            t = time_cold(lambda c, x=x: F.linear(x, weights[c]), dense_copies, 0.02)
-            if dense is not None:
-                t = min(t, time_cold(lambda c, x=x: dense.linear(x, weights[c]), dense_copies, 0.02))
-            times["dense_native"].append(t)
-            if bf16 and dtype == torch.float32:
-                t = min(t, time_cold(lambda c, x=x: bf16_linear(x, weights[c]), dense_copies, 0.02))
-            times["dense"].append(t)
+        timed_buckets = [
+            i for i, rows in enumerate(BUCKETS) if i == 0 or rows * out_f * in_f <= MAX_TIMED_MACS
+        ]
+        by_bucket = [time_bucket(i) for i in timed_buckets]
+        retime_inversions(by_bucket, lambda j: time_bucket(timed_buckets[j]))
+    times: dict[str, list] = {"packed": [], "path": [], "dense": [], "dense_native": []}
+    for t in by_bucket:
+        packed_paths = [p for p in t if p not in DENSE_PATHS]
+        fastest = min(packed_paths, key=t.__getitem__)
+        times["packed"].append(t[fastest])
+        times["path"].append(fastest)
+        native = min(t[p] for p in (DENSE_TORCH, DENSE_NATIVE) if p in t)
+        times["dense_native"].append(native)
+        times["dense"].append(min(native, t.get(DENSE_BF16, native)))
+    for i in range(len(timed_buckets), len(BUCKETS)):  # above MAX_TIMED_MACS: extrapolated from the last
+        scale = BUCKETS[i] / BUCKETS[i - 1]
+        for name in ("packed", "dense", "dense_native"):
+            times[name].append(times[name][-1] * scale)
+        times["path"].append(times["path"][-1])
     return times
 
 
@@ -157,7 +178,7 @@ class PackedTimings(MeasuredRouter):
 
     def key(self, shape: PackedShape) -> str:
         return (
-            f"v4:{shape.qtype}:{shape.out_features}x{shape.in_features}:{self.kernels.variant}:"
+            f"v5:{shape.qtype}:{shape.out_features}x{shape.in_features}:{self.kernels.variant}:"
             f"{self.dtype}:t{torch.get_num_threads()}:{torch.__version__}:{source_digest()}:"
             f"{'native' if self.dense is not None else 'torch'}{':bf16' if self.bf16 else ''}"
         )

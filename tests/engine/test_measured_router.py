@@ -1,0 +1,45 @@
+"""The linear-layer routers' timing: a bucket a burst of other work slowed down is timed again."""
+
+from vriksha.engine.measured_router import INVERSION, RETIMES, retime_inversions
+
+
+def test_a_bucket_slower_than_a_larger_one_is_timed_again_keeping_each_paths_best():
+    timings = [
+        {"packed": 8e-3, "dense": 6.0e-5},  # disturbed: 1 row 300x slower than 2 rows on the same path
+        {"packed": 2.4e-5, "dense": 4.0e-5},
+        {"packed": 5.3e-5, "dense": 1.0e-4},
+    ]
+    asked = []
+
+    def time_bucket(i: int) -> dict[str, float]:
+        asked.append(i)
+        return {"packed": 2.1e-5, "dense": 3.0e-4}
+
+    assert retime_inversions(timings, time_bucket) == 1
+    assert asked == [0]
+    assert timings[0] == {"packed": 2.1e-5, "dense": 6.0e-5}  # each path its best of both timings
+    assert timings[1:] == [{"packed": 2.4e-5, "dense": 4.0e-5}, {"packed": 5.3e-5, "dense": 1.0e-4}]
+
+
+def test_consistent_timings_are_left_alone_and_a_lasting_inversion_is_kept_after_the_retries():
+    consistent = [{"a": 1e-5}, {"a": 1.5e-5}, {"a": 1e-5 * INVERSION * 1.4}]
+    assert retime_inversions(consistent, lambda i: (_ for _ in ()).throw(AssertionError(i))) == 0
+
+    lasting = [{"a": 1e-3, "only_here": 1.0}, {"a": 1e-5}]  # a path timed on one bucket only is not compared
+    calls = []
+    assert retime_inversions(lasting, lambda i: calls.append(i) or {"a": 5e-4}) == RETIMES
+    assert calls == [0] * RETIMES
+    assert lasting[0] == {"a": 5e-4, "only_here": 1.0}
+
+
+def test_larger_buckets_are_settled_first():
+    timings = [{"a": 4e-5}, {"a": 9e-3}, {"a": 3e-5}]  # bucket 1 disturbed; bucket 0 only looks fine against it
+    order = []
+
+    def time_bucket(i: int) -> dict[str, float]:
+        order.append(i)
+        return {"a": 2e-5}
+
+    retime_inversions(timings, time_bucket)
+    assert order == [1]
+    assert [t["a"] for t in timings] == [4e-5, 2e-5, 3e-5]
