@@ -19,6 +19,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from vriksha.cache import cache_dir
+
 os.environ.setdefault("VRIKSHA_DTYPE", "float32")
 
 SHARED_ARTIFACTS = ("models", "native", "repo2env", "static-embeddings", "vdev")
@@ -27,7 +29,7 @@ SHARED_ARTIFACTS = ("models", "native", "repo2env", "static-embeddings", "vdev")
 def _suite_cache() -> None:
     if os.environ.get("VRIKSHA_TEST_CACHE_ISOLATED") == "1":
         return  # a nested pytest run, started by a test, keeps the outer run's directory
-    user = Path(os.environ.get("VRIKSHA_CACHE", Path.home() / ".cache" / "vriksha")).expanduser()
+    user = cache_dir()
     suite = Path(tempfile.mkdtemp(prefix="vriksha-test-cache-"))
     for name in SHARED_ARTIFACTS:
         try:

@@ -51,11 +51,8 @@ FLOAT_PATH_ROWS = 64
 # timed (linearly in rows: both paths are bound by arithmetic there); it spares the output head's large
 # buckets (49152 x 576 at 1024 rows: 29 G), which only prompt log-probs ever reach
 MAX_TIMED_MACS = 1 << 30
-DENSE_TORCH, DENSE_NATIVE, DENSE_BF16 = (
-    "dense:torch",
-    "dense:native",
-    "dense:bf16",
-)  # timed beside the packed paths
+# the dense paths timed beside the packed ones
+DENSE_TORCH, DENSE_NATIVE, DENSE_BF16 = "dense:torch", "dense:native", "dense:bf16"
 DENSE_PATHS = (DENSE_TORCH, DENSE_NATIVE, DENSE_BF16)
 
 
