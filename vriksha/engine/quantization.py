@@ -60,13 +60,14 @@ class QuantizationChoice:
     packed_ms: float | None = None  # the packed layers of one decode step (1 row), measured
     dense_ms: float | None = None  # the same layers on their dense path (the engine's dtype)
     dense: str = "fp32"
+    activations: str = "int16"  # what the packed integer paths round activations to: int16, or int8 somewhere
 
     def describe(self) -> str:
         text = f"quantization {self.mode} (requested {self.requested}): {self.reason}"
         if self.formats:
             text += f"; packed layers {', '.join(f'{n} {q}' for q, n in sorted(self.formats.items()))}"
         if self.variant:
-            text += f"; kernels {self.variant}"
+            text += f"; kernels {self.variant}, {self.activations} activations"
         if self.packed_ms is not None and self.dense_ms is not None:
             text += (
                 f"; decode-step linears {self.packed_ms:.2f} ms packed vs {self.dense_ms:.2f} ms {self.dense}"
@@ -93,7 +94,8 @@ def packed_dtype(dense: DtypeChoice, config: EngineConfig, device: torch.device)
     kernel_set = kernel_sets.select(config.kernels, device, torch.float32, config.native_kernels)
     fp32_kernels = kernel_set.linear_for(torch.float32)
     bf16 = config.fast_linear and fp32_precision.resolve(config.fp32_precision, torch.float32, True, True)
-    timings = PackedTimings(kernels, fp32_kernels, torch.float32, bf16)  # the key the engine's router uses
+    int8 = config.packed_activations == "int8"
+    timings = PackedTimings(kernels, fp32_kernels, torch.float32, bf16, int8)  # the router's key
     packed_s, _ = timings.step_seconds([PackedShape(*t) for t in types], rows=1)
     best = min(dense.timings, key=lambda name: dense.timings[name]["decode_s"])
     best_s = dense.timings[best]["decode_s"]
@@ -130,11 +132,12 @@ def apply(
     gguf: Path | None,
     cpu: bool,
     bf16: bool = False,
+    int8: bool = False,
 ) -> tuple[QuantLinear | None, QuantizationChoice]:
     """Decide what to serve for `requested` and install it; returns the router (None for dense) and why.
     `dense_kernels`: the native linear kernels of the model's dtype, the dense path packed layers are timed
     against; `cpu`: whether the model runs on the host; `bf16`: the dense path of an fp32 model may run in
-    bf16 arithmetic (`fp32_precision.py`)."""
+    bf16 arithmetic (`fp32_precision.py`); `int8`: the packed kernels may round activations to int8."""
     if requested not in MODES:
         raise ConfigError(f"engine option quantization must be one of {', '.join(MODES)}, got {requested!r}")
     dtype = next(model.parameters()).dtype
@@ -166,12 +169,13 @@ def apply(
     packed = _packed_weights(model, mode, gguf)
     if not packed:
         return refuse("no linear weight in a packed format", "use --quantization none")
-    router = QuantLinear(model, packed, kernels, dense_kernels, bf16)
+    router = QuantLinear(model, packed, kernels, dense_kernels, bf16, int8)
     choice = QuantizationChoice(
         requested, mode, "as requested", router.formats(), kernels.variant, dense=dense
     )
     if explicit:
         router.install(installation)
+        choice.activations = router.activations()
         return router, choice
     packed_s, dense_s = router.step_seconds(1)
     choice.packed_ms, choice.dense_ms = packed_s * 1e3, dense_s * 1e3
@@ -181,4 +185,5 @@ def apply(
         return None, choice
     choice.reason = f"the GGUF's packed weights measured faster than {dense}"
     router.install(installation, measured=True)
+    choice.activations = router.activations()
     return router, choice

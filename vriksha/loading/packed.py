@@ -34,7 +34,8 @@ class PackedWeight:
     out_features: int
     in_features: int
     scale: torch.Tensor | None = None  # int8: fp32 [out]
-    tiled: dict[int, torch.Tensor] = field(default_factory=dict)  # rows a tile: the copy a tiled path reads
+    # (rows a tile, "pairs" or "quads"): the copy a tiled path reads
+    tiled: dict[tuple[int, str], torch.Tensor] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.qtype not in QTYPES:

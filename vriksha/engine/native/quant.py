@@ -3,12 +3,15 @@
 Built like the fp32 kernels, once per instruction-set variant (`isa.py`; the AVX2 and AVX-512 builds add
 F16C, which every CPU with AVX2 has, the AVX512-BF16 build adds AVX-512 VNNI), and the widest variant this
 CPU's flags allow is loaded. Inside a build, `paths` lists its code paths (`scalar` always, `avx2`, `avx512`,
-`avx2_i16`, `avx512_vnni`): the last runs, the scalar one is the reference the tests hold the others to.
+`avx2_i16`, `avx512_vnni`, and the opt-in `avx512_vnni_i8` and `amx_bf16`): the widest of the first five
+runs unless a path is named, the scalar one is the reference the tests hold the others to.
 `avx2` and `avx512` sum fp32 products of the dequantized weights with the activations as they are; the
 integer paths round each block of 32 activations to int16 (at most 1/65534 of the block's largest) and dot it
 with the weights widened to int16, on a copy of the weight tiled 8 (`avx2_i16`, vpmaddwd) or 16
 (`avx512_vnni`, vpdpwssd) output rows at a time, made once on first use, where one instruction advances every
-row's dot product by two elements: decode is bound by reading the weights rather than by decoding them."""
+row's dot product by two elements: decode is bound by reading the weights rather than by decoding them.
+`avx512_vnni_i8` rounds the activations to int8 instead and, on a copy tiled in quads, advances each row by
+four elements an instruction (vpdpbusd); it is timed only where the engine allows int8 activations."""
 
 from __future__ import annotations
 
@@ -27,13 +30,26 @@ logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("quant_kernels.c")
 # the bits of vq_variants(), in order of preference: the widest a build has runs
-PATHS = {"scalar": 1, "avx2": 2, "avx512": 4, "avx2_i16": 16, "avx512_vnni": 8, "amx_bf16": 32}
+PATHS = {
+    "scalar": 1,
+    "avx2": 2,
+    "avx512": 4,
+    "avx2_i16": 16,
+    "avx512_vnni": 8,
+    "avx512_vnni_i8": 64,
+    "amx_bf16": 32,
+}
 # the float paths take fp32 products of the activations as they are; the others round them to int16
 FLOAT_PATHS = ("scalar", "avx2", "avx512")
 # read a copy of the weight tiled so many rows at a time
-TILED_PATHS = {"avx2_i16": 8, "avx512_vnni": 16, "amx_bf16": 16}
+TILED_PATHS = {"avx2_i16": 8, "avx512_vnni": 16, "avx512_vnni_i8": 16, "amx_bf16": 16}
+# read a tiled copy laid out in quads (int8 activations) rather than in pairs
+QUAD_PATHS = ("avx512_vnni_i8",)
 # bf16 arithmetic (weights and activations rounded to bf16, fp32 sums): only where the engine allows it
 BF16_PATHS = ("amx_bf16",)
+# int8 activations (each block of 32 rounded to 1/254 of its largest, llama.cpp's Q8 numerics): only where the
+# engine allows it
+INT8_PATHS = ("avx512_vnni_i8",)
 KINDS = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "int8": 3}
 _I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 
@@ -56,7 +72,7 @@ class QuantKernels:
         lib.vq_linear_bf16.restype = _INT
         lib.vq_dequantize.argtypes = [_INT] + [_PTR] * 3 + [_I64] * 3
         lib.vq_dequantize.restype = _INT
-        lib.vq_tile.argtypes = [_INT, _I64, _PTR, _PTR, _I64, _I64]
+        lib.vq_tile.argtypes = [_INT, _I64, _INT, _PTR, _PTR, _I64, _I64]
         lib.vq_tile.restype = _INT
         lib.vq_tile_bytes.argtypes = [_INT, _I64, _I64, _I64]
         lib.vq_tile_bytes.restype = _I64
@@ -66,7 +82,7 @@ class QuantKernels:
         bits = lib.vq_variants()
         self.paths = [name for name, bit in PATHS.items() if bits & bit]
         # the code path that runs unless one is named: the widest that keeps fp32 activations or int16 ones
-        self.variant = [p for p in self.paths if p not in BF16_PATHS][-1]
+        self.variant = [p for p in self.paths if p not in BF16_PATHS + INT8_PATHS][-1]
 
     def linear(
         self,
@@ -120,8 +136,9 @@ class QuantKernels:
         use and kept with the weight), else its packed rows."""
         if path not in TILED_PATHS or weight.qtype == "int8":
             return weight.data.data_ptr()
-        rows = TILED_PATHS[path]
-        if rows not in weight.tiled:
+        rows, quads = TILED_PATHS[path], path in QUAD_PATHS
+        layout = (rows, "quads" if quads else "pairs")
+        if layout not in weight.tiled:
             kind = KINDS[weight.qtype]
             size = self._lib.vq_tile_bytes(kind, rows, weight.out_features, weight.in_features)
             if size < 0:
@@ -131,10 +148,16 @@ class QuantKernels:
                 )
             tiled = torch.empty(size, dtype=torch.uint8)
             self._lib.vq_tile(
-                kind, rows, weight.data.data_ptr(), tiled.data_ptr(), weight.out_features, weight.in_features
+                kind,
+                rows,
+                int(quads),
+                weight.data.data_ptr(),
+                tiled.data_ptr(),
+                weight.out_features,
+                weight.in_features,
             )
-            weight.tiled[rows] = tiled
-        return weight.tiled[rows].data_ptr()
+            weight.tiled[layout] = tiled
+        return weight.tiled[layout].data_ptr()
 
     def dequantize(self, weight: PackedWeight, row0: int = 0, rows: int | None = None) -> torch.Tensor:
         """Rows [row0, row0 + rows) of the weight in fp32."""

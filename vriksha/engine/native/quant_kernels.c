@@ -30,6 +30,7 @@
 #define VQ_AVX512_VNNI 8
 #define VQ_AVX2_I16 16
 #define VQ_AMX_BF16 32
+#define VQ_AVX512_VNNI_I8 64
 #define TILE 8
 
 enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, I8 = 3 };
@@ -263,7 +264,7 @@ static inline __attribute__((always_inline)) void row_avx512(int kind, const uin
   }
 }
 
-#define AVX512_TAIL(KIND) \
+#define AVX512_TAIL(KIND)                                                                                     \
   for (; r < m; r++) row_avx512(KIND, wo, s, in, x + r * in, y + r * out + o, out, 1, 2);
 DEFINE_LINEAR(avx512, Q4_0, AVX512_TAIL(Q4_0))
 DEFINE_LINEAR(avx512, Q4_1, AVX512_TAIL(Q4_1))
@@ -288,19 +289,22 @@ static void linear_avx512(int kind, const uint8_t* w, const float* scale, const 
  * in integers (AVX-512 VNNI vpdpwssd, or AVX2 vpmaddwd), so its contribution is d * dx * sum(w * xq), plus
  * min * sx for Q4_1. The weights are exact; each activation carries a rounding of at most dx / 2 (1/65534 of its
  * block's largest), and a block costs one or two integer instructions per input row instead of a dozen float
- * ones. The quantization of the rows is scalar: it is O(rows * in) against the dot products' O(rows * in * out). */
+ * ones. The quantization of the rows is scalar: it is O(rows * in) against the dot products' O(rows * in * out).
+ * The int8 path (avx512_vnni_i8) rounds each block to int8 instead (dx = max|x| / 127, llama.cpp's Q8 numerics)
+ * and reads a copy tiled in quads (below): only where the engine allows int8 activations. */
 #ifdef HAVE_AVX2 /* every integer path needs AVX2 and F16C */
 typedef struct {
-  int16_t* q; /* [m, in] */
+  int16_t* q; /* [m, in], int16 rows */
+  int8_t* q8; /* [m, in], int8 rows (the i8 paths) */
   float* d;   /* [m, in / 32] */
   float* s;   /* [m, in / 32] */
   void* buf;
 } QuantRows;
 
-/* One block of 32 activations to int16 (round to nearest even, as lrintf), its dx and its dx * sum(xq). */
-static inline void quantize_block(const float* xb, int16_t* qb, float* d, float* s) {
+/* A block of 32 activations into v[0..3]; returns max |x| over it. */
+static inline float load_block(const float* xb, __m256* v) {
   const __m256 sign = _mm256_set1_ps(-0.f);
-  __m256 v[4], amax = _mm256_setzero_ps();
+  __m256 amax = _mm256_setzero_ps();
   for (int k = 0; k < 4; k++) {
     v[k] = _mm256_loadu_ps(xb + 8 * k);
     amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
@@ -308,7 +312,20 @@ static inline void quantize_block(const float* xb, int16_t* qb, float* d, float*
   __m128 h = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
   h = _mm_max_ps(h, _mm_movehl_ps(h, h));
   h = _mm_max_ss(h, _mm_movehdup_ps(h));
-  float top = _mm_cvtss_f32(h);
+  return _mm_cvtss_f32(h);
+}
+
+static inline int32_t hsum_epi32(__m256i sum) {
+  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+  return _mm_cvtsi128_si32(t);
+}
+
+/* One block of 32 activations to int16 (round to nearest even, as lrintf), its dx and its dx * sum(xq). */
+static inline void quantize_block(const float* xb, int16_t* qb, float* d, float* s) {
+  __m256 v[4];
+  float top = load_block(xb, v);
   float id = top > 0.f ? 32767.f / top : 0.f;
   __m256 scale = _mm256_set1_ps(id);
   __m256i sum = _mm256_setzero_si256();
@@ -320,25 +337,46 @@ static inline void quantize_block(const float* xb, int16_t* qb, float* d, float*
     __m256i packed = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, c), 0xd8);
     _mm256_storeu_si256((__m256i*)(qb + 8 * k), packed);
   }
-  __m128i t = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
-  t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
   *d = top / 32767.f;
-  *s = *d * (float)_mm_cvtsi128_si32(t);
+  *s = *d * (float)hsum_epi32(sum);
 }
 
-static int quantize_rows(const float* x, int64_t m, int64_t in, QuantRows* qr, int threads) {
+/* One block of 32 activations to int8 (dx = max|x| / 127, round to nearest even), its dx and dx * sum(xq). */
+static inline void quantize_block8(const float* xb, int8_t* qb, float* d, float* s) {
+  __m256 v[4];
+  float top = load_block(xb, v);
+  __m256 scale = _mm256_set1_ps(top > 0.f ? 127.f / top : 0.f);
+  __m256i q[4], sum = _mm256_setzero_si256();
+  for (int k = 0; k < 4; k++) {
+    q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], scale));
+    sum = _mm256_add_epi32(sum, q[k]);
+  }
+  /* packs work per 128-bit lane: the bytes come out as 4-element groups a0 b0 c0 e0 a1 b1 c1 e1 (a = q[0]
+   * elements 0-3 then 4-7 ...); the permute restores the order */
+  __m256i packed = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  packed = _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256((__m256i*)qb, packed);
+  *d = top / 127.f;
+  *s = *d * (float)hsum_epi32(sum);
+}
+
+/* The rows as int16 (`bits` 16) or int8 (`bits` 8) blocks. */
+static int quantize_rows(const float* x, int64_t m, int64_t in, QuantRows* qr, int threads, int bits) {
   int64_t nb = in / QK;
-  qr->buf = malloc((size_t)(m * in * (int64_t)sizeof(int16_t) + 2 * m * nb * (int64_t)sizeof(float)) + 64);
+  qr->buf = malloc((size_t)(m * in * (int64_t)(bits / 8) + 2 * m * nb * (int64_t)sizeof(float)) + 64);
   if (qr->buf == NULL) return -1;
   qr->d = (float*)qr->buf;
   qr->s = qr->d + m * nb;
-  qr->q = (int16_t*)(qr->s + m * nb);
+  qr->q = bits == 16 ? (int16_t*)(qr->s + m * nb) : NULL;
+  qr->q8 = bits == 8 ? (int8_t*)(qr->s + m * nb) : NULL;
   int par = m * in >= 16384 ? threads : 1; /* a decode step's few rows are not worth waking the threads */
   _Pragma("omp parallel for schedule(static) num_threads(par)")
   for (int64_t i = 0; i < m * nb; i++) {
     int64_t r = i / nb, b = i % nb;
-    quantize_block(x + r * in + b * QK, qr->q + r * in + b * QK, qr->d + i, qr->s + i);
+    if (bits == 16)
+      quantize_block(x + r * in + b * QK, qr->q + r * in + b * QK, qr->d + i, qr->s + i);
+    else
+      quantize_block8(x + r * in + b * QK, qr->q8 + r * in + b * QK, qr->d + i, qr->s + i);
   }
   return 0;
 }
@@ -372,7 +410,7 @@ static inline int64_t tile_bytes(int kind, int64_t t) { return (kind == Q8_0 ? 3
   }
 
 /* Returns -1 where the rows do not tile or the activations cannot be staged (out of memory). */
-#define DEFINE_LINEAR_TILED_ENTRY(ISA, T)                                                                     \
+#define DEFINE_LINEAR_TILED_ENTRY(ISA, T, BITS)                                                               \
   DEFINE_LINEAR_TILED(ISA, Q4_0, T)                                                                           \
   DEFINE_LINEAR_TILED(ISA, Q4_1, T)                                                                           \
   DEFINE_LINEAR_TILED(ISA, Q8_0, T)                                                                           \
@@ -380,11 +418,11 @@ static inline int64_t tile_bytes(int kind, int64_t t) { return (kind == Q8_0 ? 3
                           int64_t out, int64_t in, int64_t m, int threads) {                                  \
     if (out % T != 0) return -1;                                                                              \
     QuantRows qr;                                                                                             \
-    if (quantize_rows(x, m, in, &qr, threads) != 0) return -1;                                                \
+    if (quantize_rows(x, m, in, &qr, threads, BITS) != 0) return -1;                                          \
     switch (kind) {                                                                                           \
-      case Q4_0: linear_##ISA##_Q4_0(w, bias, &qr, y, out, in, m, threads); break;                           \
-      case Q4_1: linear_##ISA##_Q4_1(w, bias, &qr, y, out, in, m, threads); break;                           \
-      default: linear_##ISA##_Q8_0(w, bias, &qr, y, out, in, m, threads);                                    \
+      case Q4_0: linear_##ISA##_Q4_0(w, bias, &qr, y, out, in, m, threads); break;                            \
+      case Q4_1: linear_##ISA##_Q4_1(w, bias, &qr, y, out, in, m, threads); break;                            \
+      default: linear_##ISA##_Q8_0(w, bias, &qr, y, out, in, m, threads);                                     \
     }                                                                                                         \
     free(qr.buf);                                                                                             \
     return 0;                                                                                                 \
@@ -446,7 +484,7 @@ static inline __attribute__((always_inline)) void tile_rows_avx2_i16(int kind, c
   }
   for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (r0 + r) * out + o0, acc[r]);
 }
-DEFINE_LINEAR_TILED_ENTRY(avx2_i16, 8)
+DEFINE_LINEAR_TILED_ENTRY(avx2_i16, 8, 16)
 
 /* ---- AVX-512 VNNI: 16-row tiles, vpdpwssd ---- */
 #if defined(HAVE_AVX512) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -483,28 +521,68 @@ static inline __attribute__((always_inline)) void tile_dots_avx512(int kind, con
   }
 }
 
-static inline __attribute__((always_inline)) void tile_rows_avx512_vnni(int kind, const uint8_t* t, int64_t in,
-                                                                        const QuantRows* qr, int64_t r0, int R,
-                                                                        float* y, int64_t out, int64_t o0) {
+/* Quad tiles, int8 activations: a vector of 64 bytes holds elements 4k..4k + 3 of all 16 rows as unsigned bytes
+ * (nibbles as they are; Q8_0 offset by 128), so one vpdpbusd against the broadcast activation quad k advances
+ * 16 dot products by four elements, twice the elements of vpdpwssd; the offsets come back through sx. */
+static inline __attribute__((always_inline)) void tile_dots_avx512_i8(int kind, const uint8_t* q,
+                                                                      const QuantRows* qr, int64_t r0, int R,
+                                                                      int64_t in, int64_t b, __m512i* dots) {
+  for (int r = 0; r < R; r++) dots[r] = _mm512_setzero_si512();
+  if (kind == Q8_0) {
+    for (int k = 0; k < 8; k++) {
+      __m512i w = _mm512_loadu_si512((const void*)(q + 64 * k));
+      for (int r = 0; r < R; r++) {
+        const int32_t* xp = (const int32_t*)(qr->q8 + (r0 + r) * in + b * QK);
+        dots[r] = _mm512_dpbusd_epi32(dots[r], w, _mm512_set1_epi32(xp[k]));
+      }
+    }
+    return;
+  }
+  const __m512i nib = _mm512_set1_epi8(0x0f);
+  for (int c = 0; c < 4; c++) {
+    __m512i raw = _mm512_loadu_si512((const void*)(q + 64 * c));
+    __m512i lo = _mm512_and_si512(raw, nib), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), nib);
+    for (int r = 0; r < R; r++) {
+      const int32_t* xp = (const int32_t*)(qr->q8 + (r0 + r) * in + b * QK) + 2 * c;
+      dots[r] = _mm512_dpbusd_epi32(dots[r], lo, _mm512_set1_epi32(xp[0]));
+      dots[r] = _mm512_dpbusd_epi32(dots[r], hi, _mm512_set1_epi32(xp[1]));
+    }
+  }
+}
+
+/* Rows r0..r0 + R of one 16-row tile group: int16 activations on pair tiles (`i8` 0) or int8 ones on quad
+ * tiles (`i8` 1); a block adds d * dx * dot + offset * sx, the offset being Q4_1's min, Q4_0's -8d, and on quad
+ * tiles Q8_0's -128d. */
+static inline __attribute__((always_inline)) void tile_rows_avx512(int kind, int i8, const uint8_t* t,
+                                                                   int64_t in, const QuantRows* qr, int64_t r0,
+                                                                   int R, float* y, int64_t out, int64_t o0) {
   __m512 acc[4];
   for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
   int64_t nb = in / QK, tb = tile_bytes(kind, 16);
+  const float q8_offset = i8 ? -128.f : 0.f;
   for (int64_t b = 0; b < nb; b++) {
     const uint8_t* tile = t + b * tb;
     __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)tile));
     __m512 mn = kind == Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(tile + 32)))
-                             : _mm512_mul_ps(d, _mm512_set1_ps(kind == Q4_0 ? -8.f : 0.f));
+                             : _mm512_mul_ps(d, _mm512_set1_ps(kind == Q4_0 ? -8.f : q8_offset));
     __m512i dots[4];
-    tile_dots_avx512(kind, tile + tile_head(kind, 16), qr, r0, R, in, b, dots);
+    if (i8)
+      tile_dots_avx512_i8(kind, tile + tile_head(kind, 16), qr, r0, R, in, b, dots);
+    else
+      tile_dots_avx512(kind, tile + tile_head(kind, 16), qr, r0, R, in, b, dots);
     for (int r = 0; r < R; r++) {
       int64_t i = (r0 + r) * nb + b;
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r]), _mm512_mul_ps(d, _mm512_set1_ps(qr->d[i])), acc[r]);
-      if (kind != Q8_0) acc[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(qr->s[i]), acc[r]);
+      if (kind != Q8_0 || i8) acc[r] = _mm512_fmadd_ps(mn, _mm512_set1_ps(qr->s[i]), acc[r]);
     }
   }
   for (int r = 0; r < R; r++) _mm512_storeu_ps(y + (r0 + r) * out + o0, acc[r]);
 }
-DEFINE_LINEAR_TILED_ENTRY(avx512_vnni, 16)
+
+#define tile_rows_avx512_vnni(kind, ...) tile_rows_avx512(kind, 0, __VA_ARGS__)
+#define tile_rows_avx512_vnni_i8(kind, ...) tile_rows_avx512(kind, 1, __VA_ARGS__)
+DEFINE_LINEAR_TILED_ENTRY(avx512_vnni, 16, 16)
+DEFINE_LINEAR_TILED_ENTRY(avx512_vnni_i8, 16, 8)
 #endif
 #endif /* HAVE_AVX2 */
 
@@ -588,10 +666,10 @@ static inline __attribute__((always_inline)) void amx_decode_block(int kind, con
   }
 }
 
-#define AMX_TILE_PRODUCT(T)                                                                  \
-  do {                                                                                       \
-    _tile_loadd(5, xb + (m0 + 16 * (T)) * in + b * QK, in * (int64_t)sizeof(uint16_t));     \
-    _tile_dpbf16ps(T, 5, 4);                                                                 \
+#define AMX_TILE_PRODUCT(T)                                                                                   \
+  do {                                                                                                        \
+    _tile_loadd(5, xb + (m0 + 16 * (T)) * in + b * QK, in * (int64_t)sizeof(uint16_t));                       \
+    _tile_dpbf16ps(T, 5, 4);                                                                                  \
   } while (0)
 #define AMX_TILE_STORE(T) _tile_stored(T, yt + 16 * 16 * (T), 16 * (int64_t)sizeof(float))
 
@@ -664,7 +742,7 @@ int vq_variants(void) {
   v |= VQ_AVX2_I16;
 #endif
 #ifdef HAVE_AVX512_VNNI
-  v |= VQ_AVX512_VNNI;
+  v |= VQ_AVX512_VNNI | VQ_AVX512_VNNI_I8;
 #endif
 #ifdef HAVE_AMX_BF16
   if (amx_usable()) v |= VQ_AMX_BF16;
@@ -701,6 +779,9 @@ int vq_linear(int variant, int kind, const void* w, const float* scale, const fl
     case VQ_AVX512_VNNI:
       if (kind == I8) { linear_avx512(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
       return linear_avx512_vnni(kind, wb, bias, x, y, out, in, m, threads);
+    case VQ_AVX512_VNNI_I8: /* int8 activations on the quad-tiled copy */
+      if (kind == I8) { linear_avx512(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
+      return linear_avx512_vnni_i8(kind, wb, bias, x, y, out, in, m, threads);
 #endif
 #ifdef HAVE_AMX_BF16
     case VQ_AMX_BF16: /* bf16 arithmetic on the 16-row tiled copy; int8 rows take the float path */
@@ -750,9 +831,10 @@ int vq_linear_bf16(int variant, int kind, const void* w, const float* scale, con
   return 0;
 }
 
-/* The copy of a GGUF weight tiled `t` rows at a time (8 or 16; the layout above the tiled kernels); `dst`
- * holds out / t * (in / 32) tiles. Returns 0, or -1 for int8 weights or rows that do not tile. */
-int vq_tile(int kind, int64_t t, const void* src, void* dst, int64_t out, int64_t in) {
+/* The copy of a GGUF weight tiled `t` rows at a time (8 or 16; the layout above the tiled kernels), in pairs
+ * (`quads` 0: the int16 paths) or in quads (`quads` 1: the int8 paths, 16 rows; a Q8_0 body offset by 128);
+ * `dst` holds out / t * (in / 32) tiles. Returns 0, or -1 for int8 weights or rows that do not tile. */
+int vq_tile(int kind, int64_t t, int quads, const void* src, void* dst, int64_t out, int64_t in) {
   if (kind == I8 || (t != 8 && t != 16) || out % t != 0 || in % QK != 0) return -1;
   const uint8_t* w = (const uint8_t*)src;
   uint8_t* tile = (uint8_t*)dst;
@@ -769,11 +851,19 @@ int vq_tile(int kind, int64_t t, const void* src, void* dst, int64_t out, int64_
         if (kind == Q4_1) memcpy(tile + 2 * t + 2 * j, blk + 2, 2); /* min */
         const uint8_t* q = blk + qs;
         for (int e = 0; e < QK; e++) {
+          uint8_t v = kind == Q8_0 ? q[e] : e < 16 ? (q[e] & 0x0f) : (q[e - 16] >> 4);
+          if (quads) { /* chunk c: quad 2c in the low nibbles, quad 2c + 1 in the high ones */
+            int k = e / 4, p = e % 4;
+            if (kind == Q8_0)
+              body[4 * t * k + 4 * j + p] = (uint8_t)(v ^ 0x80);
+            else
+              body[4 * t * (k / 2) + 4 * j + p] |= (uint8_t)(k % 2 ? v << 4 : v);
+            continue;
+          }
           int k = e / 2, p = e % 2;
           if (kind == Q8_0) {
-            body[2 * t * k + 2 * j + p] = q[e];
+            body[2 * t * k + 2 * j + p] = v;
           } else {
-            uint8_t v = e < 16 ? (q[e] & 0x0f) : (q[e - 16] >> 4);
             int c = k / 4, half = (k % 4) / 2, high = k % 2;
             body[4 * t * c + 2 * t * half + 2 * j + p] |= (uint8_t)(high ? v << 4 : v);
           }
