@@ -74,13 +74,13 @@ def candidate_paths(kernels: QuantKernels, qtype: str, bf16: bool = False, int8:
     """The packed code paths worth timing for `qtype`: the widest float one and the widest integer one with
     int16 activations (the integer paths win at one or two rows, the float ones where more rows share each
     decoded weight), with `bf16` (bf16 arithmetic allowed) the bf16 ones (AMX: from 16 rows up), and with
-    `int8` (int8 activations allowed) the int8 ones."""
+    `int8` (int8 activations allowed) the widest int8 one."""
     floats = [p for p in kernels.paths if p in FLOAT_PATHS]
     gguf = qtype != "int8"
     ints = [p for p in kernels.paths if p not in FLOAT_PATHS + BF16_PATHS + INT8_PATHS] if gguf else []
     bf16s = [p for p in kernels.paths if p in BF16_PATHS] if bf16 and gguf else []
     int8s = [p for p in kernels.paths if p in INT8_PATHS] if int8 and gguf else []
-    return floats[-1:] + ints[-1:] + bf16s + int8s
+    return floats[-1:] + ints[-1:] + bf16s + int8s[-1:]
 
 
 def measure(

@@ -3,15 +3,16 @@
 Built like the fp32 kernels, once per instruction-set variant (`isa.py`; the AVX2 and AVX-512 builds add
 F16C, which every CPU with AVX2 has, the AVX512-BF16 build adds AVX-512 VNNI), and the widest variant this
 CPU's flags allow is loaded. Inside a build, `paths` lists its code paths (`scalar` always, `avx2`, `avx512`,
-`avx2_i16`, `avx512_vnni`, and the opt-in `avx512_vnni_i8` and `amx_bf16`): the widest of the first five
-runs unless a path is named, the scalar one is the reference the tests hold the others to.
+`avx2_i16`, `avx512_vnni`, and the opt-in `avx2_i8`, `avx512_vnni_i8` and `amx_bf16`): the widest of the
+first five runs unless a path is named, the scalar one is the reference the tests hold the others to.
 `avx2` and `avx512` sum fp32 products of the dequantized weights with the activations as they are; the
 integer paths round each block of 32 activations to int16 (at most 1/65534 of the block's largest) and dot it
 with the weights widened to int16, on a copy of the weight tiled 8 (`avx2_i16`, vpmaddwd) or 16
 (`avx512_vnni`, vpdpwssd) output rows at a time, made once on first use, where one instruction advances every
 row's dot product by two elements: decode is bound by reading the weights rather than by decoding them.
-`avx512_vnni_i8` rounds the activations to int8 instead and, on a copy tiled in quads, advances each row by
-four elements an instruction (vpdpbusd); it is timed only where the engine allows int8 activations."""
+`avx2_i8` and `avx512_vnni_i8` round the activations to int8 instead and, on a copy tiled in quads, advance
+each row by four elements an instruction (vpmaddubsw, vpdpbusd); they are timed only where the engine allows
+int8 activations."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ PATHS = {
     "avx2": 2,
     "avx512": 4,
     "avx2_i16": 16,
+    "avx2_i8": 128,
     "avx512_vnni": 8,
     "avx512_vnni_i8": 64,
     "amx_bf16": 32,
@@ -42,14 +44,14 @@ PATHS = {
 # the float paths take fp32 products of the activations as they are; the others round them to int16
 FLOAT_PATHS = ("scalar", "avx2", "avx512")
 # read a copy of the weight tiled so many rows at a time
-TILED_PATHS = {"avx2_i16": 8, "avx512_vnni": 16, "avx512_vnni_i8": 16, "amx_bf16": 16}
+TILED_PATHS = {"avx2_i16": 8, "avx2_i8": 8, "avx512_vnni": 16, "avx512_vnni_i8": 16, "amx_bf16": 16}
 # read a tiled copy laid out in quads (int8 activations) rather than in pairs
-QUAD_PATHS = ("avx512_vnni_i8",)
+QUAD_PATHS = ("avx2_i8", "avx512_vnni_i8")
 # bf16 arithmetic (weights and activations rounded to bf16, fp32 sums): only where the engine allows it
 BF16_PATHS = ("amx_bf16",)
 # int8 activations (each block of 32 rounded to 1/254 of its largest, llama.cpp's Q8 numerics): only where the
 # engine allows it
-INT8_PATHS = ("avx512_vnni_i8",)
+INT8_PATHS = ("avx2_i8", "avx512_vnni_i8")
 KINDS = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "int8": 3}
 _I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 

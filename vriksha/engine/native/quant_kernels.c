@@ -31,6 +31,7 @@
 #define VQ_AVX2_I16 16
 #define VQ_AMX_BF16 32
 #define VQ_AVX512_VNNI_I8 64
+#define VQ_AVX2_I8 128
 #define TILE 8
 
 enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, I8 = 3 };
@@ -290,7 +291,7 @@ static void linear_avx512(int kind, const uint8_t* w, const float* scale, const 
  * min * sx for Q4_1. The weights are exact; each activation carries a rounding of at most dx / 2 (1/65534 of its
  * block's largest), and a block costs one or two integer instructions per input row instead of a dozen float
  * ones. The quantization of the rows is scalar: it is O(rows * in) against the dot products' O(rows * in * out).
- * The int8 path (avx512_vnni_i8) rounds each block to int8 instead (dx = max|x| / 127, llama.cpp's Q8 numerics)
+ * The int8 paths (avx2_i8, avx512_vnni_i8) round each block to int8 instead (dx = max|x| / 127, llama.cpp's Q8 numerics)
  * and reads a copy tiled in quads (below): only where the engine allows int8 activations. */
 #ifdef HAVE_AVX2 /* every integer path needs AVX2 and F16C */
 typedef struct {
@@ -463,9 +464,49 @@ static inline __attribute__((always_inline)) void tile_dots_avx2(int kind, const
   }
 }
 
-static inline __attribute__((always_inline)) void tile_rows_avx2_i16(int kind, const uint8_t* t, int64_t in,
-                                                                     const QuantRows* qr, int64_t r0, int R,
-                                                                     float* y, int64_t out, int64_t o0) {
+/* Quad tiles on AVX2 (8 rows: a register holds inputs 4k..4k + 3 of the 8 rows), int8 activations: vpmaddubsw
+ * multiplies the unsigned weight bytes by the signed activation bytes and adds pairs into int16. A nibble's
+ * pair stays below 2 * 15 * 127 = 3810, so a block's 8 quads sum in int16 (30480 at most) and one vpmaddwd by
+ * ones widens them. Q8_0 bytes are signed again (the copy's +128 taken off) and multiplied as |w| by x with
+ * w's sign; a pair then reaches 2 * 128 * 127, so each quad is widened to int32 on its own. */
+static inline __attribute__((always_inline)) void tile_dots_avx2_i8(int kind, const uint8_t* q, const QuantRows* qr,
+                                                                    int64_t r0, int R, int64_t in, int64_t b,
+                                                                    __m256i* dots) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int r = 0; r < R; r++) dots[r] = _mm256_setzero_si256();
+  if (kind == Q8_0) {
+    for (int k = 0; k < 8; k++) {
+      __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i*)(q + 32 * k)), _mm256_set1_epi8(-128));
+      __m256i aw = _mm256_abs_epi8(w);
+      for (int r = 0; r < R; r++) {
+        const int32_t* xp = (const int32_t*)(qr->q8 + (r0 + r) * in + b * QK);
+        __m256i x = _mm256_sign_epi8(_mm256_set1_epi32(xp[k]), w);
+        dots[r] = _mm256_add_epi32(dots[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, x), ones));
+      }
+    }
+    return;
+  }
+  const __m256i nib = _mm256_set1_epi8(0x0f);
+  __m256i sums[4];
+  for (int r = 0; r < R; r++) sums[r] = _mm256_setzero_si256();
+  for (int c = 0; c < 4; c++) {
+    __m256i raw = _mm256_loadu_si256((const __m256i*)(q + 32 * c));
+    __m256i lo = _mm256_and_si256(raw, nib), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nib);
+    for (int r = 0; r < R; r++) {
+      const int32_t* xp = (const int32_t*)(qr->q8 + (r0 + r) * in + b * QK) + 2 * c;
+      __m256i pair = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(xp[0])),
+                                      _mm256_maddubs_epi16(hi, _mm256_set1_epi32(xp[1])));
+      sums[r] = _mm256_add_epi16(sums[r], pair);
+    }
+  }
+  for (int r = 0; r < R; r++) dots[r] = _mm256_madd_epi16(sums[r], ones);
+}
+
+/* Rows r0..r0 + R of one 8-row tile group: int16 activations on pair tiles (`i8` 0) or int8 ones on quad
+ * tiles (`i8` 1); a block adds d * dx * dot + offset * sx (Q4_1's min, Q4_0's -8d). */
+static inline __attribute__((always_inline)) void tile_rows_avx2(int kind, int i8, const uint8_t* t, int64_t in,
+                                                                 const QuantRows* qr, int64_t r0, int R,
+                                                                 float* y, int64_t out, int64_t o0) {
   __m256 acc[4];
   for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
   int64_t nb = in / QK, tb = tile_bytes(kind, 8);
@@ -475,7 +516,10 @@ static inline __attribute__((always_inline)) void tile_rows_avx2_i16(int kind, c
     __m256 mn = kind == Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(tile + 16)))
                              : _mm256_mul_ps(d, _mm256_set1_ps(kind == Q4_0 ? -8.f : 0.f));
     __m256i dots[4];
-    tile_dots_avx2(kind, tile + tile_head(kind, 8), qr, r0, R, in, b, dots);
+    if (i8)
+      tile_dots_avx2_i8(kind, tile + tile_head(kind, 8), qr, r0, R, in, b, dots);
+    else
+      tile_dots_avx2(kind, tile + tile_head(kind, 8), qr, r0, R, in, b, dots);
     for (int r = 0; r < R; r++) {
       int64_t i = (r0 + r) * nb + b;
       acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[r]), _mm256_mul_ps(d, _mm256_set1_ps(qr->d[i])), acc[r]);
@@ -484,7 +528,11 @@ static inline __attribute__((always_inline)) void tile_rows_avx2_i16(int kind, c
   }
   for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (r0 + r) * out + o0, acc[r]);
 }
+
+#define tile_rows_avx2_i16(kind, ...) tile_rows_avx2(kind, 0, __VA_ARGS__)
+#define tile_rows_avx2_i8(kind, ...) tile_rows_avx2(kind, 1, __VA_ARGS__)
 DEFINE_LINEAR_TILED_ENTRY(avx2_i16, 8, 16)
+DEFINE_LINEAR_TILED_ENTRY(avx2_i8, 8, 8)
 
 /* ---- AVX-512 VNNI: 16-row tiles, vpdpwssd ---- */
 #if defined(HAVE_AVX512) && defined(__AVX512VNNI__) && defined(__AVX512BW__)
@@ -739,7 +787,7 @@ int vq_variants(void) {
   v |= VQ_AVX512;
 #endif
 #ifdef HAVE_AVX2_I16
-  v |= VQ_AVX2_I16;
+  v |= VQ_AVX2_I16 | VQ_AVX2_I8;
 #endif
 #ifdef HAVE_AVX512_VNNI
   v |= VQ_AVX512_VNNI | VQ_AVX512_VNNI_I8;
@@ -774,6 +822,9 @@ int vq_linear(int variant, int kind, const void* w, const float* scale, const fl
     case VQ_AVX2_I16: /* per-channel int8 rows need not be whole blocks: the float path serves them */
       if (kind == I8) { linear_avx2(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
       return linear_avx2_i16(kind, wb, bias, x, y, out, in, m, threads);
+    case VQ_AVX2_I8: /* int8 activations on the quad-tiled copy */
+      if (kind == I8) { linear_avx2(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
+      return linear_avx2_i8(kind, wb, bias, x, y, out, in, m, threads);
 #endif
 #ifdef HAVE_AVX512_VNNI
     case VQ_AVX512_VNNI:
@@ -832,7 +883,7 @@ int vq_linear_bf16(int variant, int kind, const void* w, const float* scale, con
 }
 
 /* The copy of a GGUF weight tiled `t` rows at a time (8 or 16; the layout above the tiled kernels), in pairs
- * (`quads` 0: the int16 paths) or in quads (`quads` 1: the int8 paths, 16 rows; a Q8_0 body offset by 128);
+ * (`quads` 0: the int16 paths) or in quads (`quads` 1: the int8 paths; a Q8_0 body offset by 128);
  * `dst` holds out / t * (in / 32) tiles. Returns 0, or -1 for int8 weights or rows that do not tile. */
 int vq_tile(int kind, int64_t t, int quads, const void* src, void* dst, int64_t out, int64_t in) {
   if (kind == I8 || (t != 8 && t != 16) || out % t != 0 || in % QK != 0) return -1;
