@@ -97,9 +97,9 @@ class EngineConfig:
     )  # fmt: skip
     packed_activations: str = option(
         "int16", "activations of the packed kernels, rounded per block of 32: int16 (1/65534 of the block's "
-        "largest; logits match the dequantized model to about 1e-5) or int8 (1/254, llama.cpp's Q8 numerics: "
-        "where this CPU has an int8 path (AVX-512 VNNI) and it measured faster, linears up to 1.9x faster, "
-        "logits off by about 0.5%, greedy outputs may differ)", choices=PACKED_ACTIVATIONS,
+        "largest; logits within 1e-2 of the dequantized model's) or int8 (1/254, llama.cpp's Q8 numerics: on "
+        "CPUs with AVX2 or AVX-512 VNNI, where measured faster, linears up to 1.9x faster; logits move about "
+        "as far as a bf16 model's, so greedy outputs may differ)", choices=PACKED_ACTIVATIONS,
     )  # fmt: skip
     lpm_max_queue: int = option(
         128,
