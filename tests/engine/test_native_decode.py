@@ -92,6 +92,27 @@ def test_embedded_model_default_prompts_greedy_unchanged():
     assert a == b
 
 
+@pytest.mark.slow
+def test_int8_activations_run_in_the_native_step_as_in_the_lean_forward():
+    """`--packed-activations int8`: the native step calls the same int8-activation kernel per bucket as the
+    lean forward, so greedy outputs are the same with it and without it."""
+    from tests.engine.test_parity_default import RAW
+    from vriksha.engine.native.quant import INT8_PATHS
+
+    llm = LLM(quantization="gguf", packed_activations="int8", native_decode="on")
+    runner = llm.engine.runner
+    assert runner.native_decode is not None, runner.native_decode_choice
+    native_paths = {p for _, _, native in runner.quant.installed.values() for p in native}
+    if not native_paths & set(INT8_PATHS):
+        pytest.skip(f"no int8-activation path measured faster here (paths: {runner.quant.kernels.paths})")
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    a = [o.outputs[0].token_ids for o in llm.generate(RAW[:4], params)]
+    llm.flush_cache()
+    runner.native_decode = None
+    b = [o.outputs[0].token_ids for o in llm.generate(RAW[:4], params)]
+    assert a == b
+
+
 def test_off_switch_auto_and_fallbacks(default_tokenizer):
     model = tiny_model("llama", 512)
     auto = LLM.from_module(copy.deepcopy(model), default_tokenizer, **ENGINE_TEST_OPTIONS)
