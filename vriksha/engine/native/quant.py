@@ -45,12 +45,10 @@ PATHS = {
 FLOAT_PATHS = ("scalar", "avx2", "avx512")
 # read a copy of the weight tiled so many rows at a time
 TILED_PATHS = {"avx2_i16": 8, "avx2_i8": 8, "avx512_vnni": 16, "avx512_vnni_i8": 16, "amx_bf16": 16}
-# read a tiled copy laid out in quads (int8 activations) rather than in pairs
-QUAD_PATHS = ("avx2_i8", "avx512_vnni_i8")
 # bf16 arithmetic (weights and activations rounded to bf16, fp32 sums): only where the engine allows it
 BF16_PATHS = ("amx_bf16",)
 # int8 activations (each block of 32 rounded to 1/254 of its largest, llama.cpp's Q8 numerics): only where the
-# engine allows it
+# engine allows it; they read a tiled copy laid out in quads rather than in pairs
 INT8_PATHS = ("avx2_i8", "avx512_vnni_i8")
 KINDS = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "int8": 3}
 _I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
@@ -138,7 +136,7 @@ class QuantKernels:
         use and kept with the weight), else its packed rows."""
         if path not in TILED_PATHS or weight.qtype == "int8":
             return weight.data.data_ptr()
-        rows, quads = TILED_PATHS[path], path in QUAD_PATHS
+        rows, quads = TILED_PATHS[path], path in INT8_PATHS
         layout = (rows, "quads" if quads else "pairs")
         if layout not in weight.tiled:
             kind = KINDS[weight.qtype]

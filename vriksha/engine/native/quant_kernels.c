@@ -291,8 +291,8 @@ static void linear_avx512(int kind, const uint8_t* w, const float* scale, const 
  * min * sx for Q4_1. The weights are exact; each activation carries a rounding of at most dx / 2 (1/65534 of its
  * block's largest), and a block costs one or two integer instructions per input row instead of a dozen float
  * ones. The quantization of the rows is scalar: it is O(rows * in) against the dot products' O(rows * in * out).
- * The int8 paths (avx2_i8, avx512_vnni_i8) round each block to int8 instead (dx = max|x| / 127, llama.cpp's Q8 numerics)
- * and reads a copy tiled in quads (below): only where the engine allows int8 activations. */
+ * The int8 paths (avx2_i8, avx512_vnni_i8) round each block to int8 instead (dx = max|x| / 127, llama.cpp's
+ * Q8 numerics) and read a copy tiled in quads (below): only where the engine allows int8 activations. */
 #ifdef HAVE_AVX2 /* every integer path needs AVX2 and F16C */
 typedef struct {
   int16_t* q; /* [m, in], int16 rows */
