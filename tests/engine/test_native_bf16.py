@@ -44,6 +44,60 @@ def test_bf16_decode_attention_is_close_to_torchs_bf16_sdpa(lib):
         torch.testing.assert_close(got[b], exact.reshape(heads, d), rtol=1e-4, atol=1e-4)
 
 
+def _shared_prefix_slots(lens, prefixes, pool_size, gen):
+    """[B, max(lens)] slot rows: row b starts with prefixes[b] (shared slots, or None) then slots of its own."""
+    own = (torch.randperm(pool_size - 1, generator=gen) + 1).tolist()
+    own = [s for s in own if all(p is None or s not in p for p in prefixes)]
+    slots = torch.zeros(len(lens), max(lens), dtype=torch.int64)
+    for b, n in enumerate(lens):
+        head = prefixes[b] or []
+        slots[b, :n] = torch.tensor(head + [own.pop() for _ in range(n - len(head))])
+    return slots
+
+
+@pytest.mark.parametrize(
+    "heads,kv_heads,d",
+    [(9, 3, 64), (8, 2, 128), (4, 4, 64), (32, 2, 64)],  # groups of 3, 4, 1 and 16 query heads per KV head
+)
+def test_bf16_decode_attention_over_shared_prefixes(lib, heads, kv_heads, d):
+    """Rows sharing a long run of prefix slots (the radix cache's layout for a shared prompt) attend to it
+    together, then to their own slots, merging the two softmaxes: the result must be the one softmax over all
+    of a row's slots, in float32 math within 1e-4, whatever the grouping: two groups interleaved in the batch,
+    a row alone, a row whose shared run is too short to group (it keeps its group from forming), rows of
+    different lengths, a group of more rows than a vector holds query heads. The float32-query entry (an fp32
+    engine over a bf16 pool) gives the same values."""
+    gen = torch.Generator().manual_seed(heads * d)
+    first, second, third = list(range(1000, 1300)), list(range(2000, 2100)), list(range(3000, 3200))
+    layouts = [
+        ([310, 140, 305, 200, 101, 250, 400, 120], [first, second, first, None, second, second, first, None]),
+        ([310, 305, 120, 400], [first, first, first[:40], first]),  # the short run holds the first group back
+        ([300] * 7 + [230] * 6, [first] * 7 + [third] * 6),
+    ]
+    for lens, prefixes in layouts:
+        pool_size = 5000
+        k_pool = torch.randn(pool_size, kv_heads, d, generator=gen).to(BF16)
+        v_pool = torch.randn(pool_size, kv_heads, d, generator=gen).to(BF16)
+        slots = _shared_prefix_slots(lens, prefixes, pool_size, gen)
+        q = torch.randn(len(lens), heads, d, generator=gen)
+        got = lib.decode_attention(q.to(BF16), k_pool, v_pool, slots, torch.tensor(lens), d**-0.5, None)
+        fp32_query, lens_t = torch.empty_like(got), torch.tensor(lens)
+        entry = lib._lib.decode_attention_f32q_bf16kv  # what the native decode step calls in an fp32 engine
+        entry.argtypes, entry.restype = lib._fns["decode_attention", BF16].argtypes, None
+        pointers = (q, k_pool, v_pool, slots, lens_t, fp32_query)
+        entry(
+            *(t.data_ptr() for t in pointers), len(lens), heads, kv_heads, d, d, slots.shape[1], d**-0.5, 0, 2
+        )
+        torch.testing.assert_close(fp32_query, got, rtol=0, atol=0)
+        for b, n in enumerate(lens):
+            keys, values = (
+                k_pool[slots[b, :n]].float().transpose(0, 1),
+                v_pool[slots[b, :n]].float().transpose(0, 1),
+            )
+            qb = q[b].to(BF16).float().view(kv_heads, heads // kv_heads, d)
+            exact = F.scaled_dot_product_attention(qb, keys, values, scale=d**-0.5).reshape(heads, d)
+            torch.testing.assert_close(got[b], exact, rtol=1e-4, atol=1e-4)
+
+
 def _agreement_with(reference, run):
     """Per prompt, how far `run`'s greedy tokens follow `reference`'s, and the log-prob errors on that stretch;
     where the tokens part, `reference` itself must have nearly tied the two (a bf16 rounding can flip a tie)."""

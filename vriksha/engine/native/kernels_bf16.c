@@ -47,37 +47,196 @@ static inline float dot_bf16_pairs(const bf16* a, const bf16* b, int64_t n) {
 }
 #endif
 
-/* One request, one KV head: `group` query heads (qf float32, qb bf16) over n KV slots. */
-NO_AUTO_VECTORIZE
-static void attend_bf16(const float* qf, const bf16* qb, const bf16* k_pool, const bf16* v_pool,
-                        const int64_t* row, int64_t n, int64_t kv_heads, int64_t h, int64_t d, int64_t dv,
-                        int64_t group, float scale, float* scores, float* vrow, float* out) {
-  /* vrow: scratch of max(d, dv) floats */
-  (void)qb;
-  int64_t j = 0;
-#ifdef VRIKSHA_AVX512
-  /* four key rows widened once each for up to three query heads: faster than bf16 pairs one row at a time */
-  if (d % 16 == 0) j = keys4_avx512(qf, k_pool, row, j, n, kv_heads, h, d, group, scale, scores);
-#endif
 #ifdef VRIKSHA_AVX512_BF16
-  if (d % 32 == 0) {
-    for (; j < n; j++) {
-      const bf16* kj = k_pool + (row[j] * kv_heads + h) * d;
-      if (j + 4 < n) __builtin_prefetch(k_pool + (row[j + 4] * kv_heads + h) * d);
-      for (int64_t g = 0; g < group; g++) scores[g * n + j] = dot_bf16_pairs(qb + g * d, kj, d) * scale;
+/* The key rows of slots j..j + 15 of KV head h (slots past n repeat slot j: computed, never stored), and a
+ * prefetch of the sixteen after them. Returns how many are real. */
+static inline int key_rows16(const bf16* k_pool, const int64_t* row, int64_t j, int64_t n, int64_t kv_heads,
+                             int64_t h, int64_t d, const bf16** k) {
+  int real = n - j < 16 ? (int)(n - j) : 16;
+  for (int t = 0; t < 16; t++) k[t] = k_pool + (row[t < real ? j + t : j] * kv_heads + h) * d;
+  for (int64_t t = j + 16; t < n && t < j + 32; t++) {
+    const char* p = (const char*)(k_pool + (row[t] * kv_heads + h) * d);
+    __builtin_prefetch(p);
+    __builtin_prefetch(p + 64);
+  }
+  return real;
+}
+
+/* The scaled scores of every key slot (d % 32 == 0) for the `group` query heads qb [group, d] (bf16) of KV
+ * head h, into scores [group, n]: sixteen key rows a pass for one head at a time on bf16 pairs (each product
+ * exact in float32 and summed there), their sixteen-wide partial sums folded into one vector of sixteen
+ * scores (hsum16x16), so no horizontal sum is paid per key. */
+static inline void keys16_bf16_pairs(const bf16* qb, const bf16* k_pool, const int64_t* row, int64_t n,
+                                     int64_t kv_heads, int64_t h, int64_t d, int64_t group, float scale,
+                                     float* scores) {
+  const __m512 scale16 = _mm512_set1_ps(scale);
+  for (int64_t j = 0; j < n; j += 16) {
+    const bf16* k[16];
+    int real = key_rows16(k_pool, row, j, n, kv_heads, h, d, k);
+    for (int64_t g = 0; g < group; g++) {
+      __m512 acc[16];
+      for (int t = 0; t < 16; t++) acc[t] = _mm512_setzero_ps();
+      for (int64_t i = 0; i < d; i += 32) {
+        __m512bh x = (__m512bh)_mm512_loadu_si512((const void*)(qb + g * d + i));
+        for (int t = 0; t < 16; t++)
+          acc[t] = _mm512_dpbf16_ps(acc[t], x, (__m512bh)_mm512_loadu_si512((const void*)(k[t] + i)));
+      }
+      _mm512_mask_storeu_ps(scores + g * n + j, (__mmask16)((1u << real) - 1),
+                            _mm512_mul_ps(hsum16x16(acc), scale16));
     }
   }
+}
+
 #endif
-#ifdef VRIKSHA_AVX2
-  /* two key rows against up to three query heads per pass: each key element widened once, used thrice */
-  if (d % 8 == 0) j = tile_key_pairs(qf, k_pool, row, j, n, kv_heads, h, d, group, scale, scores);
-#endif
-  for (; j < n; j++) {
-    const bf16* kj = k_pool + (row[j] * kv_heads + h) * d;
-    widen_bf16(vrow, kj, d);  /* once per key row, for every query head of the group */
-    for (int64_t g = 0; g < group; g++) scores[g * n + j] = dot_f32(qf + g * d, vrow, d) * scale;
+
+/* ---- Shared prefixes (cascade attention) ------------------------------------------------------------------
+ * Requests that share a cached prompt prefix hold the same pool slots for it (the radix cache hands them
+ * out once). Attending row by row reads that prefix's keys and values once per request; here each group of
+ * requests sharing at least SHARED_MIN slots attends to them once, all its query heads together (sixteen
+ * to a vector: the keys are broadcast pairs against the queries transposed, so every bf16 pair product fills
+ * sixteen lanes and no horizontal sum is needed), leaving per query head its running maximum m, its sum of
+ * exponentials l and its unnormalised output o; each row then attends to its own slots after the prefix and
+ * merges: out = (o e^(m - M) + sum_j e^(s_j - M) v_j) / (l e^(m - M) + sum_j e^(s_j - M)), M the maximum of
+ * both. The same sums as one softmax over all the slots, in another order. */
+#define SHARED_MIN 64
+
+typedef struct {
+  int64_t groups;
+  int64_t* members; /* [batch]: the rows of group 0, then of group 1, ... */
+  int64_t* first;   /* [groups + 1]: group i is members[first[i]..first[i + 1]) */
+  int64_t* shared;  /* [groups]: the slots its rows share */
+  int64_t* of_row;  /* [batch]: a row's group, or -1 */
+} PrefixGroups;
+
+/* Rows with the same first slot whose common prefix (at most each row's length minus one) reaches SHARED_MIN. */
+static inline void find_prefix_groups(const int64_t* slots, const int64_t* lens, int64_t batch, int64_t max_len,
+                               PrefixGroups* pg) {
+  int64_t* order = pg->members;
+  pg->groups = 0;
+  pg->first[0] = 0;
+  for (int64_t b = 0; b < batch; b++) pg->of_row[b] = -1;
+  int64_t m = 0;
+  for (int64_t b = 0; b < batch; b++) /* insertion sort of the rows of length > SHARED_MIN by first slot */
+    if (lens[b] > SHARED_MIN) {
+      int64_t i = m++;
+      for (; i > 0 && slots[order[i - 1] * max_len] > slots[b * max_len]; i--) order[i] = order[i - 1];
+      order[i] = b;
+    }
+  int64_t kept = 0;
+  for (int64_t a = 0; a < m;) {
+    int64_t e = a + 1, r0 = order[a];
+    while (e < m && slots[order[e] * max_len] == slots[r0 * max_len]) e++;
+    int64_t shared = lens[r0] - 1;
+    for (int64_t i = a + 1; i < e; i++) {
+      const int64_t *x = slots + r0 * max_len, *y = slots + order[i] * max_len;
+      int64_t limit = shared < lens[order[i]] - 1 ? shared : lens[order[i]] - 1, k = 0;
+      while (k < limit && x[k] == y[k]) k++;
+      shared = k;
+    }
+    if (e - a >= 2 && shared >= SHARED_MIN) {
+      for (int64_t i = a; i < e; i++) {
+        order[kept++] = order[i];
+        pg->of_row[order[i]] = pg->groups;
+      }
+      pg->shared[pg->groups++] = shared;
+      pg->first[pg->groups] = kept;
+    }
+    a = e;
   }
-  for (int64_t g = 0; g < group; g++) softmax_inplace(scores + g * n, n);
+}
+
+#ifdef VRIKSHA_AVX512_BF16
+/* One group's shared slots `row` [n] (n >= 1), KV head h: for its `rows` members' query heads (q [B, H, D],
+ * bf16), m, l [B, H] and o [B, H, Dv] (unnormalised) at each member's query heads of h. Scratch: qt of
+ * d / 2 * 16 pairs, s of n * 16 floats. dv % 64 == 0. */
+static void attend_prefix(const bf16* q, const bf16* k_pool, const bf16* v_pool, const int64_t* row, int64_t n,
+                          const int64_t* members, int64_t rows, int64_t heads, int64_t kv_heads, int64_t h,
+                          int64_t d, int64_t dv, int64_t group, float scale, uint32_t* qt, float* s, float* m,
+                          float* l, float* o) {
+  int64_t queries = rows * group;
+  const __m512 scale16 = _mm512_set1_ps(scale);
+  for (int64_t q0 = 0; q0 < queries; q0 += 16) {
+    int lanes = queries - q0 < 16 ? (int)(queries - q0) : 16;
+    int64_t at[16]; /* each lane's query head: member row * heads + head */
+    for (int u = 0; u < 16; u++) {
+      int64_t lane = q0 + (u < lanes ? u : 0);
+      at[u] = members[lane / group] * heads + h * group + lane % group;
+    }
+    for (int64_t i = 0; i < d / 2; i++) /* qt[i][u]: element pair i of lane u's query */
+      for (int u = 0; u < 16; u++) memcpy(qt + i * 16 + u, q + at[u] * d + 2 * i, 4);
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int64_t j = 0; j < n; j += 8) {
+      int real = n - j < 8 ? (int)(n - j) : 8;
+      const bf16* k[8];
+      for (int t = 0; t < 8; t++) k[t] = k_pool + (row[t < real ? j + t : j] * kv_heads + h) * d;
+      for (int64_t t = j + 16; t < n && t < j + 24; t++) {
+        const char* p = (const char*)(k_pool + (row[t] * kv_heads + h) * d);
+        __builtin_prefetch(p);
+        __builtin_prefetch(p + 64);
+      }
+      __m512 acc[8];
+      for (int t = 0; t < 8; t++) acc[t] = _mm512_setzero_ps();
+      for (int64_t i = 0; i < d / 2; i++) {
+        __m512bh x = (__m512bh)_mm512_loadu_si512((const void*)(qt + i * 16));
+        for (int t = 0; t < 8; t++) {
+          int32_t pair;
+          memcpy(&pair, k[t] + 2 * i, 4);
+          acc[t] = _mm512_dpbf16_ps(acc[t], x, (__m512bh)_mm512_set1_epi32(pair));
+        }
+      }
+      for (int t = 0; t < real; t++) {
+        __m512 v = _mm512_mul_ps(acc[t], scale16);
+        _mm512_storeu_ps(s + (j + t) * 16, v);
+        mx = _mm512_max_ps(mx, v);
+      }
+    }
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; j++) {
+      __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j * 16), mx));
+      _mm512_storeu_ps(s + j * 16, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    float mxs[16], sums[16];
+    _mm512_storeu_ps(mxs, mx);
+    _mm512_storeu_ps(sums, sum);
+    for (int u = 0; u < lanes; u++) {
+      m[at[u]] = mxs[u];
+      l[at[u]] = sums[u];
+    }
+    /* o[lane] = sum_j s[j][lane] v_j, six lanes by 64 values a pass */
+    for (int64_t e0 = 0; e0 < dv; e0 += 64) {
+      for (int u0 = 0; u0 < lanes; u0 += 6) {
+        int cnt = lanes - u0 < 6 ? lanes - u0 : 6;
+        __m512 a[6][4];
+        for (int c = 0; c < 6; c++)
+          for (int t = 0; t < 4; t++) a[c][t] = _mm512_setzero_ps();
+        for (int64_t j = 0; j < n; j++) {
+          if (j + 8 < n) {
+            const char* p = (const char*)(v_pool + (row[j + 8] * kv_heads + h) * dv + e0);
+            __builtin_prefetch(p);
+            __builtin_prefetch(p + 64);
+          }
+          const bf16* vj = v_pool + (row[j] * kv_heads + h) * dv + e0;
+          __m512 v[4];
+          for (int t = 0; t < 4; t++) v[t] = load16_bf16(vj + 16 * t);
+          const float* pj = s + j * 16 + u0;
+          for (int c = 0; c < 6; c++) {
+            __m512 p = _mm512_set1_ps(pj[c < cnt ? c : 0]);
+            for (int t = 0; t < 4; t++) a[c][t] = _mm512_fmadd_ps(p, v[t], a[c][t]);
+          }
+        }
+        for (int c = 0; c < cnt; c++)
+          for (int t = 0; t < 4; t++) _mm512_storeu_ps(o + at[u0 + c] * dv + e0 + 16 * t, a[c][t]);
+      }
+    }
+  }
+}
+#endif
+
+/* out [group, dv] = sum_j scores[g, j] v_j over n slots (n may be 0). vrow: scratch of dv floats. */
+NO_AUTO_VECTORIZE
+static void values_bf16(const float* scores, const bf16* v_pool, const int64_t* row, int64_t n, int64_t kv_heads,
+                        int64_t h, int64_t dv, int64_t group, float* vrow, float* out) {
 #ifdef VRIKSHA_AVX512
   if (dv % 64 == 0) {
     values64_avx512(scores, v_pool, row, n, kv_heads, h, dv, group, out);
@@ -117,38 +276,140 @@ static void attend_bf16(const float* qf, const bf16* qb, const bf16* k_pool, con
   }
 }
 
+/* scores [group, n] of one row's slots after a shared prefix whose state for the group's heads is m, l [group],
+ * o [group, dv]: each head's scores become the weights of the merged softmax (see above), and carry[g] the
+ * weight of o. n may be 0. */
+static void softmax_after_prefix(float* scores, int64_t n, int64_t group, const float* m, const float* l,
+                                 float* carry) {
+  for (int64_t g = 0; g < group; g++) {
+    float* sg = scores + g * n;
+    float mx = m[g];
+    for (int64_t j = 0; j < n; j++) mx = sg[j] > mx ? sg[j] : mx;
+    float prior = expf(m[g] - mx) * l[g];
+    float inv = 1.f / (prior + exp_shifted_sum(sg, n, mx));
+    for (int64_t j = 0; j < n; j++) sg[j] *= inv;
+    carry[g] = expf(m[g] - mx) * inv;
+  }
+}
+
+/* One request, one KV head: `group` query heads (qf float32, qb bf16) over n KV slots; with `prefix` (m, l, o
+ * of a shared prefix before these slots, as attend_prefix leaves them) merged into the same softmax. */
+NO_AUTO_VECTORIZE
+static void attend_bf16(const float* qf, const bf16* qb, const bf16* k_pool, const bf16* v_pool,
+                        const int64_t* row, int64_t n, int64_t kv_heads, int64_t h, int64_t d, int64_t dv,
+                        int64_t group, float scale, float* scores, float* vrow, float* out,
+                        const float* prefix_m, const float* prefix_l, const float* prefix_o) {
+  /* vrow: scratch of max(d, dv) floats, and `group` more */
+  (void)qb;
+  int64_t j = 0;
+#ifdef VRIKSHA_AVX512_BF16
+  if (d % 32 == 0) {
+    keys16_bf16_pairs(qb, k_pool, row, n, kv_heads, h, d, group, scale, scores);
+    j = n;
+  }
+#endif
+#ifdef VRIKSHA_AVX512
+  /* four key rows widened once each for up to three query heads */
+  if (d % 16 == 0) j = keys4_avx512(qf, k_pool, row, j, n, kv_heads, h, d, group, scale, scores);
+#endif
+#ifdef VRIKSHA_AVX2
+  /* two key rows against up to three query heads per pass: each key element widened once, used thrice */
+  if (d % 8 == 0) j = tile_key_pairs(qf, k_pool, row, j, n, kv_heads, h, d, group, scale, scores);
+#endif
+  for (; j < n; j++) {
+    const bf16* kj = k_pool + (row[j] * kv_heads + h) * d;
+    widen_bf16(vrow, kj, d);  /* once per key row, for every query head of the group */
+    for (int64_t g = 0; g < group; g++) scores[g * n + j] = dot_f32(qf + g * d, vrow, d) * scale;
+  }
+  float* carry = vrow + (dv > d ? dv : d);
+  if (prefix_m)
+    softmax_after_prefix(scores, n, group, prefix_m, prefix_l, carry);
+  else
+    for (int64_t g = 0; g < group; g++) softmax_inplace(scores + g * n, n);
+  values_bf16(scores, v_pool, row, n, kv_heads, h, dv, group, vrow, out);
+  if (prefix_m)
+    for (int64_t g = 0; g < group; g++) axpy_f32(out + g * dv, carry[g], prefix_o + g * dv, dv);
+}
+
 /* Decode attention over a bf16 pool for a query given in bf16 (`q16`) or in float32 (`q32`, rounded to bf16
- * first, as the engine's Python path rounds it before calling decode_attention_bf16): one of the two is NULL. */
+ * first, as the engine's Python path rounds it before calling decode_attention_bf16): one of the two is NULL.
+ * Rows sharing a long prefix attend to it together first (attend_prefix), where the kernels allow. */
 static void attend_bf16_pool(const bf16* q16, const float* q32, const bf16* k_pool, const bf16* v_pool,
                              const int64_t* slots, const int64_t* lens, float* out, int64_t batch, int64_t heads,
                              int64_t kv_heads, int64_t d, int64_t dv, int64_t max_len, float scale,
                              int64_t window, int threads) {
   int64_t group = heads / kv_heads;
+  bf16* rounded = NULL;
+  if (q32) { /* rounded once: both passes read it */
+    rounded = (bf16*)malloc(sizeof(bf16) * (batch * heads * d > 0 ? batch * heads * d : 1));
+    for (int64_t e = 0; e < batch * heads * d; e++) rounded[e] = f32_to_bf16(q32[e]);
+  }
+  const bf16* q = q16 ? q16 : rounded;
+  PrefixGroups pg = {0};
+  float *pm = NULL, *pl = NULL, *po = NULL;
+#ifdef VRIKSHA_AVX512_BF16
+  int64_t* index = NULL;
+  if (window <= 0 && d % 32 == 0 && dv % 64 == 0 && batch >= 2) {
+    index = (int64_t*)malloc(sizeof(int64_t) * (4 * batch + 1));
+    pg.members = index;
+    pg.of_row = index + batch;
+    pg.shared = index + 2 * batch;
+    pg.first = index + 3 * batch;
+    find_prefix_groups(slots, lens, batch, max_len, &pg);
+  }
+  if (pg.groups > 0) {
+    pm = (float*)malloc(sizeof(float) * batch * heads * (2 + dv));
+    pl = pm + batch * heads;
+    po = pl + batch * heads;
+  }
+#endif
 #pragma omp parallel num_threads(threads)
   {
+#ifdef VRIKSHA_AVX512_BF16
+    if (pg.groups > 0) {
+      uint32_t* qt = (uint32_t*)malloc(sizeof(uint32_t) * 16 * (d / 2));
+      float* s = (float*)malloc(sizeof(float) * 16 * max_len);
+#pragma omp for schedule(dynamic, 1) collapse(2)
+      for (int64_t i = 0; i < pg.groups; i++)
+        for (int64_t h = 0; h < kv_heads; h++) {
+          const int64_t* members = pg.members + pg.first[i];
+          attend_prefix(q, k_pool, v_pool, slots + members[0] * max_len, pg.shared[i], members,
+                        pg.first[i + 1] - pg.first[i], heads, kv_heads, h, d, dv, group, scale, qt, s, pm, pl, po);
+        }
+      free(qt);
+      free(s);
+    }
+#endif
     float* scores = (float*)malloc(sizeof(float) * group * (max_len > 0 ? max_len : 1));
     float* qf = (float*)malloc(sizeof(float) * group * d);
-    bf16* rounded = q32 ? (bf16*)malloc(sizeof(bf16) * group * d) : NULL;
-    float* vrow = (float*)malloc(sizeof(float) * (dv > d ? dv : d));
+    float* vrow = (float*)malloc(sizeof(float) * ((dv > d ? dv : d) + group));
 #pragma omp for schedule(dynamic, 1) collapse(2)
     for (int64_t h = 0; h < kv_heads; h++) {
       for (int64_t b = 0; b < batch; b++) {
         int64_t len = lens[b];
         int64_t start = (window > 0 && len > window) ? len - window : 0;
-        int64_t at = (b * heads + h * group) * d;
-        const bf16* qb = q16 ? q16 + at : rounded;
-        if (q32)
-          for (int64_t e = 0; e < group * d; e++) rounded[e] = f32_to_bf16(q32[at + e]);
-        widen_bf16(qf, qb, group * d);
-        attend_bf16(qf, qb, k_pool, v_pool, slots + b * max_len + start, len - start, kv_heads, h, d, dv,
-                    group, scale, scores, vrow, out + (b * heads + h * group) * dv);
+        int64_t head = b * heads + h * group;
+        const float *m = NULL, *l = NULL, *o = NULL;
+        if (pg.groups > 0 && pg.of_row[b] >= 0) {
+          start = pg.shared[pg.of_row[b]];
+          m = pm + head;
+          l = pl + head;
+          o = po + head * dv;
+        }
+        widen_bf16(qf, q + head * d, group * d);
+        attend_bf16(qf, q + head * d, k_pool, v_pool, slots + b * max_len + start, len - start, kv_heads, h, d,
+                    dv, group, scale, scores, vrow, out + head * dv, m, l, o);
       }
     }
     free(scores);
     free(qf);
-    free(rounded);
     free(vrow);
   }
+  free(rounded);
+#ifdef VRIKSHA_AVX512_BF16
+  free(index);
+  free(pm);
+#endif
 }
 
 /* q [B, H, D] bf16; k_pool [S, Hkv, D], v_pool [S, Hkv, Dv] bf16; slots [B, max_len]; lens [B];

@@ -71,6 +71,26 @@ static inline __m256 exp8(__m256 x) {
   return _mm256_mul_ps(y, _mm256_castsi256_ps(n));
 }
 
+#ifdef VRIKSHA_AVX512
+/* exp8 sixteen lanes at a time. */
+static inline __m512 exp16(__m512 x) {
+  x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
+  __m512 fx = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                   _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(0.693359375f), x);
+  x = _mm512_fnmadd_ps(fx, _mm512_set1_ps(-2.12194440e-4f), x);
+  __m512 y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, x, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(x, x), _mm512_add_ps(x, _mm512_set1_ps(1.f)));
+  __m512i n = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fx), _mm512_set1_epi32(127)), 23);
+  return _mm512_mul_ps(y, _mm512_castsi512_ps(n));
+}
+#endif
+
 /* Eight bfloat16 values widened to float32: the bits shifted into the high half. */
 static inline __m256 load8_bf16(const bf16* p) {
   __m128i h = _mm_loadu_si128((const __m128i*)p);
@@ -99,6 +119,28 @@ static inline __m256 round8_bf16(__m256 v) {
 static inline __m512 load16_bf16(const bf16* p) {
   __m256i h = _mm256_loadu_si256((const __m256i*)p);
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+/* Half of each lane group of a and half of b's, then the other halves, added: `a` and `b` each hold 16 / w
+ * groups of w partial sums (w = 16, 8, 4, 2); the result holds a's groups then b's, each summed to w / 2. */
+static inline __m512 fold_pair(__m512 a, __m512 b, __m512i first, __m512i second) {
+  return _mm512_add_ps(_mm512_permutex2var_ps(a, first, b), _mm512_permutex2var_ps(a, second, b));
+}
+
+/* The sixteen horizontal sums of acc[0..15], in order, in one vector (acc is overwritten). */
+static inline __m512 hsum16x16(__m512* acc) {
+  const __m512i lo8 = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23);
+  const __m512i hi8 = _mm512_add_epi32(lo8, _mm512_set1_epi32(8));
+  const __m512i lo4 = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27);
+  const __m512i hi4 = _mm512_add_epi32(lo4, _mm512_set1_epi32(4));
+  const __m512i lo2 = _mm512_setr_epi32(0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29);
+  const __m512i hi2 = _mm512_add_epi32(lo2, _mm512_set1_epi32(2));
+  const __m512i lo1 = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i hi1 = _mm512_add_epi32(lo1, _mm512_set1_epi32(1));
+  for (int t = 0; t < 8; t++) acc[t] = fold_pair(acc[2 * t], acc[2 * t + 1], lo8, hi8);
+  for (int t = 0; t < 4; t++) acc[t] = fold_pair(acc[2 * t], acc[2 * t + 1], lo4, hi4);
+  for (int t = 0; t < 2; t++) acc[t] = fold_pair(acc[2 * t], acc[2 * t + 1], lo2, hi2);
+  return fold_pair(acc[0], acc[1], lo1, hi1);
 }
 #endif
 
