@@ -361,8 +361,8 @@ static inline void quantize_block8(const float* xb, int8_t* qb, float* d, float*
   *s = *d * (float)hsum_epi32(sum);
 }
 
-/* The rows as int16 (`bits` 16) or int8 (`bits` 8) blocks. */
-static int quantize_rows(const float* x, int64_t m, int64_t in, QuantRows* qr, int threads, int bits) {
+/* Room for the rows as int16 (`bits` 16) or int8 (`bits` 8) blocks; -1 when out of memory. */
+static int stage_rows(int64_t m, int64_t in, QuantRows* qr, int bits) {
   int64_t nb = in / QK;
   qr->buf = malloc((size_t)(m * in * (int64_t)(bits / 8) + 2 * m * nb * (int64_t)sizeof(float)) + 64);
   if (qr->buf == NULL) return -1;
@@ -370,8 +370,18 @@ static int quantize_rows(const float* x, int64_t m, int64_t in, QuantRows* qr, i
   qr->s = qr->d + m * nb;
   qr->q = bits == 16 ? (int16_t*)(qr->s + m * nb) : NULL;
   qr->q8 = bits == 8 ? (int8_t*)(qr->s + m * nb) : NULL;
-  int par = m * in >= 16384 ? threads : 1; /* a decode step's few rows are not worth waking the threads */
-  _Pragma("omp parallel for schedule(static) num_threads(par)")
+  return 0;
+}
+
+/* Rows shared among the threads from here up; fewer are quantized by one thread before the products start,
+ * cheaper than the threads' meeting after a split. */
+#define SPLIT_ROWS 8
+
+/* The rows quantized into the staged blocks: with SPLIT_ROWS or more, a worksharing loop among the threads of
+ * the enclosing parallel region (the linear's own: no second wake-up); else by the calling thread alone. */
+static void quantize_rows(const float* x, int64_t m, int64_t in, QuantRows* qr, int bits) {
+  int64_t nb = in / QK;
+  _Pragma("omp for schedule(static)")
   for (int64_t i = 0; i < m * nb; i++) {
     int64_t r = i / nb, b = i % nb;
     if (bits == 16)
@@ -379,7 +389,6 @@ static int quantize_rows(const float* x, int64_t m, int64_t in, QuantRows* qr, i
     else
       quantize_block8(x + r * in + b * QK, qr->q8 + r * in + b * QK, qr->d + i, qr->s + i);
   }
-  return 0;
 }
 
 /* Tiled weights (`vq_tile`): T output rows at a time (T = 8 for AVX2, 16 for AVX-512), one vector lane per
@@ -393,11 +402,14 @@ static int quantize_rows(const float* x, int64_t m, int64_t in, QuantRows* qr, i
 static inline int64_t tile_head(int kind, int64_t t) { return (kind == Q4_1 ? 4 : 2) * t; }
 static inline int64_t tile_bytes(int kind, int64_t t) { return (kind == Q8_0 ? 34 : kind == Q4_1 ? 20 : 18) * t; }
 
-#define DEFINE_LINEAR_TILED(ISA, KIND, T)                                                                     \
-  static void linear_##ISA##_##KIND(const uint8_t* w, const float* bias, const QuantRows* qr, float* y,       \
-                                    int64_t out, int64_t in, int64_t m, int threads) {                        \
+/* One thread's share of a tiled linear, inside the entry's parallel region: the rows quantized, then the
+ * tile groups. */
+#define DEFINE_LINEAR_TILED(ISA, KIND, T, BITS)                                                               \
+  static void linear_##ISA##_##KIND(const uint8_t* w, const float* bias, const float* x, QuantRows* qr,       \
+                                    float* y, int64_t out, int64_t in, int64_t m) {                           \
     int64_t group_bytes = in / QK * tile_bytes(KIND, T);                                                      \
-    _Pragma("omp parallel for schedule(static) num_threads(threads)")                                         \
+    if (m >= SPLIT_ROWS) quantize_rows(x, m, in, qr, BITS);                                                   \
+    _Pragma("omp for schedule(static)")                                                                       \
     for (int64_t g = 0; g < out / T; g++) {                                                                   \
       const uint8_t* tg = w + g * group_bytes;                                                                \
       int64_t r = 0, o0 = g * T;                                                                              \
@@ -410,20 +422,23 @@ static inline int64_t tile_bytes(int kind, int64_t t) { return (kind == Q8_0 ? 3
     }                                                                                                         \
   }
 
-/* Returns -1 where the rows do not tile or the activations cannot be staged (out of memory). */
+/* Returns -1 where the rows do not tile or the activations cannot be staged (out of memory). One parallel
+ * region for the quantization and the products alike. */
 #define DEFINE_LINEAR_TILED_ENTRY(ISA, T, BITS)                                                               \
-  DEFINE_LINEAR_TILED(ISA, Q4_0, T)                                                                           \
-  DEFINE_LINEAR_TILED(ISA, Q4_1, T)                                                                           \
-  DEFINE_LINEAR_TILED(ISA, Q8_0, T)                                                                           \
+  DEFINE_LINEAR_TILED(ISA, Q4_0, T, BITS)                                                                     \
+  DEFINE_LINEAR_TILED(ISA, Q4_1, T, BITS)                                                                     \
+  DEFINE_LINEAR_TILED(ISA, Q8_0, T, BITS)                                                                     \
   static int linear_##ISA(int kind, const uint8_t* w, const float* bias, const float* x, float* y,            \
                           int64_t out, int64_t in, int64_t m, int threads) {                                  \
     if (out % T != 0) return -1;                                                                              \
     QuantRows qr;                                                                                             \
-    if (quantize_rows(x, m, in, &qr, threads, BITS) != 0) return -1;                                          \
+    if (stage_rows(m, in, &qr, BITS) != 0) return -1;                                                         \
+    if (m < SPLIT_ROWS) quantize_rows(x, m, in, &qr, BITS); /* outside a parallel region: this thread alone */ \
+    _Pragma("omp parallel num_threads(threads)")                                                              \
     switch (kind) {                                                                                           \
-      case Q4_0: linear_##ISA##_Q4_0(w, bias, &qr, y, out, in, m, threads); break;                            \
-      case Q4_1: linear_##ISA##_Q4_1(w, bias, &qr, y, out, in, m, threads); break;                            \
-      default: linear_##ISA##_Q8_0(w, bias, &qr, y, out, in, m, threads);                                     \
+      case Q4_0: linear_##ISA##_Q4_0(w, bias, x, &qr, y, out, in, m); break;                                  \
+      case Q4_1: linear_##ISA##_Q4_1(w, bias, x, &qr, y, out, in, m); break;                                  \
+      default: linear_##ISA##_Q8_0(w, bias, x, &qr, y, out, in, m);                                           \
     }                                                                                                         \
     free(qr.buf);                                                                                             \
     return 0;                                                                                                 \
