@@ -98,6 +98,33 @@ def test_bf16_decode_attention_over_shared_prefixes(lib, heads, kv_heads, d):
             torch.testing.assert_close(got[b], exact, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize(
+    "tokens,prefix,heads,kv_heads,d",
+    [(32, 512, 9, 3, 64), (300, 0, 9, 3, 64), (7, 3, 8, 2, 128), (1, 0, 4, 4, 64), (40, 100, 32, 2, 64)],
+)
+def test_bf16_prefill_attention_is_causal_softmax_over_the_pool(lib, tokens, prefix, heads, kv_heads, d):
+    """A prompt chunk's queries over its slots in the pool (a cached prefix, then its own K/V): token t sees
+    the prefix and its chunk up to itself, within 1e-4 of float32 math on the query rounded to bf16; where the
+    build cannot (no AVX-512 BF16) it says so with None, and the engine runs SDPA."""
+    gen = torch.Generator().manual_seed(tokens + prefix + d)
+    pool_size = 3000
+    k_pool = torch.randn(pool_size, kv_heads, d, generator=gen).to(BF16)
+    v_pool = torch.randn(pool_size, kv_heads, d, generator=gen).to(BF16)
+    slots = torch.randperm(pool_size - 1, generator=gen)[: prefix + tokens] + 1
+    q = torch.randn(tokens, heads, d, generator=gen)
+    got = lib.prefill_attention(q, k_pool, v_pool, slots, d**-0.5)
+    if "avx512_bf16" not in lib.variant.cpu_flags:
+        assert got is None
+        pytest.skip("the prefill kernel needs avx512_bf16")
+    group = heads // kv_heads
+    keys = k_pool[slots].float().transpose(0, 1).repeat_interleave(group, 0)  # [H, L, D]
+    values = v_pool[slots].float().transpose(0, 1).repeat_interleave(group, 0)
+    causal = torch.arange(prefix + tokens)[None, :] <= torch.arange(tokens)[:, None] + prefix
+    queries = q.to(BF16).float().transpose(0, 1)
+    want = F.scaled_dot_product_attention(queries, keys, values, attn_mask=causal, scale=d**-0.5)
+    torch.testing.assert_close(got, want.transpose(0, 1), rtol=1e-4, atol=1e-4)
+
+
 def _agreement_with(reference, run):
     """Per prompt, how far `run`'s greedy tokens follow `reference`'s, and the log-prob errors on that stretch;
     where the tokens part, `reference` itself must have nearly tied the two (a bf16 rounding can flip a tie)."""

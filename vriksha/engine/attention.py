@@ -41,6 +41,7 @@ class AttentionBatch:
     decode_kv_lens: torch.Tensor | None = None  # [B]
     prefills: list[PrefillSegment] = field(default_factory=list)
     decode_kernel: Callable | None = None  # the kernel set's decode attention over the pool in place
+    prefill_kernel: Callable | None = None  # its causal attention of a prompt chunk over the pool in place
     _masks: dict = field(default_factory=dict)
 
     def decode_mask(self, window: int | None) -> torch.Tensor:
@@ -152,6 +153,13 @@ def paged_attention(
     for i, seg in enumerate(batch.prefills):
         s, n = seg.q_start, seg.q_len
         q = query[:, :, s : s + n]
+        if batch.prefill_kernel is not None and extras is None and window is None:
+            scale = scaling if scaling is not None else head_dim**-0.5
+            q_rows = q[0].transpose(0, 1).float().contiguous()  # [T, H, D]
+            o = batch.prefill_kernel(q_rows, k_pool, v_pool, seg.kv_slots, scale)
+            if o is not None:
+                out[s : s + n] = o.to(out.dtype)
+                continue
         mask = batch.prefill_mask(i, window)
         if extras is not None:
             k = k_pool.index_select(0, seg.kv_slots).transpose(0, 1).unsqueeze(0)  # [1, Hkv, L, D]

@@ -126,6 +126,9 @@ class LayerKernels(TorchKernels):
     def decode_attention_for(self, dtype: torch.dtype):
         return self.base.decode_attention_for(dtype)
 
+    def prefill_attention_for(self, dtype: torch.dtype):
+        return self.base.prefill_attention_for(dtype)
+
     def linear_for(self, dtype: torch.dtype):
         return self.base.linear_for(dtype)
 

@@ -64,6 +64,12 @@ class TorchKernels:
         the attention function then gathers K/V and runs SDPA."""
         return None
 
+    def prefill_attention_for(self, dtype: torch.dtype) -> Callable | None:
+        """A kernel attending a prompt chunk's queries over the pool in place, causally (native signature:
+        `(q [T, H, D] float32, k_pool, v_pool, slots, scale) -> out [T, H, Dv] float32 or None`), or None: the
+        attention function then gathers K/V and runs SDPA."""
+        return None
+
     def linear_for(self, dtype: torch.dtype) -> native.Kernels | None:
         """An object whose `linear(x, weight, bias)` FastLinear may time against torch's paths, or None."""
         return None
@@ -98,6 +104,9 @@ class NativeKernels(TorchKernels):
 
     def decode_attention_for(self, dtype: torch.dtype) -> Callable | None:
         return self.lib.decode_attention if dtype in native.DTYPES else None
+
+    def prefill_attention_for(self, dtype: torch.dtype) -> Callable | None:
+        return self.lib.prefill_attention if dtype == torch.bfloat16 else None
 
     def linear_for(self, dtype: torch.dtype) -> native.Kernels | None:
         return self.lib if dtype in native.DTYPES else None

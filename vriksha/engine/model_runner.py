@@ -51,6 +51,7 @@ class ModelRunner:
             self.kernels = hub_layers.bind(model, config.kernel_layers, self.installation, self.kernels)
         logger.info("kernel set for %s on %s: %s", dtype, self.device, self.kernels.describe())
         self.decode_kernel = self.kernels.decode_attention_for(pool.dtype)
+        self.prefill_kernel = self.kernels.prefill_attention_for(pool.dtype)
         self.bf16_matmuls = bf16_matmuls
         self.fast_linear: fast_linear.FastLinear | None = None
         if config.fast_linear and cpu:
@@ -184,6 +185,7 @@ class ModelRunner:
             slot_mapping=torch.empty(0),
             num_decode=len(batch.decodes),
             decode_kernel=self.decode_kernel,
+            prefill_kernel=self.prefill_kernel,
         )
         if batch.decodes:
             rows = torch.tensor([r.row for r in batch.decodes], dtype=torch.int64, device=self.device)

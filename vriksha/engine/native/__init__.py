@@ -99,6 +99,9 @@ class Kernels:
                 fn.argtypes = argtypes
                 fn.restype = None
                 self._fns[name, dtype] = fn
+        self._prefill = lib.prefill_attention_bf16
+        self._prefill.argtypes = [_PTR] * 4 + [_I64, _I64, _PTR] + [_I64] * 4 + [_F32, _INT]
+        self._prefill.restype = ctypes.c_int
         self._lib = lib
         self.path = path
         self.variant = variant
@@ -192,6 +195,31 @@ class Kernels:
             torch.get_num_threads(),
         )
         return out
+
+    def prefill_attention(
+        self,
+        q: torch.Tensor,  # [T, H, D] float32, contiguous
+        k_pool: torch.Tensor,  # [S, Hkv, D] bfloat16
+        v_pool: torch.Tensor,  # [S, Hkv, Dv] bfloat16
+        slots: torch.Tensor,  # [prefix + T] int64: the chunk's slots, its own K/V (already written) last
+        scale: float,
+    ) -> torch.Tensor | None:
+        """Causal attention of a prompt chunk over a bf16 pool in place (token t sees slots [0, prefix + t]),
+        float32 out [T, H, Dv]; None where this build has no such kernel (it needs AVX-512 BF16, head sizes a
+        multiple of 32 for keys and 64 for values): the caller then runs SDPA."""
+        tokens, heads, d = q.shape
+        kv_heads, dv = v_pool.shape[1], v_pool.shape[2]
+        if k_pool.dtype != torch.bfloat16 or q.dtype != torch.float32 or slots.dtype != torch.int64:
+            return None
+        slots = slots.contiguous()
+        out = torch.empty(tokens, heads, dv, dtype=torch.float32)
+        pointers = (q, k_pool, v_pool, slots)
+        prefix = slots.shape[0] - tokens
+        done = self._prefill(
+            *(t.data_ptr() for t in pointers), prefix, tokens, out.data_ptr(), heads, kv_heads, d, dv, scale,
+            torch.get_num_threads(),
+        )  # fmt: skip
+        return out if done == 0 else None
 
 
 def load_variant(

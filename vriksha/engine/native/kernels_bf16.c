@@ -146,88 +146,109 @@ static inline void find_prefix_groups(const int64_t* slots, const int64_t* lens,
 }
 
 #ifdef VRIKSHA_AVX512_BF16
+/* Up to sixteen query vectors ("lanes": q[u], d bf16 values, of KV head h's group) against the key and value
+ * rows of slots row[0..n), lane u seeing the first visible[u] of them (visible NULL: all n; at least one):
+ * leaves per lane its maximum score m[u], its sum of exponentials l[u] and its unnormalised output o[u]
+ * (dv floats). The queries are transposed into bf16 pairs sixteen to a vector and each key pair broadcast
+ * against them, so one instruction advances sixteen scores with no horizontal sum; the softmax runs down the
+ * key axis; the values are summed in float32 six lanes at a time. Lanes past `lanes` are padding: computed,
+ * never stored. Scratch: qt of d / 2 * 16 pairs, s of n * 16 floats. d % 32 == 0, dv % 64 == 0. */
+static void attend_lanes(const bf16* const* q, int lanes, const int64_t* visible, const bf16* k_pool,
+                         const bf16* v_pool, const int64_t* row, int64_t n, int64_t kv_heads, int64_t h, int64_t d,
+                         int64_t dv, float scale, uint32_t* qt, float* s, float* m, float* l, float* const* o) {
+  const __m512 scale16 = _mm512_set1_ps(scale);
+  int32_t seen[16];
+  for (int u = 0; u < 16; u++) seen[u] = (int32_t)(visible ? visible[u < lanes ? u : 0] : n);
+  int64_t keys = 0;
+  for (int u = 0; u < lanes; u++) keys = seen[u] > keys ? seen[u] : keys;
+  const __m512i seen16 = _mm512_loadu_si512((const void*)seen);
+  for (int64_t i = 0; i < d / 2; i++) /* qt[i][u]: element pair i of lane u's query */
+    for (int u = 0; u < 16; u++) memcpy(qt + i * 16 + u, q[u < lanes ? u : 0] + 2 * i, 4);
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < keys; j += 8) {
+    int real = keys - j < 8 ? (int)(keys - j) : 8;
+    const bf16* k[8];
+    for (int t = 0; t < 8; t++) k[t] = k_pool + (row[t < real ? j + t : j] * kv_heads + h) * d;
+    for (int64_t t = j + 16; t < keys && t < j + 24; t++) {
+      const char* p = (const char*)(k_pool + (row[t] * kv_heads + h) * d);
+      __builtin_prefetch(p);
+      __builtin_prefetch(p + 64);
+    }
+    __m512 acc[8];
+    for (int t = 0; t < 8; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < d / 2; i++) {
+      __m512bh x = (__m512bh)_mm512_loadu_si512((const void*)(qt + i * 16));
+      for (int t = 0; t < 8; t++) {
+        int32_t pair;
+        memcpy(&pair, k[t] + 2 * i, 4);
+        acc[t] = _mm512_dpbf16_ps(acc[t], x, (__m512bh)_mm512_set1_epi32(pair));
+      }
+    }
+    for (int t = 0; t < real; t++) {
+      __mmask16 sees = _mm512_cmpgt_epi32_mask(seen16, _mm512_set1_epi32((int32_t)(j + t)));
+      __m512 v = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), sees, acc[t], scale16);
+      _mm512_storeu_ps(s + (j + t) * 16, v);
+      mx = _mm512_max_ps(mx, v);
+    }
+  }
+  __m512 sum = _mm512_setzero_ps();
+  for (int64_t j = 0; j < keys; j++) { /* an unseen key's exponential is 0, not exp16's floor */
+    __mmask16 sees = _mm512_cmpgt_epi32_mask(seen16, _mm512_set1_epi32((int32_t)j));
+    __m512 e = _mm512_maskz_mov_ps(sees, exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j * 16), mx)));
+    _mm512_storeu_ps(s + j * 16, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  _mm512_storeu_ps(m, mx);
+  _mm512_storeu_ps(l, sum);
+  for (int64_t e0 = 0; e0 < dv; e0 += 64) {
+    for (int u0 = 0; u0 < lanes; u0 += 6) {
+      int cnt = lanes - u0 < 6 ? lanes - u0 : 6;
+      __m512 a[6][4];
+      for (int c = 0; c < 6; c++)
+        for (int t = 0; t < 4; t++) a[c][t] = _mm512_setzero_ps();
+      for (int64_t j = 0; j < keys; j++) {
+        if (j + 8 < keys) {
+          const char* p = (const char*)(v_pool + (row[j + 8] * kv_heads + h) * dv + e0);
+          __builtin_prefetch(p);
+          __builtin_prefetch(p + 64);
+        }
+        const bf16* vj = v_pool + (row[j] * kv_heads + h) * dv + e0;
+        __m512 v[4];
+        for (int t = 0; t < 4; t++) v[t] = load16_bf16(vj + 16 * t);
+        const float* pj = s + j * 16 + u0;
+        for (int c = 0; c < 6; c++) {
+          __m512 p = _mm512_set1_ps(pj[c < cnt ? c : 0]);
+          for (int t = 0; t < 4; t++) a[c][t] = _mm512_fmadd_ps(p, v[t], a[c][t]);
+        }
+      }
+      for (int c = 0; c < cnt; c++)
+        for (int t = 0; t < 4; t++) _mm512_storeu_ps(o[u0 + c] + e0 + 16 * t, a[c][t]);
+    }
+  }
+}
+
 /* One group's shared slots `row` [n] (n >= 1), KV head h: for its `rows` members' query heads (q [B, H, D],
- * bf16), m, l [B, H] and o [B, H, Dv] (unnormalised) at each member's query heads of h. Scratch: qt of
- * d / 2 * 16 pairs, s of n * 16 floats. dv % 64 == 0. */
+ * bf16), m, l [B, H] and o [B, H, Dv] (unnormalised) at each member's query heads of h. */
 static void attend_prefix(const bf16* q, const bf16* k_pool, const bf16* v_pool, const int64_t* row, int64_t n,
                           const int64_t* members, int64_t rows, int64_t heads, int64_t kv_heads, int64_t h,
                           int64_t d, int64_t dv, int64_t group, float scale, uint32_t* qt, float* s, float* m,
                           float* l, float* o) {
   int64_t queries = rows * group;
-  const __m512 scale16 = _mm512_set1_ps(scale);
   for (int64_t q0 = 0; q0 < queries; q0 += 16) {
     int lanes = queries - q0 < 16 ? (int)(queries - q0) : 16;
+    const bf16* qs[16];
+    float* os[16];
+    float ms[16], ls[16];
     int64_t at[16]; /* each lane's query head: member row * heads + head */
-    for (int u = 0; u < 16; u++) {
-      int64_t lane = q0 + (u < lanes ? u : 0);
-      at[u] = members[lane / group] * heads + h * group + lane % group;
-    }
-    for (int64_t i = 0; i < d / 2; i++) /* qt[i][u]: element pair i of lane u's query */
-      for (int u = 0; u < 16; u++) memcpy(qt + i * 16 + u, q + at[u] * d + 2 * i, 4);
-    __m512 mx = _mm512_set1_ps(-INFINITY);
-    for (int64_t j = 0; j < n; j += 8) {
-      int real = n - j < 8 ? (int)(n - j) : 8;
-      const bf16* k[8];
-      for (int t = 0; t < 8; t++) k[t] = k_pool + (row[t < real ? j + t : j] * kv_heads + h) * d;
-      for (int64_t t = j + 16; t < n && t < j + 24; t++) {
-        const char* p = (const char*)(k_pool + (row[t] * kv_heads + h) * d);
-        __builtin_prefetch(p);
-        __builtin_prefetch(p + 64);
-      }
-      __m512 acc[8];
-      for (int t = 0; t < 8; t++) acc[t] = _mm512_setzero_ps();
-      for (int64_t i = 0; i < d / 2; i++) {
-        __m512bh x = (__m512bh)_mm512_loadu_si512((const void*)(qt + i * 16));
-        for (int t = 0; t < 8; t++) {
-          int32_t pair;
-          memcpy(&pair, k[t] + 2 * i, 4);
-          acc[t] = _mm512_dpbf16_ps(acc[t], x, (__m512bh)_mm512_set1_epi32(pair));
-        }
-      }
-      for (int t = 0; t < real; t++) {
-        __m512 v = _mm512_mul_ps(acc[t], scale16);
-        _mm512_storeu_ps(s + (j + t) * 16, v);
-        mx = _mm512_max_ps(mx, v);
-      }
-    }
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t j = 0; j < n; j++) {
-      __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j * 16), mx));
-      _mm512_storeu_ps(s + j * 16, e);
-      sum = _mm512_add_ps(sum, e);
-    }
-    float mxs[16], sums[16];
-    _mm512_storeu_ps(mxs, mx);
-    _mm512_storeu_ps(sums, sum);
     for (int u = 0; u < lanes; u++) {
-      m[at[u]] = mxs[u];
-      l[at[u]] = sums[u];
+      at[u] = members[(q0 + u) / group] * heads + h * group + (q0 + u) % group;
+      qs[u] = q + at[u] * d;
+      os[u] = o + at[u] * dv;
     }
-    /* o[lane] = sum_j s[j][lane] v_j, six lanes by 64 values a pass */
-    for (int64_t e0 = 0; e0 < dv; e0 += 64) {
-      for (int u0 = 0; u0 < lanes; u0 += 6) {
-        int cnt = lanes - u0 < 6 ? lanes - u0 : 6;
-        __m512 a[6][4];
-        for (int c = 0; c < 6; c++)
-          for (int t = 0; t < 4; t++) a[c][t] = _mm512_setzero_ps();
-        for (int64_t j = 0; j < n; j++) {
-          if (j + 8 < n) {
-            const char* p = (const char*)(v_pool + (row[j + 8] * kv_heads + h) * dv + e0);
-            __builtin_prefetch(p);
-            __builtin_prefetch(p + 64);
-          }
-          const bf16* vj = v_pool + (row[j] * kv_heads + h) * dv + e0;
-          __m512 v[4];
-          for (int t = 0; t < 4; t++) v[t] = load16_bf16(vj + 16 * t);
-          const float* pj = s + j * 16 + u0;
-          for (int c = 0; c < 6; c++) {
-            __m512 p = _mm512_set1_ps(pj[c < cnt ? c : 0]);
-            for (int t = 0; t < 4; t++) a[c][t] = _mm512_fmadd_ps(p, v[t], a[c][t]);
-          }
-        }
-        for (int c = 0; c < cnt; c++)
-          for (int t = 0; t < 4; t++) _mm512_storeu_ps(o + at[u0 + c] * dv + e0 + 16 * t, a[c][t]);
-      }
+    attend_lanes(qs, lanes, NULL, k_pool, v_pool, row, n, kv_heads, h, d, dv, scale, qt, s, ms, ls, os);
+    for (int u = 0; u < lanes; u++) {
+      m[at[u]] = ms[u];
+      l[at[u]] = ls[u];
     }
   }
 }
@@ -429,6 +450,58 @@ void decode_attention_f32q_bf16kv(const float* q, const bf16* k_pool, const bf16
                                   int threads) {
   attend_bf16_pool(NULL, q, k_pool, v_pool, slots, lens, out, batch, heads, kv_heads, d, dv, max_len, scale,
                    window, threads);
+}
+
+/* Causal attention of a prompt chunk over a bf16 pool in place: q [T, H, D] float32 (rounded to bf16, as the
+ * engine rounds a query for a bf16 pool), slots [prefix + T] the chunk's slots (its own K/V written last),
+ * token t seeing slots [0, prefix + t]; out [T, H, Dv] float32. Sixteen (token, query head) lanes a pass
+ * (attend_lanes), each KV row read once per pass for all of them. Returns -1 where this build cannot
+ * (no AVX-512 BF16, d % 32 or dv % 64 not 0): the caller attends another way. */
+int prefill_attention_bf16(const float* q, const bf16* k_pool, const bf16* v_pool, const int64_t* slots,
+                           int64_t prefix, int64_t tokens, float* out, int64_t heads, int64_t kv_heads, int64_t d,
+                           int64_t dv, float scale, int threads) {
+#ifdef VRIKSHA_AVX512_BF16
+  if (d % 32 != 0 || dv % 64 != 0 || tokens < 1) return -1;
+  int64_t group = heads / kv_heads, n = prefix + tokens, lanes_per_head = tokens * group;
+  int64_t blocks = (lanes_per_head + 15) / 16;
+  bf16* qb = (bf16*)malloc(sizeof(bf16) * tokens * heads * d);
+  if (qb == NULL) return -1;
+  for (int64_t e = 0; e < tokens * heads * d; e++) qb[e] = f32_to_bf16(q[e]);
+#pragma omp parallel num_threads(threads)
+  {
+    uint32_t* qt = (uint32_t*)malloc(sizeof(uint32_t) * 16 * (d / 2));
+    float* s = (float*)malloc(sizeof(float) * 16 * n);
+#pragma omp for schedule(dynamic, 1) collapse(2)
+    for (int64_t h = 0; h < kv_heads; h++)
+      for (int64_t blk = blocks - 1; blk >= 0; blk--) { /* the longest (latest tokens) first */
+        int64_t l0 = blk * 16;
+        int lanes = lanes_per_head - l0 < 16 ? (int)(lanes_per_head - l0) : 16;
+        const bf16* qs[16];
+        float* os[16];
+        int64_t visible[16];
+        float m[16], l[16];
+        for (int u = 0; u < lanes; u++) {
+          int64_t t = (l0 + u) / group, head = h * group + (l0 + u) % group;
+          qs[u] = qb + (t * heads + head) * d;
+          os[u] = out + (t * heads + head) * dv;
+          visible[u] = prefix + t + 1;
+        }
+        attend_lanes(qs, lanes, visible, k_pool, v_pool, slots, n, kv_heads, h, d, dv, scale, qt, s, m, l, os);
+        for (int u = 0; u < lanes; u++) {
+          float inv = 1.f / l[u];
+          for (int64_t e = 0; e < dv; e++) os[u][e] *= inv;
+        }
+      }
+    free(qt);
+    free(s);
+  }
+  free(qb);
+  return 0;
+#else
+  (void)q, (void)k_pool, (void)v_pool, (void)slots, (void)prefix, (void)tokens, (void)out, (void)heads;
+  (void)kv_heads, (void)d, (void)dv, (void)scale, (void)threads;
+  return -1;
+#endif
 }
 
 /* Four bf16 weight rows against one float32 input row. */
