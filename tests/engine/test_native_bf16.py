@@ -125,6 +125,20 @@ def test_bf16_prefill_attention_is_causal_softmax_over_the_pool(lib, tokens, pre
     torch.testing.assert_close(got, want.transpose(0, 1), rtol=1e-4, atol=1e-4)
 
 
+def test_the_kernel_set_offers_the_prefill_kernel_only_where_it_was_built():
+    """Builds without AVX-512 BF16 have no prompt-chunk kernel: the engine keeps SDPA there rather than asking
+    the C side on every chunk and falling back."""
+    from vriksha.engine.kernel_sets import NativeKernels
+
+    for variant in ("avx2", "avx512", "avx512_bf16"):
+        built = kernels(variant)
+        if built is None:
+            continue  # this CPU cannot run that build
+        offered = NativeKernels(built, "native").prefill_attention_for(BF16)
+        assert (offered is not None) == (variant == "avx512_bf16"), variant
+        assert NativeKernels(built, "native").prefill_attention_for(torch.float32) is None
+
+
 def _agreement_with(reference, run):
     """Per prompt, how far `run`'s greedy tokens follow `reference`'s, and the log-prob errors on that stretch;
     where the tokens part, `reference` itself must have nearly tied the two (a bf16 rounding can flip a tie)."""

@@ -106,7 +106,8 @@ class NativeKernels(TorchKernels):
         return self.lib.decode_attention if dtype in native.DTYPES else None
 
     def prefill_attention_for(self, dtype: torch.dtype) -> Callable | None:
-        return self.lib.prefill_attention if dtype == torch.bfloat16 else None
+        built = "avx512_bf16" in self.lib.variant.cpu_flags  # the only build that has the kernel
+        return self.lib.prefill_attention if dtype == torch.bfloat16 and built else None
 
     def linear_for(self, dtype: torch.dtype) -> native.Kernels | None:
         return self.lib if dtype in native.DTYPES else None
