@@ -108,8 +108,9 @@ typedef struct {
   int64_t* of_row;  /* [batch]: a row's group, or -1 */
 } PrefixGroups;
 
+#ifdef VRIKSHA_AVX512_BF16
 /* Rows with the same first slot whose common prefix (at most each row's length minus one) reaches SHARED_MIN. */
-static inline void find_prefix_groups(const int64_t* slots, const int64_t* lens, int64_t batch, int64_t max_len,
+static void find_prefix_groups(const int64_t* slots, const int64_t* lens, int64_t batch, int64_t max_len,
                                PrefixGroups* pg) {
   int64_t* order = pg->members;
   pg->groups = 0;
@@ -145,7 +146,6 @@ static inline void find_prefix_groups(const int64_t* slots, const int64_t* lens,
   }
 }
 
-#ifdef VRIKSHA_AVX512_BF16
 /* Up to sixteen query vectors ("lanes": q[u], d bf16 values, of KV head h's group) against the key and value
  * rows of slots row[0..n), lane u seeing the first visible[u] of them (visible NULL: all n; at least one):
  * leaves per lane its maximum score m[u], its sum of exponentials l[u] and its unnormalised output o[u]
@@ -306,10 +306,10 @@ static void softmax_after_prefix(float* scores, int64_t n, int64_t group, const 
     float* sg = scores + g * n;
     float mx = m[g];
     for (int64_t j = 0; j < n; j++) mx = sg[j] > mx ? sg[j] : mx;
-    float prior = expf(m[g] - mx) * l[g];
-    float inv = 1.f / (prior + exp_shifted_sum(sg, n, mx));
+    float shift = expf(m[g] - mx);
+    float inv = 1.f / (shift * l[g] + exp_shifted_sum(sg, n, mx));
     for (int64_t j = 0; j < n; j++) sg[j] *= inv;
-    carry[g] = expf(m[g] - mx) * inv;
+    carry[g] = shift * inv;
   }
 }
 
@@ -360,11 +360,7 @@ static void attend_bf16_pool(const bf16* q16, const float* q32, const bf16* k_po
                              int64_t kv_heads, int64_t d, int64_t dv, int64_t max_len, float scale,
                              int64_t window, int threads) {
   int64_t group = heads / kv_heads;
-  bf16* rounded = NULL;
-  if (q32) { /* rounded once: both passes read it */
-    rounded = (bf16*)malloc(sizeof(bf16) * (batch * heads * d > 0 ? batch * heads * d : 1));
-    for (int64_t e = 0; e < batch * heads * d; e++) rounded[e] = f32_to_bf16(q32[e]);
-  }
+  bf16* rounded = q32 ? (bf16*)malloc(sizeof(bf16) * (batch * heads * d > 0 ? batch * heads * d : 1)) : NULL;
   const bf16* q = q16 ? q16 : rounded;
   PrefixGroups pg = {0};
   float *pm = NULL, *pl = NULL, *po = NULL;
@@ -386,6 +382,10 @@ static void attend_bf16_pool(const bf16* q16, const float* q32, const bf16* k_po
 #endif
 #pragma omp parallel num_threads(threads)
   {
+    if (q32) { /* rounded once, before either pass reads it */
+#pragma omp for schedule(static)
+      for (int64_t e = 0; e < batch * heads * d; e++) rounded[e] = f32_to_bf16(q32[e]);
+    }
 #ifdef VRIKSHA_AVX512_BF16
     if (pg.groups > 0) {
       uint32_t* qt = (uint32_t*)malloc(sizeof(uint32_t) * 16 * (d / 2));
@@ -466,9 +466,10 @@ int prefill_attention_bf16(const float* q, const bf16* k_pool, const bf16* v_poo
   int64_t blocks = (lanes_per_head + 15) / 16;
   bf16* qb = (bf16*)malloc(sizeof(bf16) * tokens * heads * d);
   if (qb == NULL) return -1;
-  for (int64_t e = 0; e < tokens * heads * d; e++) qb[e] = f32_to_bf16(q[e]);
 #pragma omp parallel num_threads(threads)
   {
+#pragma omp for schedule(static)
+    for (int64_t e = 0; e < tokens * heads * d; e++) qb[e] = f32_to_bf16(q[e]);
     uint32_t* qt = (uint32_t*)malloc(sizeof(uint32_t) * 16 * (d / 2));
     float* s = (float*)malloc(sizeof(float) * 16 * n);
 #pragma omp for schedule(dynamic, 1) collapse(2)
