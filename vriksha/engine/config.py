@@ -18,7 +18,7 @@ from vriksha.errors import ConfigError
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SPECULATIVE_METHODS = ("none", "ngram")
-PACKED_ACTIVATIONS = ("int16", "int8")
+PACKED_ACTIVATIONS = ("auto", "int16", "int8")
 NATIVE_DECODE = ("auto", "on", "off")
 GRAMMAR_OVERLAP = ("auto", "on", "off")
 
@@ -96,10 +96,12 @@ class EngineConfig:
         "CPU, else none)", choices=("none", "gguf", "int8", "auto"),
     )  # fmt: skip
     packed_activations: str = option(
-        "int16", "activations of the packed kernels, rounded per block of 32: int16 (1/65534 of the block's "
-        "largest; logits within 1e-2 of the dequantized model's) or int8 (1/254, llama.cpp's Q8 numerics: on "
-        "CPUs with AVX2 or AVX-512 VNNI, where measured faster, linears up to 1.9x faster; logits move about "
-        "as far as a bf16 model's, so greedy outputs may differ)", choices=PACKED_ACTIVATIONS,
+        "auto", "activations of the packed kernels, rounded per block of 32: int16 (1/65534 of the block's "
+        "largest; logits within 1e-2 of the dequantized model's, greedy tokens equal), int8 (1/254, llama.cpp's "
+        "Q8 numerics: on CPUs with AVX2 or AVX-512 VNNI, where measured faster, linears up to 1.9x faster; "
+        "logits move about as far as a bf16 model's, so greedy outputs may differ), auto: int8 when the dtype "
+        "came from --dtype auto and --fp32-precision is not ieee (the precision a bf16 engine runs at), else int16",
+        choices=PACKED_ACTIVATIONS,
     )  # fmt: skip
     lpm_max_queue: int = option(
         128,
@@ -163,7 +165,8 @@ class EngineConfig:
             )
         if self.packed_activations not in PACKED_ACTIVATIONS:
             raise ConfigError(
-                f"engine option packed_activations must be int16 or int8, got {self.packed_activations!r}"
+                f"engine option packed_activations must be one of {', '.join(PACKED_ACTIVATIONS)}, "
+                f"got {self.packed_activations!r}"
             )
         if self.native_decode not in NATIVE_DECODE:
             raise ConfigError(

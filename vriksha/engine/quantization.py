@@ -17,6 +17,12 @@ linear layer the packed kernels serve runs float32 when a packed decode step (on
 shapes before loading) beats the dense decode step of every dtype `fast_dtype` timed. Decode then reads the
 4-bit blocks whatever the dtype, and float32 is the dtype whose decode steps run as one native call
 (`native_decode.py`); bf16 would keep only its edge on large prefill matmuls.
+
+The packed integer paths round each block of 32 activations to int16 or to int8 (`packed_activations`,
+`int8_activations`): int16 keeps the dequantized model's greedy tokens; int8 (llama.cpp's Q8 numerics, up
+to 1.9x faster linears) moves logits about as far as a bf16 model's, and is what `auto` allows where the
+engine already runs at a bf16 engine's precision: the dtype measured by `dtype="auto"` (which picks bf16
+itself where that is fastest) with fp32 matmuls allowed bf16 arithmetic, the same rule as `fp32_precision`.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from torch import nn
 
 import vriksha.device as devices
 from vriksha.engine import fp32_precision
+from vriksha.engine.config import PACKED_ACTIVATIONS
 from vriksha.engine.installation import ModuleInstallation
 from vriksha.engine.native import Kernels
 from vriksha.engine.native.quant import QuantKernels, quant_kernels
@@ -75,6 +82,19 @@ class QuantizationChoice:
         return text
 
 
+def int8_activations(requested: str, fp32_precision_requested: str, dtype_measured: bool) -> bool:
+    """Whether the packed kernels may round activations to int8 (timed beside int16, taken where faster):
+    `requested` the engine's `packed_activations`; under `auto`, where the engine's precision is a bf16
+    engine's (see the module's text): `fp32_precision` bf16, or auto with the dtype measured."""
+    if requested not in PACKED_ACTIVATIONS:
+        raise ConfigError(
+            f"engine option packed_activations must be one of {', '.join(PACKED_ACTIVATIONS)}, got {requested!r}"
+        )
+    if requested != "auto":
+        return requested == "int8"
+    return fp32_precision_requested == "bf16" or (fp32_precision_requested == "auto" and dtype_measured)
+
+
 def packed_dtype(dense: DtypeChoice, config: EngineConfig, device: torch.device) -> DtypeChoice | None:
     """float32 in place of `dense` (the measured dense choice of `dtype="auto"`) where the model's GGUF blocks
     make decode faster than any dense dtype (see the module's text), else None."""
@@ -94,7 +114,7 @@ def packed_dtype(dense: DtypeChoice, config: EngineConfig, device: torch.device)
     kernel_set = kernel_sets.select(config.kernels, device, torch.float32, config.native_kernels)
     fp32_kernels = kernel_set.linear_for(torch.float32)
     bf16 = config.fast_linear and fp32_precision.resolve(config.fp32_precision, torch.float32, True, True)
-    int8 = config.packed_activations == "int8"
+    int8 = int8_activations(config.packed_activations, config.fp32_precision, dtype_measured=True)
     timings = PackedTimings(kernels, fp32_kernels, torch.float32, bf16, int8)  # the router's key
     packed_s, _ = timings.step_seconds([PackedShape(*t) for t in types], rows=1)
     best = min(dense.timings, key=lambda name: dense.timings[name]["decode_s"])
