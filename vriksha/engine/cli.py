@@ -73,6 +73,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"engine: {engine.quantization.describe()}", file=sys.stderr)
         print(f"engine: native decode {engine.runner.native_decode_choice}", file=sys.stderr)
         print(f"engine: matmuls {engine.runner.matmul_choice}", file=sys.stderr)
+        if engine.host_malloc is not None:
+            print(f"engine: {engine.host_malloc.describe()}", file=sys.stderr)
         kv = str(engine.pool.dtype).removeprefix("torch.")
         print(f"engine: KV pool {kv} (kv_cache_dtype {engine.config.kv_cache_dtype})", file=sys.stderr)
     prompts = args.prompt

@@ -13,7 +13,7 @@ import torch
 
 import vriksha.device as devices
 from vriksha import fast_dtype
-from vriksha.engine import fp32_precision
+from vriksha.engine import fp32_precision, host_memory
 from vriksha.engine.cache_events import CacheEventSink
 from vriksha.engine.cache_manager import make_cache_manager
 from vriksha.engine.config import EngineConfig
@@ -149,6 +149,8 @@ class LLMEngine:
         self.vocab_size = int(text_config.vocab_size)
         self.eos_token_ids = self._eos_ids()
 
+        host = devices.is_host(self.device)
+        self.host_malloc = host_memory.keep_freed_memory(config.host_malloc_tuning) if host else None
         if tp is not None:
             tp.join(model)  # every rank keeps its shard of the heads and MLP columns
         # every tensor-parallel rank runs the same arithmetic: strict fp32 there
@@ -157,7 +159,7 @@ class LLMEngine:
             config.fp32_precision,
             self.dtype,
             measured,
-            devices.is_host(self.device),
+            host,
         )
         self.kv_dtype = kv_cache_dtype(
             config.kv_cache_dtype, self.dtype, self.bf16_arithmetic, tp is not None

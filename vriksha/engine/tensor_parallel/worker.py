@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 import vriksha.device as devices
+from vriksha.engine import host_memory
 from vriksha.engine.config import EngineConfig
 from vriksha.engine.tensor_parallel.comm import Collectives
 from vriksha.engine.tensor_parallel.shard import shard_model
@@ -70,6 +71,7 @@ def _serve(
     device = devices.local_device(rank, config.device)
     if devices.is_host(device):
         torch.set_num_threads(threads)
+        host_memory.keep_freed_memory(config.host_malloc_tuning)
     model = load_model(config.model, dtype=config.dtype, device=device).model
     store.set(f"loaded/{rank}", "1")
     comm = Collectives(store, rank, size, device, timeout_s)
