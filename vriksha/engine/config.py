@@ -69,7 +69,7 @@ class EngineConfig:
     host_malloc_tuning: bool = option(
         True, "on the CPU under glibc: keep freed memory mapped for the next step (malloc's mmap threshold "
         "32 MiB, trim threshold 1 GiB) instead of faulting in fresh pages every step; left alone where MALLOC_* "
-        "variables or a preloaded tcmalloc/jemalloc say otherwise (docs/engine.md)"
+        "variables or a preloaded tcmalloc/jemalloc/mimalloc say otherwise (docs/engine.md)"
     )  # fmt: skip
     native_kernels: bool = option(
         True, "compile and use the engine's C kernels (CPU fp32/bf16 decode attention over the KV pool in "

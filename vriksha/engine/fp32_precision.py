@@ -41,18 +41,21 @@ def supported() -> bool:
     )
 
 
-def resolve(requested: str, dtype: torch.dtype, dtype_measured: bool, cpu: bool) -> bool:
-    """Whether the engine's routers may time and take the bf16 path for its fp32 linear layers;
-    `dtype_measured`: the engine's dtype came from `dtype="auto"`'s measurement (not given or pinned)."""
+def bf16_precision_allowed(requested: str, dtype_measured: bool) -> bool:
+    """Whether `fp32_precision` lets the engine run at a bf16 engine's precision (what bf16 arithmetic and
+    the packed kernels' int8 activations both need): bf16, or auto with the dtype from `dtype="auto"`'s
+    measurement (not given or pinned)."""
     if requested not in MODES:
         raise ConfigError(
             f"engine option fp32_precision must be one of {', '.join(MODES)}, got {requested!r}"
         )
-    if dtype != torch.float32 or not cpu or requested == "ieee":
-        return False
-    if requested == "auto" and not dtype_measured:
-        return False
-    return supported()
+    return requested == "bf16" or (requested == "auto" and dtype_measured)
+
+
+def resolve(requested: str, dtype: torch.dtype, dtype_measured: bool, cpu: bool) -> bool:
+    """Whether the engine's routers may time and take the bf16 path for its fp32 linear layers."""
+    allowed = bf16_precision_allowed(requested, dtype_measured)
+    return allowed and dtype == torch.float32 and cpu and supported()
 
 
 @contextlib.contextmanager

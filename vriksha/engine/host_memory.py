@@ -8,8 +8,9 @@ virtual machine each of those faults can also cost an exit to the hypervisor, wh
 shows. Raising the mmap threshold to its ceiling (32 MiB on 64-bit) and the trim threshold to 1 GiB keeps
 those pages mapped and reused. Larger blocks (the KV pool, the weights) are still mapped on their own.
 
-Left alone: other C libraries, a process whose `MALLOC_*` environment already sets either threshold, and one
-with tcmalloc or jemalloc preloaded (they manage their own pages).
+Left alone: other C libraries, a process whose environment already sets glibc's malloc settings
+(`MALLOC_*_`, `GLIBC_TUNABLES`), and one with tcmalloc, jemalloc or mimalloc preloaded (they manage their
+own pages).
 """
 
 from __future__ import annotations
@@ -49,7 +50,10 @@ def keep_freed_memory(enabled: bool = True) -> MallocChoice:
     """Raise glibc's mmap and trim thresholds once per process where nothing says otherwise (see the module)."""
     global _choice
     if not enabled:
-        return MallocChoice(False, "off (--no-host-malloc-tuning)")
+        earlier = (
+            " (an earlier engine in this process already raised them)" if _choice and _choice.tuned else ""
+        )
+        return MallocChoice(False, f"off (--no-host-malloc-tuning){earlier}")
     if _choice is not None:
         return _choice
     _choice = _tune()

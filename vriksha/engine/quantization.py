@@ -85,14 +85,14 @@ class QuantizationChoice:
 def int8_activations(requested: str, fp32_precision_requested: str, dtype_measured: bool) -> bool:
     """Whether the packed kernels may round activations to int8 (timed beside int16, taken where faster):
     `requested` the engine's `packed_activations`; under `auto`, where the engine's precision is a bf16
-    engine's (see the module's text): `fp32_precision` bf16, or auto with the dtype measured."""
+    engine's (see the module's text), by the rule `fp32_precision` applies to bf16 arithmetic."""
     if requested not in PACKED_ACTIVATIONS:
         raise ConfigError(
             f"engine option packed_activations must be one of {', '.join(PACKED_ACTIVATIONS)}, got {requested!r}"
         )
     if requested != "auto":
         return requested == "int8"
-    return fp32_precision_requested == "bf16" or (fp32_precision_requested == "auto" and dtype_measured)
+    return fp32_precision.bf16_precision_allowed(fp32_precision_requested, dtype_measured)
 
 
 def packed_dtype(dense: DtypeChoice, config: EngineConfig, device: torch.device) -> DtypeChoice | None:
