@@ -133,9 +133,9 @@ def test_off_switch_auto_and_fallbacks(default_tokenizer):
         EngineConfig(native_decode="yes")
 
 
-def test_prefill_and_mixed_steps_keep_the_lean_forward(default_tokenizer):
-    model = tiny_model("qwen3", 512)
-    on, _ = _pair(model, default_tokenizer)
+def test_long_prefill_chunks_keep_the_lean_forward_short_ones_run_as_decode_rows(default_tokenizer):
+    options = dict(ENGINE_TEST_OPTIONS, chunked_prefill_size=128, max_num_batched_tokens=128)
+    on = LLM.from_module(tiny_model("qwen3", 512), default_tokenizer, **options, native_decode="on")
     runner = on.engine.runner
     calls = []
     fused = runner.native_decode
@@ -150,9 +150,12 @@ def test_prefill_and_mixed_steps_keep_the_lean_forward(default_tokenizer):
             return original(*args)
 
     runner.native_decode = Counting()
-    prompts = [{"prompt_token_ids": list(range(1, 1 + k))} for k in (3, 30)]
-    on.generate(prompts, SamplingParams(temperature=0, max_tokens=6, ignore_eos=True))
-    assert calls and all(1 <= n <= 2 for n in calls)  # decode tokens only: never a prefill chunk
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    on.generate([{"prompt_token_ids": list(range(1, 1 + k))} for k in (3, 30)], greedy)
+    assert calls == [33] + [2] * 5  # both prompts in the first step, as decode rows, then their decodes
+    calls.clear()
+    on.generate([{"prompt_token_ids": list(range(100, 200))}], greedy)  # 100 rows reading 5,050 positions
+    assert calls == [1] * 5  # decode tokens only: the prompt took the lean forward
 
 
 def test_auto_choice_is_measured_once_then_read_from_the_cache(default_tokenizer, tmp_path, monkeypatch):

@@ -22,6 +22,11 @@ from vriksha.profiling import phase
 
 logger = logging.getLogger(__name__)
 
+# Prefill chunks of several tokens run as decode rows while the K/V positions their rows read add up to at
+# most this many (about 50 MB of a bf16 pool for a 135M model's 30 layers, a few ms): a short chat turn over a
+# short history qualifies, a chunk over a long cached prefix does not. One-token chunks always qualify.
+CHUNK_DECODE_ROWS_MAX_READS = 2048
+
 
 class ModelRunner:
     """Runs the engine's forward passes on `model`; its changes to the model are undone by `close()`."""
@@ -168,6 +173,25 @@ class ModelRunner:
         if self.native_decode is not None:
             self.native_decode.refresh()
 
+    def _chunks_as_decode_rows(self, batch: ForwardBatch) -> bool:
+        """Whether this step's prefill chunks are short enough to run as decode rows: then the step takes the
+        native decode path where there is one, instead of the lean forward (whose per-step overhead is several
+        decode steps' worth of time at small batches), and a prompt token is attended exactly as a decoded one
+        (on every path, so that native decode on or off computes the same). Chiefly a prompt found cached but
+        for its last token (a prefix-cache hit, a K/V transfer from a prefill replica, the samples of one
+        prompt) and short chat turns. Each such row reads its request's K/V on its own, so the rows' summed
+        context is bounded."""
+        if not batch.prefills or batch.drafts:
+            return False
+        rows = len(batch.decodes) + sum(c.end - c.start for c in batch.prefills)
+        limit = native_decode.MAX_BATCH if self.native_decode is None else self.native_decode.max_batch
+        if rows > limit:
+            return False
+        reads = sum(
+            (c.start + 1 + c.end) * (c.end - c.start) // 2 for c in batch.prefills if c.end - c.start > 1
+        )
+        return reads <= CHUNK_DECODE_ROWS_MAX_READS
+
     def _build(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch, torch.Tensor]:
         ids: list[int] = []
         positions: list[int] = []
@@ -189,18 +213,25 @@ class ModelRunner:
             decode_kernel=self.decode_kernel,
             prefill_kernel=self.prefill_kernel,
         )
-        if batch.decodes:
-            rows = torch.tensor([r.row for r in batch.decodes], dtype=torch.int64, device=self.device)
-            lengths = [r.num_computed + 1 for r in batch.decodes]
+        # every token is attended as a decode row: its request's table row up to its own position
+        decode_rows = [(r.row, r.num_computed + 1) for r in batch.decodes]
+        chunks = batch.prefills
+        if self._chunks_as_decode_rows(batch):
+            decode_rows += [(c.request.row, p + 1) for c in chunks for p in range(c.start, c.end)]
+            chunks = []
+        if decode_rows:
+            rows = torch.tensor([row for row, _ in decode_rows], dtype=torch.int64, device=self.device)
+            lengths = [n for _, n in decode_rows]
             lens = torch.tensor(lengths, dtype=torch.int64, device=self.device)
             max_len = max(lengths)
             kv = table[rows, :max_len]
             cols = torch.arange(max_len, device=self.device)
+            attn.num_decode = len(decode_rows)
             attn.decode_kv_slots = kv.masked_fill(cols[None, :] >= lens[:, None], 0)
             attn.decode_kv_lens = lens
             slot_parts.append(kv.gather(1, (lens - 1)[:, None]).view(-1))
-        offset = len(batch.decodes)
-        for chunk in batch.prefills:
+        offset = len(decode_rows)
+        for chunk in chunks:
             kv_slots = table[chunk.request.row, : chunk.end]
             attn.prefills.append(PrefillSegment(offset, chunk.end - chunk.start, chunk.start, kv_slots))
             slot_parts.append(kv_slots[chunk.start :])

@@ -7,8 +7,9 @@ and KV-pool pointers prepared once: the embedding, the rotary table, the final n
 Python (one call each per step). A linear layer runs packed where `QuantLinear` routes that batch size to its
 packed kernel, else on its float32 weight with the native linear kernel.
 
-It takes a step only when every token is a decode token (no prefill chunk, no draft run), at most
-`max_batch` of them; every other step, and every model or setting it does not cover, takes the lean forward.
+It takes a step only when every token is a decode row (no draft run), at most `max_batch` of them (short
+prefill chunks become decode rows: `ModelRunner._chunks_as_decode_rows`); every other step, and every model
+or setting it does not cover, takes the lean forward.
 `EngineConfig.native_decode`: `auto` measures both paths on a synthetic decode step the first time a model of
 these shapes starts on this CPU, thread count and kernel set (the choice is kept in the cache dir as
 `native_decode.json`), and uses this one up to the largest measured batch size where it was faster; `on` up
