@@ -206,19 +206,20 @@ class ModelRunner:
             positions.extend(range(run.start, run.start + run.num_tokens))
         table = self.table.table
         slot_parts: list[torch.Tensor] = []
-        attn = AttentionBatch(
-            pool=self.pool,
-            slot_mapping=torch.empty(0),
-            num_decode=len(batch.decodes),
-            decode_kernel=self.decode_kernel,
-            prefill_kernel=self.prefill_kernel,
-        )
-        # every token is attended as a decode row: its request's table row up to its own position
+        # decode rows, (table row, tokens attended): each decode token, then each token of chunks short
+        # enough to run as decode rows, attending its request's K/V up to its own position
         decode_rows = [(r.row, r.num_computed + 1) for r in batch.decodes]
         chunks = batch.prefills
         if self._chunks_as_decode_rows(batch):
             decode_rows += [(c.request.row, p + 1) for c in chunks for p in range(c.start, c.end)]
             chunks = []
+        attn = AttentionBatch(
+            pool=self.pool,
+            slot_mapping=torch.empty(0),
+            num_decode=len(decode_rows),
+            decode_kernel=self.decode_kernel,
+            prefill_kernel=self.prefill_kernel,
+        )
         if decode_rows:
             rows = torch.tensor([row for row, _ in decode_rows], dtype=torch.int64, device=self.device)
             lengths = [n for _, n in decode_rows]
@@ -226,7 +227,6 @@ class ModelRunner:
             max_len = max(lengths)
             kv = table[rows, :max_len]
             cols = torch.arange(max_len, device=self.device)
-            attn.num_decode = len(decode_rows)
             attn.decode_kv_slots = kv.masked_fill(cols[None, :] >= lens[:, None], 0)
             attn.decode_kv_lens = lens
             slot_parts.append(kv.gather(1, (lens - 1)[:, None]).view(-1))
