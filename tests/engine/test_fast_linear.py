@@ -42,3 +42,19 @@ def test_routed_linears_equal_f_linear_and_follow_weight_updates(monkeypatch, tm
     installation.undo()
     assert all("forward" not in vars(layer) for layer in model)
     assert all(layer.forward.__func__ is torch.nn.Linear.forward for layer in model)
+
+
+def test_derived_copies_are_made_on_first_use_and_dropped_by_refresh():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(32, 48)
+    paths = {"transposed"} | ({"mkldnn"} if fast_linear._mkldnn_available(torch.float32) else set())
+    layouts = fast_linear._Layouts(linear, paths)
+    assert layouts.nbytes() == 0
+    x = torch.randn(5, 32)
+    with torch.inference_mode():
+        for path in paths:
+            torch.testing.assert_close(layouts.run(path, x), F.linear(x, linear.weight, linear.bias))
+    assert layouts.nbytes() >= len(paths) * linear.weight.numel() * 4
+    assert not layouts.transposed.is_inference()  # usable outside inference mode too
+    layouts.refresh()
+    assert layouts.nbytes() == 0

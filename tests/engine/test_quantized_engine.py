@@ -102,6 +102,30 @@ def test_gguf_engine_greedy_equals_the_fp32_engine(embedded):
     assert outs["gguf"] == outs["none"]
 
 
+def test_packed_layers_hold_no_dense_copy_until_the_weights_change(embedded):
+    """Layers the packed kernels serve at every batch size keep only their own weight (no transposed or
+    oneDNN copy of it); once an update retires the GGUF blocks, the dense path serves the new weights."""
+    model, tok = copy.deepcopy(embedded.model), embedded.tokenizer
+    gguf = str(default_gguf_path())
+    with LLM.from_module(model, tok, model=gguf, quantization="gguf") as llm:
+        runner = llm.engine.runner
+        packed = runner.quant.always_packed()
+        assert len(packed) == len(runner.quant.layers)
+        assert all(lay.nbytes() == 0 for lay in runner.fast_linear.layouts if lay.linear in packed)
+        llm.generate(PROMPTS[:2], GREEDY)
+        assert all(lay.nbytes() == 0 for lay in runner.fast_linear.layouts if lay.linear in packed)
+        with torch.no_grad():
+            for layer in model.model.layers:
+                layer.mlp.down_proj.weight.mul_(0.5)
+        llm.weights_updated()
+        assert not runner.quant.enabled
+        assert all(lay.nbytes() > 0 for lay in runner.fast_linear.layouts if lay.paths)  # made again, eagerly
+        got = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    with LLM.from_module(model, tok, model=gguf, quantization="none") as llm:
+        want = [o.outputs[0].token_ids for o in llm.generate(PROMPTS, GREEDY)]
+    assert got == want
+
+
 def test_packed_bf16_model_is_as_close_to_fp32_as_dense_bf16(embedded, packed_gguf, kernels):
     """A bf16 engine decodes from the same 4-bit blocks: bf16 activations in, fp32 sums, bf16 out."""
     bf16 = load_model(None, dtype=torch.bfloat16)

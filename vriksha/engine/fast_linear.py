@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Collection
 
 import torch
 import torch.nn.functional as F
@@ -55,7 +56,8 @@ def _mkldnn_available(dtype: torch.dtype) -> bool:
 
 
 class _Layouts:
-    """Derived weight layouts of one linear layer."""
+    """Derived weight layouts of one linear layer, each made on its first call: a layer whose calls all take
+    another route (a packed layer's quantized kernel) never holds a second copy of its weight."""
 
     def __init__(self, linear: torch.nn.Linear, paths: set[str], native: Kernels | None = None) -> None:
         self.linear = linear
@@ -63,19 +65,33 @@ class _Layouts:
         self.native = native
         self.transposed: torch.Tensor | None = None
         self.packed: torch.Tensor | None = None
-        self.refresh()
 
     def refresh(self) -> None:
-        w = self.linear.weight.detach()
-        self.transposed = w.t().contiguous() if "transposed" in self.paths else None
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(w, None) if "mkldnn" in self.paths else None
+        """Forget the derived copies (the weight changed): the next call of their path makes them again."""
+        self.transposed = self.packed = None
+
+    def build(self) -> None:
+        # normal tensors even when the first call comes under inference mode
+        with torch.inference_mode(False), torch.no_grad():
+            w = self.linear.weight.detach()
+            if "transposed" in self.paths and self.transposed is None:
+                self.transposed = w.t().contiguous()
+            if "mkldnn" in self.paths and self.packed is None:
+                self.packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.transposed, self.packed) if t is not None)
 
     def run(self, path: str, x: torch.Tensor) -> torch.Tensor:
         bias = self.linear.bias
         if path == "transposed":
+            if self.transposed is None:
+                self.build()
             out = x @ self.transposed
             return out + bias if bias is not None else out
         if path == "mkldnn":
+            if self.packed is None:
+                self.build()
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
         if path == "native":
             return self.native.linear(x.contiguous(), self.linear.weight, bias)
@@ -104,6 +120,8 @@ def _choose(
         _Layouts(torch.nn.Linear(in_f, out_f, bias=has_bias, dtype=dtype), set(derived), native)
         for _ in range(copies)
     ]
+    for layout in layouts:
+        layout.build()
 
     def time_bucket(i: int) -> dict[str, float]:
         x = torch.randn(BUCKETS[i], in_f, dtype=dtype)
@@ -198,6 +216,14 @@ class FastLinear(MeasuredRouter):
 
     def describe(self, record: list[str]) -> dict[int, str]:
         return dict(zip(BUCKETS, record, strict=True))
+
+    def build_layouts(self, skip: Collection[torch.nn.Module] = ()) -> int:
+        """Make the derived weight copies now (else each is made on its layer's first call of its path),
+        except for the layers in `skip` (those another router serves at every bucket); returns their bytes."""
+        for layouts in self.layouts:
+            if layouts.linear not in skip:
+                layouts.build()
+        return sum(layouts.nbytes() for layouts in self.layouts)
 
     def refresh(self) -> None:
         for layouts in self.layouts:

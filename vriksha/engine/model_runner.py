@@ -78,6 +78,7 @@ class ModelRunner:
             self.bf16_matmuls and self.fast_linear is not None,
             int8=int8_activations,
         )
+        self._build_linear_layouts()
         self.matmul_choice = self._describe_matmuls()
         self.fast_forward: FastForward | None = None
         if config.fast_forward:
@@ -165,11 +166,26 @@ class ModelRunner:
         self.fast_forward = None
         self.native_decode = None
 
+    def _build_linear_layouts(self) -> None:
+        """The fast-linear router's derived weight copies, made now for the layers whose calls may take them;
+        a layer the packed kernels serve at every bucket makes its copy only if a call ever needs it."""
+        if self.fast_linear is None:
+            return
+        skip = self.quant.always_packed() if self.quant is not None else set()
+        nbytes = self.fast_linear.build_layouts(skip)
+        if skip:
+            logger.info(
+                "derived fp32/bf16 weight copies: %.0f MiB (none for the %d layers served packed at every batch size)",
+                nbytes / 2**20,
+                len(skip),
+            )
+
     def weights_updated(self) -> None:
         if self.fast_linear is not None:
             self.fast_linear.refresh()
         if self.quant is not None:
             self.quant.refresh()
+        self._build_linear_layouts()
         if self.native_decode is not None:
             self.native_decode.refresh()
 

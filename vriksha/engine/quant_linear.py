@@ -310,6 +310,12 @@ class QuantLinear(MeasuredRouter):
         path = entry[2 if native else 1][i]
         return None if path is None else (entry[0], path)
 
+    def always_packed(self) -> set[nn.Module]:
+        """The layers whose engine calls of every bucket run packed (their dense path only above the last)."""
+        if not self.enabled:
+            return set()
+        return {module for module, (_, route, _) in self.installed.items() if None not in route}
+
     def routes(self, x: torch.Tensor) -> bool:
         return self.enabled and x.dtype == self.dtype and super().routes(x)
 
