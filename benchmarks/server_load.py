@@ -2,7 +2,9 @@
 
 A concurrency level (or a Poisson request rate), a workload (random token ids, or groups sharing a long prefix),
 and a bound in requests and seconds. Reports throughput, TTFT, TPOT, inter-token latency (p50/p99), the prefix
-cache hit rate and the server's peak resident memory, as a table and as JSON.
+cache hit rate, the engine's step durations (from the server's `vriksha_engine_step_seconds` histogram: mean
+decode and prefill step, and the bucket bound under which 99% of decode steps fell) and the server's peak
+resident memory, as a table and as JSON.
 
     python benchmarks/server_load.py --launch --concurrency 1 4 16 --num-prompts 32 --output-json bench.json
     python benchmarks/server_load.py --base-url http://127.0.0.1:8000 --workload shared-prefix --request-rate 4
@@ -26,6 +28,9 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from vriksha.engine.stats import StepTimes
 
 REPO = Path(__file__).resolve().parents[1]
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -175,6 +180,50 @@ def summarize(results: list[Result], duration: float, concurrency: int | None, r
     }
 
 
+def engine_steps(base_url: str, headers: dict[str, str]) -> StepTimes | None:
+    """The server's step-duration histogram so far (None where its /metrics has none)."""
+    try:
+        text = httpx.get(base_url + "/metrics", headers=headers, timeout=30).text
+    except httpx.HTTPError:
+        return None
+    for family in text_string_to_metric_families(text):
+        if family.name != "vriksha_engine_step_seconds":
+            continue
+        times, cumulative = StepTimes(), {}
+        for sample in family.samples:
+            kind = sample.labels.get("kind")
+            if kind not in times.counts:
+                continue
+            if sample.name.endswith("_bucket"):
+                cumulative.setdefault(kind, []).append((float(sample.labels["le"]), int(sample.value)))
+            elif sample.name.endswith("_sum"):
+                times.sums[kind] = sample.value
+        for kind, pairs in cumulative.items():
+            counts = [c for _, c in sorted(pairs)]
+            times.counts[kind] = [c - p for c, p in zip(counts, [0, *counts[:-1]], strict=True)]
+        return times
+    return None
+
+
+def step_columns(steps: StepTimes | None) -> dict:
+    ms = 1000.0
+    if steps is None:
+        return dict.fromkeys(
+            ("decode_steps", "decode_step_ms_mean", "decode_step_ms_p99_le", "prefill_step_ms_mean")
+        )
+    mean_decode, mean_prefill, p99 = (
+        steps.mean("decode"),
+        steps.mean("prefill"),
+        steps.quantile("decode", 0.99),
+    )
+    return {
+        "decode_steps": steps.count("decode"),
+        "decode_step_ms_mean": mean_decode * ms if mean_decode is not None else None,
+        "decode_step_ms_p99_le": p99 * ms if p99 is not None else None,
+        "prefill_step_ms_mean": mean_prefill * ms if mean_prefill is not None else None,
+    }
+
+
 def table(rows: list[dict], peak_rss: float | None) -> str:
     cols = [
         ("concurrency", "conc", "{}"),
@@ -190,13 +239,16 @@ def table(rows: list[dict], peak_rss: float | None) -> str:
         ("itl_ms_p50", "ITL p50 ms", "{:.1f}"),
         ("itl_ms_p99", "ITL p99 ms", "{:.1f}"),
         ("cache_hit_rate", "cache hit", "{:.1%}"),
+        ("decode_step_ms_mean", "decode step ms", "{:.1f}"),
+        ("decode_step_ms_p99_le", "decode step p99 <= ms", "{:g}"),
+        ("prefill_step_ms_mean", "prefill step ms", "{:.1f}"),
     ]
     head = "| " + " | ".join(h for _, h, _ in cols) + " |"
     sep = "|" + "|".join("---" for _ in cols) + "|"
     lines = [head, sep]
     for r in rows:
         lines.append(
-            "| " + " | ".join(f.format(r[k]) if r[k] is not None else "-" for k, _, f in cols) + " |"
+            "| " + " | ".join(f.format(r[k]) if r.get(k) is not None else "-" for k, _, f in cols) + " |"
         )
     if peak_rss is not None:
         lines.append(f"\nserver peak resident memory: {peak_rss / 2**30:.2f} GiB")
@@ -336,8 +388,11 @@ def main() -> None:
         for conc in levels:
             # each level starts from an empty prefix cache, so hits are the workload's own sharing
             httpx.post(base_url + "/flush_cache", headers=h, timeout=60)
+            before = engine_steps(base_url, h)
             results, duration = asyncio.run(run_level(base_url, model, prompts, args, conc))
-            rows.append(summarize(results, duration, conc, args.request_rate))
+            after = engine_steps(base_url, h)
+            steps = after.since(before) if before is not None and after is not None else None
+            rows.append({**summarize(results, duration, conc, args.request_rate), **step_columns(steps)})
             print(
                 f"level {conc or args.request_rate}: {rows[-1]['completed']} done in {duration:.1f} s",
                 file=sys.stderr,

@@ -143,6 +143,7 @@ def test_greedy_output_is_unchanged_and_proposals_are_accepted(cycler, default_t
     assert 0 < stats.spec_acceptance_rate <= 1.0
     assert stats.generation_tokens == plain.stats().generation_tokens == 4 * 80
     assert plain.stats().spec_runs == 0
+    assert stats.step_times.count("verify") > 0 and plain.stats().step_times.count("verify") == 0
     from vriksha.server.metrics import _EngineCollector
 
     gauges = {

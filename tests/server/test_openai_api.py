@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from vriksha import LLM, SamplingParams
 
@@ -309,7 +310,8 @@ def test_profile_endpoints_write_trace(server, client):
     assert httpx.post(f"{server.base_url}/stop_profile", timeout=30).status_code == 409
 
 
-def test_metrics_exposition(server):
+def test_metrics_exposition(server, client):
+    client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=4)
     text = httpx.get(f"{server.base_url}/metrics").text
     for name in (
         "vriksha_time_to_first_token_seconds_bucket",
@@ -325,6 +327,15 @@ def test_metrics_exposition(server):
         assert name in text, name
     m = server.metrics()
     assert m["vriksha_generation_tokens_total"] > 0 and m["vriksha_prompt_tokens_total"] > 0
+    steps = {
+        s.labels["kind"]: s.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "vriksha_engine_step_seconds"
+        for s in family.samples
+        if s.name.endswith("_count")
+    }
+    assert set(steps) == {"decode", "prefill", "verify"}
+    assert steps["decode"] > 0 and steps["prefill"] > 0
 
 
 def test_native_generate_duplicate_request_id_leaves_the_first_running(server):

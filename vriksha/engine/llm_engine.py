@@ -28,7 +28,7 @@ from vriksha.engine.sampler import Sampler
 from vriksha.engine.sampling_params import SamplingParams
 from vriksha.engine.scheduler import Scheduler
 from vriksha.engine.speculative import Speculator
-from vriksha.engine.stats import EngineStats
+from vriksha.engine.stats import EngineStats, StepTimes
 from vriksha.engine.validation import Prompt, check_request, tokenize_prompt
 from vriksha.errors import InvalidRequestError, VrikshaError
 from vriksha.profiling import phase
@@ -199,6 +199,8 @@ class LLMEngine:
         self._cached_prompt_tokens = 0
         self._generation_tokens = 0
         self.weight_version = 0  # bumped by set_weight_version after an in-place weight update
+        self.step_times = StepTimes()  # how long steps took, by kind (the server's /metrics histogram)
+        self._step_kind: str | None = None
         logger.info(
             "engine: %s, %s, KV pool %d tokens; %s",
             self.model_name,
@@ -363,15 +365,20 @@ class LLMEngine:
     # ---- the step ----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one forward pass; return outputs of finished requests and of streaming ones that advanced."""
+        start = time.perf_counter()
         outputs = self._step()
+        if self._step_kind is not None:
+            self.step_times.observe(self._step_kind, time.perf_counter() - start)
         for hook in self.step_hooks:
             hook()
         return outputs
 
     def _step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
+        self._step_kind = None
         if batch.num_tokens == 0:
             return []
+        self._step_kind = "verify" if batch.drafts else "prefill" if batch.prefills else "decode"
         logits = self.runner.forward(batch)
         draft_logits = None
         if batch.drafts:  # the draft runs' rows come last
@@ -563,6 +570,7 @@ class LLMEngine:
             cached_prompt_tokens=self._cached_prompt_tokens,
             generation_tokens=self._generation_tokens,
             num_retracted=self.scheduler.num_retracted,
+            step_times=self.step_times.copy(),
             **self._speculation_stats(),
         )
 

@@ -8,9 +8,10 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from prometheus_client import ProcessCollector
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from vriksha.engine.stats import STEP_BUCKETS, StepTimes
 from vriksha.net.metrics import MetricSet
 
 PREFIX = "vriksha"
@@ -127,6 +128,25 @@ class _EngineCollector(Collector):
             emitted / max(1, runs),
         )
         yield gauge("process_peak_rss_bytes", "peak resident memory of the server process", peak_rss_bytes())
+        times = getattr(s, "step_times", None)
+        if times is not None:
+            yield step_histogram(times)
+
+
+def step_histogram(times: StepTimes) -> HistogramMetricFamily:
+    family = HistogramMetricFamily(
+        f"{PREFIX}_engine_step_seconds",
+        "engine step duration (schedule, forward, sampling) by kind: decode, prefill (a step carrying a "
+        "prompt chunk), verify (speculative drafts)",
+        labels=["kind"],
+    )
+    for kind, counts in times.counts.items():
+        cumulative, buckets = 0, []
+        for bound, count in zip((*STEP_BUCKETS, float("inf")), counts, strict=True):
+            cumulative += count
+            buckets.append(("+Inf" if bound == float("inf") else repr(bound), cumulative))
+        family.add_metric([kind], buckets, sum_value=times.sums[kind])
+    return family
 
 
 class ServerMetrics(MetricSet):
