@@ -58,3 +58,28 @@ def test_derived_copies_are_made_on_first_use_and_dropped_by_refresh():
     assert not layouts.transposed.is_inference()  # usable outside inference mode too
     layouts.refresh()
     assert layouts.nbytes() == 0
+
+
+def test_large_buckets_are_extrapolated_not_timed(monkeypatch):
+    """Buckets whose one call would exceed MAX_TIMED_MACS are not timed: they take the last timed bucket's
+    path (bf16 arithmetic where the CPU only emulates it took seconds a call on the output head)."""
+    import vriksha.engine.measured_router as mr
+
+    monkeypatch.setattr(mr, "MAX_TIMED_MACS", 48 * 32 * 4)  # rows above 4 are not timed
+    calls = []
+    run = fast_linear._Layouts.run
+    monkeypatch.setattr(
+        fast_linear._Layouts, "run", lambda self, p, x: calls.append(x.shape[0]) or run(self, p, x)
+    )
+    plan = fast_linear._choose(48, 32, torch.float32, True, None)
+    assert max(calls) == 4
+    last_timed = fast_linear.BUCKETS.index(4)
+    assert plan[last_timed + 1 :] == [plan[last_timed]] * (len(fast_linear.BUCKETS) - last_timed - 1)
+
+
+def test_extrapolated_timings_scale_with_rows():
+    from vriksha.engine.measured_router import extrapolated, timed_buckets
+
+    assert timed_buckets((1, 2, 4), 1 << 40) == 1  # the first bucket is always timed
+    out = extrapolated([{"a": 1.0, "b": 2.0}, {"a": 2.0, "b": 3.0}], (1, 2, 8))
+    assert out[2] == {"a": 8.0, "b": 12.0}

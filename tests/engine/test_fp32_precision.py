@@ -12,7 +12,8 @@ from vriksha.engine.installation import ModuleInstallation
 from vriksha.errors import ConfigError
 
 needs_bf16 = pytest.mark.skipif(
-    not fp32_precision.supported(), reason="needs amx_bf16 or avx512_bf16 (oneDNN's bf16 arithmetic)"
+    not fp32_precision.supported(),
+    reason="needs oneDNN bf16 arithmetic (amx_bf16 or avx512_bf16, ISA not capped by ONEDNN_MAX_CPU_ISA)",
 )
 
 

@@ -359,9 +359,10 @@ def test_the_option_is_a_flag():
 def test_large_buckets_are_extrapolated_not_timed(kernels, monkeypatch):
     """A bucket whose call would exceed MAX_TIMED_MACS multiply-adds takes the last timed bucket's path and its
     times scaled by the rows (the output head's large buckets would otherwise take seconds to time)."""
+    import vriksha.engine.measured_router as mr
     import vriksha.engine.quant_linear as ql
 
-    monkeypatch.setattr(ql, "MAX_TIMED_MACS", 64 * 64 * 4)  # rows above 4 are not timed
+    monkeypatch.setattr(mr, "MAX_TIMED_MACS", 64 * 64 * 4)  # rows above 4 are not timed
     times = ql.measure("q8_0", 64, 64, kernels, None)
     timed = ql.BUCKETS.index(4)
     assert all(t > 0 for t in times["packed"] + times["dense"])

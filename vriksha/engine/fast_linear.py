@@ -24,7 +24,15 @@ import torch.nn.functional as F
 import vriksha.device as devices
 from vriksha.engine.fp32_precision import bf16_linear
 from vriksha.engine.installation import ModuleInstallation
-from vriksha.engine.measured_router import MeasuredRouter, Runner, cold_copies, retime_inversions, time_cold
+from vriksha.engine.measured_router import (
+    MeasuredRouter,
+    Runner,
+    cold_copies,
+    extrapolated,
+    retime_inversions,
+    time_cold,
+    timed_buckets,
+)
 from vriksha.engine.native import DTYPES, Kernels
 
 logger = logging.getLogger(__name__)
@@ -103,7 +111,8 @@ class _Layouts:
 def _choose(
     out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: Kernels | None, bf16: bool = False
 ) -> list[str]:
-    """The fastest path per bucket for one shape, timed on random data out of cache.
+    """The fastest path per bucket for one shape, timed on random data out of cache (buckets above
+    MAX_TIMED_MACS extrapolated).
 
     At most one derived layout is kept per shape (a second full copy of the weights costs more memory than
     it saves time), and only where it saves at least MIN_GAIN; each bucket picks between `F.linear`, the
@@ -128,8 +137,9 @@ def _choose(
         return {p: time_cold(lambda c, p=p, x=x: layouts[c].run(p, x), copies) for p in [*free, *derived]}
 
     with torch.inference_mode():
-        times = [time_bucket(i) for i in range(len(BUCKETS))]
+        times = [time_bucket(i) for i in range(timed_buckets(BUCKETS, out_f * in_f))]
         retime_inversions(times, time_bucket)
+    times = extrapolated(times, BUCKETS)
 
     def best_of(t: dict[str, float], paths: list[str]) -> str:
         return min(paths, key=t.__getitem__)

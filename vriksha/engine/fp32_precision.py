@@ -18,6 +18,7 @@ around a module it was handed (the trainer's colocated rollouts).
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 
 import torch
@@ -30,15 +31,23 @@ MODES = ("auto", "ieee", "bf16")
 CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # oneDNN runs bf16 arithmetic natively with one of these
 
 
+@functools.cache
 def supported() -> bool:
-    """Whether this CPU and torch build can run fp32 matmuls in bf16 arithmetic natively."""
+    """Whether this CPU and torch build run fp32 matmuls in bf16 arithmetic natively: the CPU has the flags
+    and one small matmul in that mode really rounds (oneDNN keeps strict fp32 where its ISA is capped, as
+    `ONEDNN_MAX_CPU_ISA=AVX2` does)."""
     matmul = getattr(torch.backends.mkldnn, "matmul", None)
-    return (
+    if not (
         torch.backends.mkldnn.is_available()
         and matmul is not None
         and hasattr(matmul, "fp32_precision")
         and any(cpu_features().has(flag) for flag in CPU_FLAGS)
-    )
+    ):
+        return False
+    generator = torch.Generator().manual_seed(0)
+    x, w = torch.randn(64, 256, generator=generator), torch.randn(64, 256, generator=generator)
+    with torch.inference_mode():
+        return not torch.equal(bf16_linear(x, w), F.linear(x, w))
 
 
 def bf16_precision_allowed(requested: str, dtype_measured: bool) -> bool:

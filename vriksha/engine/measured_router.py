@@ -49,6 +49,28 @@ def time_cold(
     return best
 
 
+# a bucket whose one call would exceed this many multiply-adds is not timed but extrapolated from the last one
+# timed (linearly in rows: every path is bound by arithmetic there); it spares the output head's large buckets
+# (49152 x 576 at 1024 rows: 29 G, seconds a call where bf16 arithmetic is emulated), which only prompt
+# log-probs ever reach
+MAX_TIMED_MACS = 1 << 30
+
+
+def timed_buckets(buckets: Sequence[int], macs_per_row: int) -> int:
+    """How many of the (increasing) buckets are timed: the first always, then those within MAX_TIMED_MACS."""
+    return max(1, sum(1 for rows in buckets if rows * macs_per_row <= MAX_TIMED_MACS))
+
+
+def extrapolated(timings: list[dict[str, float]], buckets: Sequence[int]) -> list[dict[str, float]]:
+    """Per-bucket timings of the first buckets, extended to every bucket: each one past them scales the last
+    timed one linearly in rows."""
+    out = list(timings)
+    for i in range(len(timings), len(buckets)):
+        scale = buckets[i] / buckets[len(timings) - 1]
+        out.append({path: t * scale for path, t in timings[-1].items()})
+    return out
+
+
 INVERSION = 2.0  # a path timed this much slower on a bucket than on the next, larger one was disturbed
 RETIMES = 2
 

@@ -34,8 +34,10 @@ from vriksha.engine.measured_router import (
     Runner,
     bucket_index,
     cold_copies,
+    extrapolated,
     retime_inversions,
     time_cold,
+    timed_buckets,
 )
 from vriksha.engine.native import Kernels
 from vriksha.engine.native.quant import BF16_PATHS, FLOAT_PATHS, INT8_PATHS, SOURCE, QuantKernels
@@ -47,10 +49,6 @@ logger = logging.getLogger(__name__)
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # above it the float packed paths are not timed (they decode each weight once per 8 rows)
 FLOAT_PATH_ROWS = 64
-# a bucket whose one call would exceed this many multiply-adds is not timed but extrapolated from the last one
-# timed (linearly in rows: both paths are bound by arithmetic there); it spares the output head's large
-# buckets (49152 x 576 at 1024 rows: 29 G), which only prompt log-probs ever reach
-MAX_TIMED_MACS = 1 << 30
 # the dense paths timed beside the packed ones
 DENSE_TORCH, DENSE_NATIVE, DENSE_BF16 = "dense:torch", "dense:native", "dense:bf16"
 DENSE_PATHS = (DENSE_TORCH, DENSE_NATIVE, DENSE_BF16)
@@ -125,13 +123,10 @@ def measure(
         return t
 
     with torch.inference_mode():
-        timed_buckets = [
-            i for i, rows in enumerate(BUCKETS) if i == 0 or rows * out_f * in_f <= MAX_TIMED_MACS
-        ]
-        by_bucket = [time_bucket(i) for i in timed_buckets]
-        retime_inversions(by_bucket, lambda j: time_bucket(timed_buckets[j]))
+        by_bucket = [time_bucket(i) for i in range(timed_buckets(BUCKETS, out_f * in_f))]
+        retime_inversions(by_bucket, time_bucket)
     times: dict[str, list] = {"packed": [], "path": [], "dense": [], "dense_native": []}
-    for t in by_bucket:
+    for t in extrapolated(by_bucket, BUCKETS):
         packed_paths = [p for p in t if p not in DENSE_PATHS]
         fastest = min(packed_paths, key=t.__getitem__)
         times["packed"].append(t[fastest])
@@ -139,11 +134,6 @@ def measure(
         native = min(t[p] for p in (DENSE_TORCH, DENSE_NATIVE) if p in t)
         times["dense_native"].append(native)
         times["dense"].append(min(native, t.get(DENSE_BF16, native)))
-    for i in range(len(timed_buckets), len(BUCKETS)):  # above MAX_TIMED_MACS: extrapolated from the last
-        scale = BUCKETS[i] / BUCKETS[i - 1]
-        for name in ("packed", "dense", "dense_native"):
-            times[name].append(times[name][-1] * scale)
-        times["path"].append(times["path"][-1])
     return times
 
 
