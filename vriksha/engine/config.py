@@ -21,6 +21,7 @@ SPECULATIVE_METHODS = ("none", "ngram")
 PACKED_ACTIVATIONS = ("auto", "int16", "int8")
 NATIVE_DECODE = ("auto", "on", "off")
 GRAMMAR_OVERLAP = ("auto", "on", "off")
+FRONT_END_CORE = ("auto", "on", "off")
 
 
 def option(
@@ -129,6 +130,13 @@ class EngineConfig:
     num_speculative_tokens: int = option(4, "most tokens proposed per request and step (with --speculative)")
     ngram_min: int = option(2, "shortest n-gram the ngram proposer matches")
     ngram_max: int = option(4, "longest n-gram the ngram proposer matches (the longest that matches wins)")
+    front_end_core: str = option(
+        "auto",
+        "on the CPU: run small steps (at most 16 tokens: decode batches) on one thread fewer, leaving a core to "
+        "the server's event loop and local clients, whose wake-ups otherwise stall the steps' OpenMP barriers; "
+        "larger steps use every thread; auto: on when a server drives the engine, off for offline generate",
+        choices=FRONT_END_CORE,
+    )
     grammar_overlap: str = option(
         "auto",
         "structured outputs: compute step t+1's grammar masks while step t's forward runs (on), or just before "
@@ -180,6 +188,11 @@ class EngineConfig:
         if self.speculative not in SPECULATIVE_METHODS:
             raise ConfigError(
                 f"engine option speculative must be one of {', '.join(SPECULATIVE_METHODS)}, got {self.speculative!r}"
+            )
+        if self.front_end_core not in FRONT_END_CORE:
+            raise ConfigError(
+                f"engine option front_end_core must be one of {', '.join(FRONT_END_CORE)}, "
+                f"got {self.front_end_core!r}"
             )
         if self.grammar_overlap not in GRAMMAR_OVERLAP:
             raise ConfigError(

@@ -29,6 +29,7 @@ from vriksha.engine.sampling_params import SamplingParams
 from vriksha.engine.scheduler import Scheduler
 from vriksha.engine.speculative import Speculator
 from vriksha.engine.stats import EngineStats, StepTimes
+from vriksha.engine.step_threads import StepThreads
 from vriksha.engine.validation import Prompt, check_request, tokenize_prompt
 from vriksha.errors import InvalidRequestError, VrikshaError
 from vriksha.profiling import phase
@@ -175,6 +176,7 @@ class LLMEngine:
             config.enable_prefix_caching, self.allocator, self.table, cache_events
         )
         self.scheduler = Scheduler(config, self.cache)
+        self.step_threads = StepThreads(config.front_end_core, host and tp is None)
         if config.speculative != "none":
             self.scheduler.speculator = Speculator(config, self.max_model_len)
         self.runner = ModelRunner(
@@ -379,6 +381,7 @@ class LLMEngine:
         if batch.num_tokens == 0:
             return []
         self._step_kind = "verify" if batch.drafts else "prefill" if batch.prefills else "decode"
+        self.step_threads.apply(batch.num_tokens)
         logits = self.runner.forward(batch)
         draft_logits = None
         if batch.drafts:  # the draft runs' rows come last
