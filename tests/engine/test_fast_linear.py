@@ -61,8 +61,8 @@ def test_derived_copies_are_made_on_first_use_and_dropped_by_refresh():
 
 
 def test_large_buckets_are_extrapolated_not_timed(monkeypatch):
-    """Buckets whose one call would exceed MAX_TIMED_MACS are not timed: they take the last timed bucket's
-    path (bf16 arithmetic where the CPU only emulates it took seconds a call on the output head)."""
+    """The output head's buckets whose one call would exceed MAX_TIMED_MACS are not timed: they take the last
+    timed bucket's path (bf16 arithmetic where the CPU only emulates it took seconds a call on the head)."""
     import vriksha.engine.measured_router as mr
 
     monkeypatch.setattr(mr, "MAX_TIMED_MACS", 48 * 32 * 4)  # rows above 4 are not timed
@@ -71,10 +71,13 @@ def test_large_buckets_are_extrapolated_not_timed(monkeypatch):
     monkeypatch.setattr(
         fast_linear._Layouts, "run", lambda self, p, x: calls.append(x.shape[0]) or run(self, p, x)
     )
-    plan = fast_linear._choose(48, 32, torch.float32, True, None)
+    plan = fast_linear._choose(48, 32, torch.float32, True, None, head=True)
     assert max(calls) == 4
     last_timed = fast_linear.BUCKETS.index(4)
     assert plan[last_timed + 1 :] == [plan[last_timed]] * (len(fast_linear.BUCKETS) - last_timed - 1)
+    calls.clear()
+    fast_linear._choose(48, 32, torch.float32, True, None)  # a body layer: its prefill buckets are timed
+    assert max(calls) == fast_linear.BUCKETS[-1]
 
 
 def test_extrapolated_timings_scale_with_rows():

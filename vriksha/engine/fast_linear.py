@@ -109,10 +109,17 @@ class _Layouts:
 
 
 def _choose(
-    out_f: int, in_f: int, dtype: torch.dtype, has_bias: bool, native: Kernels | None, bf16: bool = False
+    out_f: int,
+    in_f: int,
+    dtype: torch.dtype,
+    has_bias: bool,
+    native: Kernels | None,
+    bf16: bool = False,
+    head: bool = False,
 ) -> list[str]:
-    """The fastest path per bucket for one shape, timed on random data out of cache (buckets above
-    MAX_TIMED_MACS extrapolated).
+    """The fastest path per bucket for one shape, timed on random data out of cache. `head`: the output
+    head, which computes only the rows that sample (and prompt log-probs): its buckets above MAX_TIMED_MACS
+    are extrapolated rather than timed (seconds a call where bf16 arithmetic is emulated).
 
     At most one derived layout is kept per shape (a second full copy of the weights costs more memory than
     it saves time), and only where it saves at least MIN_GAIN; each bucket picks between `F.linear`, the
@@ -137,7 +144,8 @@ def _choose(
         return {p: time_cold(lambda c, p=p, x=x: layouts[c].run(p, x), copies) for p in [*free, *derived]}
 
     with torch.inference_mode():
-        times = [time_bucket(i) for i in range(timed_buckets(BUCKETS, out_f * in_f))]
+        count = timed_buckets(BUCKETS, out_f * in_f) if head else len(BUCKETS)
+        times = [time_bucket(i) for i in range(count)]
         retime_inversions(times, time_bucket)
     times = extrapolated(times, BUCKETS)
 
@@ -180,6 +188,8 @@ class FastLinear(MeasuredRouter):
         self.native = native
         self.bf16 = bf16
         self.plan: dict[str, list[str]] = {}
+        head = getattr(model, "get_output_embeddings", lambda: None)()
+        self.head = head if isinstance(head, torch.nn.Linear) else None
         linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
         if not linears or not devices.is_host(linears[0].weight.device):
             return
@@ -215,6 +225,7 @@ class FastLinear(MeasuredRouter):
             linear.bias is not None,
             self.native,
             self.bf16,
+            head=linear is self.head,
         )
 
     def valid(self, record: list[str]) -> bool:
