@@ -202,7 +202,6 @@ class LLMEngine:
         self._generation_tokens = 0
         self.weight_version = 0  # bumped by set_weight_version after an in-place weight update
         self.step_times = StepTimes()  # how long steps took, by kind (the server's /metrics histogram)
-        self._step_kind: str | None = None
         logger.info(
             "engine: %s, %s, KV pool %d tokens; %s",
             self.model_name,
@@ -367,20 +366,16 @@ class LLMEngine:
     # ---- the step ----------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one forward pass; return outputs of finished requests and of streaming ones that advanced."""
-        start = time.perf_counter()
         outputs = self._step()
-        if self._step_kind is not None:
-            self.step_times.observe(self._step_kind, time.perf_counter() - start)
         for hook in self.step_hooks:
             hook()
         return outputs
 
     def _step(self) -> list[RequestOutput]:
+        start = time.perf_counter()
         batch = self.scheduler.schedule()
-        self._step_kind = None
         if batch.num_tokens == 0:
             return []
-        self._step_kind = "verify" if batch.drafts else "prefill" if batch.prefills else "decode"
         self.step_threads.apply(batch.num_tokens)
         logits = self.runner.forward(batch)
         draft_logits = None
@@ -426,7 +421,10 @@ class LLMEngine:
                 )
                 touched.update(r.request.request_id for r in batch.drafts)
         self.scheduler.postprocess(batch, finished)
-        return self._collect(touched)
+        outputs = self._collect(touched)
+        kind = "verify" if batch.drafts else "prefill" if batch.prefills else "decode"
+        self.step_times.observe(kind, time.perf_counter() - start)
+        return outputs
 
     def _suppress_early_stop(self, logits: torch.Tensor, requests: list[Request]) -> None:
         for i, req in enumerate(requests):
