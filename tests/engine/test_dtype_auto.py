@@ -11,7 +11,7 @@ import torch
 
 import vriksha.device as devices
 from vriksha import fast_dtype
-from vriksha.cpu_features import _read_cpuinfo, cpu_features
+from vriksha.cpu_features import _read_cpuinfo, cpu_features, hidden_above
 from vriksha.engine.config import EngineConfig
 from vriksha.errors import ConfigError
 
@@ -108,6 +108,28 @@ def test_cpuinfo_flags_are_read_on_x86_and_arm():
     here = cpu_features()
     assert here.model and here.summary().startswith(here.model)
     assert set(here.notable) <= here.flags
+
+
+def test_cpu_as_a_narrower_level_hides_the_wider_flags(monkeypatch):
+    xeon = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512bw", "avx512_vnni",
+                      "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"})
+    assert hidden_above("avx2", xeon) == {"sse4_2", "avx", "avx2", "fma", "f16c"}
+    assert hidden_above("avx512", xeon) == xeon - {"avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"}
+    assert hidden_above("avx512_bf16", xeon) == xeon - {"avx512_fp16", "amx_tile", "amx_bf16", "amx_int8"}
+    assert hidden_above("generic", xeon) == {"sse4_2"}
+    with pytest.raises(ConfigError, match="VRIKSHA_CPU_AS='avx3'.*avx2"):
+        hidden_above("avx3", xeon)
+
+    real = cpu_features()
+    monkeypatch.setenv("VRIKSHA_CPU_AS", "generic")
+    cpu_features.cache_clear()
+    try:
+        generic = cpu_features()
+        assert generic.model.endswith(" as generic") and not any(f.startswith("avx") for f in generic.flags)
+        assert generic.flags <= real.flags
+        assert generic.signature != real.signature  # what was measured for the real CPU is not taken for it
+    finally:
+        cpu_features.cache_clear()
 
 
 def test_vriksha_dtype_pins_auto_without_measuring(cache, monkeypatch):
