@@ -5,16 +5,15 @@ every core, each wake-up of the server's event loop (one per streamed token) or 
 machine preempts a team thread, and the whole step waits for it: on the 2-core Zen 4 EPYC a one-stream decode
 step took 15.4 ms inside the server against about 5 ms with one thread fewer. Large steps (prompt chunks,
 big batches) are bound by arithmetic and gain more from the last core than the preemptions cost them, so
-they keep every thread. `front_end_core` (an engine option): `on` runs steps of at most SMALL_STEP_TOKENS
-tokens on one thread fewer; `auto` does so where a front end shares the process (the async engine a server
-drives) on the CPU; `off` never.
+they keep every thread. `front_end_core` (an engine option, its choices checked by `EngineConfig`): `on`
+runs steps of at most SMALL_STEP_TOKENS tokens on one thread fewer; `auto` does so where a front end shares
+the process (the async engine a server drives) on the CPU; `off` never.
 """
 
 from __future__ import annotations
 
 import torch
 
-MODES = ("auto", "on", "off")
 SMALL_STEP_TOKENS = 16  # a step of at most this many tokens (decode rows, prompt tokens, drafts) is small
 
 
