@@ -62,7 +62,9 @@ def _shared_prefix_slots(lens, prefixes, pool_size, gen):
 def test_bf16_decode_attention_over_shared_prefixes(lib, heads, kv_heads, d):
     """Rows sharing a long run of prefix slots (the radix cache's layout for a shared prompt) attend to it
     together, then to their own slots, merging the two softmaxes: the result must be the one softmax over all
-    of a row's slots, in float32 math within 1e-4, whatever the grouping: two groups interleaved in the batch,
+    of a row's slots, in float32 math within 4e-3 (the shared pass weighs the bf16 values by probabilities
+    rounded to bf16, as the pool rounds the values themselves; its sums stay float32), whatever the grouping:
+    two groups interleaved in the batch,
     a row alone, a row whose shared run is too short to group (it keeps its group from forming), rows of
     different lengths, a group of more rows than a vector holds query heads. The float32-query entry (an fp32
     engine over a bf16 pool) gives the same values."""
@@ -95,7 +97,7 @@ def test_bf16_decode_attention_over_shared_prefixes(lib, heads, kv_heads, d):
             )
             qb = q[b].to(BF16).float().view(kv_heads, heads // kv_heads, d)
             exact = F.scaled_dot_product_attention(qb, keys, values, scale=d**-0.5).reshape(heads, d)
-            torch.testing.assert_close(got[b], exact, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(got[b], exact, rtol=1e-2, atol=4e-3)
 
 
 @pytest.mark.parametrize(
@@ -104,8 +106,9 @@ def test_bf16_decode_attention_over_shared_prefixes(lib, heads, kv_heads, d):
 )
 def test_bf16_prefill_attention_is_causal_softmax_over_the_pool(lib, tokens, prefix, heads, kv_heads, d):
     """A prompt chunk's queries over its slots in the pool (a cached prefix, then its own K/V): token t sees
-    the prefix and its chunk up to itself, within 1e-4 of float32 math on the query rounded to bf16; where the
-    build cannot (no AVX-512 BF16) it says so with None, and the engine runs SDPA."""
+    the prefix and its chunk up to itself, within 4e-3 of float32 math on the query rounded to bf16 (the
+    probabilities weigh the bf16 values in bf16, with float32 sums); where the build cannot (no AVX-512 BF16)
+    it says so with None, and the engine runs SDPA."""
     gen = torch.Generator().manual_seed(tokens + prefix + d)
     pool_size = 3000
     k_pool = torch.randn(pool_size, kv_heads, d, generator=gen).to(BF16)
@@ -122,7 +125,7 @@ def test_bf16_prefill_attention_is_causal_softmax_over_the_pool(lib, tokens, pre
     causal = torch.arange(prefix + tokens)[None, :] <= torch.arange(tokens)[:, None] + prefix
     queries = q.to(BF16).float().transpose(0, 1)
     want = F.scaled_dot_product_attention(queries, keys, values, attn_mask=causal, scale=d**-0.5)
-    torch.testing.assert_close(got, want.transpose(0, 1), rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got, want.transpose(0, 1), rtol=1e-2, atol=4e-3)
 
 
 def test_the_kernel_set_offers_the_prefill_kernel_only_where_it_was_built():

@@ -146,16 +146,66 @@ static void find_prefix_groups(const int64_t* slots, const int64_t* lens, int64_
   }
 }
 
+/* The value rows of slots row[0..keys) (KV head h) in key pairs: vi[jp * 2dv + 2e + p] = v[row[2jp + p]][e]; an odd
+ * count's last pair repeats its key (weighed by a zero probability). */
+static inline void interleave_value_pairs(const bf16* v_pool, const int64_t* row, int64_t keys, int64_t kv_heads,
+                                          int64_t h, int64_t dv, bf16* vi) {
+  static const uint16_t pairs[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                     8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i first = _mm512_loadu_si512((const void*)pairs); /* element e of a, then of b, e < 16 */
+  const __m512i second = _mm512_add_epi16(first, _mm512_set1_epi16(16));
+  for (int64_t j = 0; j < keys; j += 2) {
+    const bf16* a = v_pool + (row[j] * kv_heads + h) * dv;
+    const bf16* b = v_pool + (row[j + 1 < keys ? j + 1 : j] * kv_heads + h) * dv;
+    if (j + 8 < keys) {
+      __builtin_prefetch(v_pool + (row[j + 8] * kv_heads + h) * dv);
+      __builtin_prefetch(v_pool + (row[j + 9 < keys ? j + 9 : j + 8] * kv_heads + h) * dv);
+    }
+    bf16* out = vi + j * dv;
+    for (int64_t e = 0; e < dv; e += 32) {
+      __m512i x = _mm512_loadu_si512((const void*)(a + e)), y = _mm512_loadu_si512((const void*)(b + e));
+      _mm512_storeu_si512((void*)(out + 2 * e), _mm512_permutex2var_epi16(x, first, y));
+      _mm512_storeu_si512((void*)(out + 2 * e + 32), _mm512_permutex2var_epi16(x, second, y));
+    }
+  }
+}
+
+/* o[u0 + c][e0 .. e0 + 64) = sum over key pairs of lane u0 + c's probability pair against the value pair, for
+ * c < C (a constant where inlined: C x 4 float32 accumulators). */
+static inline __attribute__((always_inline)) void weigh_values(const uint32_t* pp, const bf16* vi, int64_t pairs,
+                                                               int64_t dv, int64_t e0, int u0, int C,
+                                                               float* const* o) {
+  __m512 a[6][4];
+  for (int c = 0; c < C; c++)
+    for (int t = 0; t < 4; t++) a[c][t] = _mm512_setzero_ps();
+  for (int64_t jp = 0; jp < pairs; jp++) {
+    const bf16* w = vi + jp * 2 * dv + 2 * e0;
+    __m512bh v[4];
+    for (int t = 0; t < 4; t++) v[t] = (__m512bh)_mm512_loadu_si512((const void*)(w + 32 * t));
+    const uint32_t* p = pp + jp * 16 + u0;
+    for (int c = 0; c < C; c++) {
+      __m512bh pc = (__m512bh)_mm512_set1_epi32((int32_t)p[c]);
+      for (int t = 0; t < 4; t++) a[c][t] = _mm512_dpbf16_ps(a[c][t], pc, v[t]);
+    }
+  }
+  for (int c = 0; c < C; c++)
+    for (int t = 0; t < 4; t++) _mm512_storeu_ps(o[u0 + c] + e0 + 16 * t, a[c][t]);
+}
+
 /* Up to sixteen query vectors ("lanes": q[u], d bf16 values, of KV head h's group) against the key and value
  * rows of slots row[0..n), lane u seeing the first visible[u] of them (visible NULL: all n; at least one):
  * leaves per lane its maximum score m[u], its sum of exponentials l[u] and its unnormalised output o[u]
  * (dv floats). The queries are transposed into bf16 pairs sixteen to a vector and each key pair broadcast
  * against them, so one instruction advances sixteen scores with no horizontal sum; the softmax runs down the
- * key axis; the values are summed in float32 six lanes at a time. Lanes past `lanes` are padding: computed,
- * never stored. Scratch: qt of d / 2 * 16 pairs, s of n * 16 floats. d % 32 == 0, dv % 64 == 0. */
+ * key axis; each probability is rounded to bf16 (the precision of the values it weighs) and paired with the
+ * next key's, so that one bf16-pair instruction against the value rows interleaved in pairs advances sixteen
+ * outputs by two keys, in float32 sums, up to six lanes at a time; l sums the rounded probabilities, so the
+ * weights stay normalised. Lanes past `lanes` are padding: their scores are computed, never stored. Scratch:
+ * qt of d / 2 * 16 pairs, s of n * 16 floats, vi of (n + 1) / 2 * 2 * dv bf16. d % 32 == 0, dv % 64 == 0. */
 static void attend_lanes(const bf16* const* q, int lanes, const int64_t* visible, const bf16* k_pool,
                          const bf16* v_pool, const int64_t* row, int64_t n, int64_t kv_heads, int64_t h, int64_t d,
-                         int64_t dv, float scale, uint32_t* qt, float* s, float* m, float* l, float* const* o) {
+                         int64_t dv, float scale, uint32_t* qt, float* s, bf16* vi, float* m, float* l,
+                         float* const* o) {
   const __m512 scale16 = _mm512_set1_ps(scale);
   int32_t seen[16];
   for (int u = 0; u < 16; u++) seen[u] = (int32_t)(visible ? visible[u < lanes ? u : 0] : n);
@@ -191,47 +241,47 @@ static void attend_lanes(const bf16* const* q, int lanes, const int64_t* visible
       mx = _mm512_max_ps(mx, v);
     }
   }
+  /* pp[jp * 16 + u]: lane u's probabilities of keys 2jp and 2jp + 1 in bf16, written over s (row jp is
+   * written after rows 2jp and 2jp + 1 are read) */
+  uint32_t* pp = (uint32_t*)s;
+  int64_t pairs = (keys + 1) / 2;
   __m512 sum = _mm512_setzero_ps();
-  for (int64_t j = 0; j < keys; j++) { /* an unseen key's exponential is 0, not exp16's floor */
-    __mmask16 sees = _mm512_cmpgt_epi32_mask(seen16, _mm512_set1_epi32((int32_t)j));
-    __m512 e = _mm512_maskz_mov_ps(sees, exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j * 16), mx)));
-    _mm512_storeu_ps(s + j * 16, e);
-    sum = _mm512_add_ps(sum, e);
+  for (int64_t jp = 0; jp < pairs; jp++) {
+    __m512i half[2];
+    for (int p = 0; p < 2; p++) {
+      int64_t j = 2 * jp + p;
+      __m256i b = _mm256_setzero_si256();
+      if (j < keys) { /* an unseen key's exponential is 0, not exp16's floor */
+        __mmask16 sees = _mm512_cmpgt_epi32_mask(seen16, _mm512_set1_epi32((int32_t)j));
+        __m512 e = _mm512_maskz_mov_ps(sees, exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j * 16), mx)));
+        b = (__m256i)_mm512_cvtneps_pbh(e);
+      }
+      half[p] = _mm512_cvtepu16_epi32(b);
+      sum = _mm512_add_ps(sum, _mm512_castsi512_ps(_mm512_slli_epi32(half[p], 16)));
+    }
+    _mm512_storeu_si512((void*)(pp + jp * 16), _mm512_or_si512(half[0], _mm512_slli_epi32(half[1], 16)));
   }
   _mm512_storeu_ps(m, mx);
   _mm512_storeu_ps(l, sum);
-  for (int64_t e0 = 0; e0 < dv; e0 += 64) {
+  interleave_value_pairs(v_pool, row, keys, kv_heads, h, dv, vi);
+  for (int64_t e0 = 0; e0 < dv; e0 += 64)
     for (int u0 = 0; u0 < lanes; u0 += 6) {
-      int cnt = lanes - u0 < 6 ? lanes - u0 : 6;
-      __m512 a[6][4];
-      for (int c = 0; c < 6; c++)
-        for (int t = 0; t < 4; t++) a[c][t] = _mm512_setzero_ps();
-      for (int64_t j = 0; j < keys; j++) {
-        if (j + 8 < keys) {
-          const char* p = (const char*)(v_pool + (row[j + 8] * kv_heads + h) * dv + e0);
-          __builtin_prefetch(p);
-          __builtin_prefetch(p + 64);
-        }
-        const bf16* vj = v_pool + (row[j] * kv_heads + h) * dv + e0;
-        __m512 v[4];
-        for (int t = 0; t < 4; t++) v[t] = load16_bf16(vj + 16 * t);
-        const float* pj = s + j * 16 + u0;
-        for (int c = 0; c < 6; c++) {
-          __m512 p = _mm512_set1_ps(pj[c < cnt ? c : 0]);
-          for (int t = 0; t < 4; t++) a[c][t] = _mm512_fmadd_ps(p, v[t], a[c][t]);
-        }
+      switch (lanes - u0 < 6 ? lanes - u0 : 6) {
+        case 6: weigh_values(pp, vi, pairs, dv, e0, u0, 6, o); break;
+        case 5: weigh_values(pp, vi, pairs, dv, e0, u0, 5, o); break;
+        case 4: weigh_values(pp, vi, pairs, dv, e0, u0, 4, o); break;
+        case 3: weigh_values(pp, vi, pairs, dv, e0, u0, 3, o); break;
+        case 2: weigh_values(pp, vi, pairs, dv, e0, u0, 2, o); break;
+        default: weigh_values(pp, vi, pairs, dv, e0, u0, 1, o);
       }
-      for (int c = 0; c < cnt; c++)
-        for (int t = 0; t < 4; t++) _mm512_storeu_ps(o[u0 + c] + e0 + 16 * t, a[c][t]);
     }
-  }
 }
 
 /* One group's shared slots `row` [n] (n >= 1), KV head h: for its `rows` members' query heads (q [B, H, D],
  * bf16), m, l [B, H] and o [B, H, Dv] (unnormalised) at each member's query heads of h. */
 static void attend_prefix(const bf16* q, const bf16* k_pool, const bf16* v_pool, const int64_t* row, int64_t n,
                           const int64_t* members, int64_t rows, int64_t heads, int64_t kv_heads, int64_t h,
-                          int64_t d, int64_t dv, int64_t group, float scale, uint32_t* qt, float* s, float* m,
+                          int64_t d, int64_t dv, int64_t group, float scale, uint32_t* qt, float* s, bf16* vi, float* m,
                           float* l, float* o) {
   int64_t queries = rows * group;
   for (int64_t q0 = 0; q0 < queries; q0 += 16) {
@@ -245,7 +295,7 @@ static void attend_prefix(const bf16* q, const bf16* k_pool, const bf16* v_pool,
       qs[u] = q + at[u] * d;
       os[u] = o + at[u] * dv;
     }
-    attend_lanes(qs, lanes, NULL, k_pool, v_pool, row, n, kv_heads, h, d, dv, scale, qt, s, ms, ls, os);
+    attend_lanes(qs, lanes, NULL, k_pool, v_pool, row, n, kv_heads, h, d, dv, scale, qt, s, vi, ms, ls, os);
     for (int u = 0; u < lanes; u++) {
       m[at[u]] = ms[u];
       l[at[u]] = ls[u];
@@ -390,15 +440,18 @@ static void attend_bf16_pool(const bf16* q16, const float* q32, const bf16* k_po
     if (pg.groups > 0) {
       uint32_t* qt = (uint32_t*)malloc(sizeof(uint32_t) * 16 * (d / 2));
       float* s = (float*)malloc(sizeof(float) * 16 * max_len);
+      bf16* vi = (bf16*)malloc(sizeof(bf16) * 2 * dv * ((max_len + 1) / 2));
 #pragma omp for schedule(dynamic, 1) collapse(2)
       for (int64_t i = 0; i < pg.groups; i++)
         for (int64_t h = 0; h < kv_heads; h++) {
           const int64_t* members = pg.members + pg.first[i];
           attend_prefix(q, k_pool, v_pool, slots + members[0] * max_len, pg.shared[i], members,
-                        pg.first[i + 1] - pg.first[i], heads, kv_heads, h, d, dv, group, scale, qt, s, pm, pl, po);
+                        pg.first[i + 1] - pg.first[i], heads, kv_heads, h, d, dv, group, scale, qt, s, vi, pm, pl,
+                        po);
         }
       free(qt);
       free(s);
+      free(vi);
     }
 #endif
     float* scores = (float*)malloc(sizeof(float) * group * (max_len > 0 ? max_len : 1));
@@ -472,6 +525,7 @@ int prefill_attention_bf16(const float* q, const bf16* k_pool, const bf16* v_poo
     for (int64_t e = 0; e < tokens * heads * d; e++) qb[e] = f32_to_bf16(q[e]);
     uint32_t* qt = (uint32_t*)malloc(sizeof(uint32_t) * 16 * (d / 2));
     float* s = (float*)malloc(sizeof(float) * 16 * n);
+    bf16* vi = (bf16*)malloc(sizeof(bf16) * 2 * dv * ((n + 1) / 2));
 #pragma omp for schedule(dynamic, 1) collapse(2)
     for (int64_t h = 0; h < kv_heads; h++)
       for (int64_t blk = blocks - 1; blk >= 0; blk--) { /* the longest (latest tokens) first */
@@ -487,7 +541,8 @@ int prefill_attention_bf16(const float* q, const bf16* k_pool, const bf16* v_poo
           os[u] = out + (t * heads + head) * dv;
           visible[u] = prefix + t + 1;
         }
-        attend_lanes(qs, lanes, visible, k_pool, v_pool, slots, n, kv_heads, h, d, dv, scale, qt, s, m, l, os);
+        attend_lanes(qs, lanes, visible, k_pool, v_pool, slots, n, kv_heads, h, d, dv, scale, qt, s, vi, m, l,
+                     os);
         for (int u = 0; u < lanes; u++) {
           float inv = 1.f / l[u];
           for (int64_t e = 0; e < dv; e++) os[u][e] *= inv;
@@ -495,6 +550,7 @@ int prefill_attention_bf16(const float* q, const bf16* k_pool, const bf16* v_poo
       }
     free(qt);
     free(s);
+    free(vi);
   }
   free(qb);
   return 0;
