@@ -191,7 +191,8 @@ class LLMEngine:
         self.quantization = self.runner.quantization
         if tp is not None:
             self.runner.tensor_parallel = tp
-        self.sampler = Sampler(config.seed)
+        native = self.runner.native
+        self.sampler = Sampler(config.seed, native.greedy_pick if native is not None else None)
         self._grammar = None  # GrammarEngine, built on the first constrained request
         self._groups: dict[str, _Group] = {}
         self._closed = False

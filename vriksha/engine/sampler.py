@@ -11,6 +11,7 @@ changes nothing after it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -31,10 +32,16 @@ class SampleResult:
     top_logprobs: list[dict[int, float] | None]
 
 
+GreedyPick = Callable[[torch.Tensor], "tuple[list[int], list[float]] | None"]
+
+
 class Sampler:
-    def __init__(self, seed: int = 0) -> None:
+    def __init__(self, seed: int = 0, greedy_pick: GreedyPick | None = None) -> None:
+        """`greedy_pick`: a fused argmax and log-probability over CPU float32 logits (the native kernels'),
+        taken when every row is greedy, unshaped and asks no top log-probabilities."""
         self.generator = torch.Generator().manual_seed(seed)
         self._keyed = torch.Generator()  # re-seeded per (request seed, position)
+        self.greedy_pick = greedy_pick
 
     def __call__(
         self,
@@ -48,6 +55,14 @@ class Sampler:
         row i samples the request's output token at len(output) + offsets[i] (default 0: the next one); a
         request may fill several rows."""
         logits = logits.float()
+        if self._plain_greedy(logits, requests, bitmask):
+            picked = self.greedy_pick(logits)
+            if picked is not None:
+                ids, lps = picked
+                tops = [
+                    None if r.params.logprobs is None else {ids[i]: lps[i]} for i, r in enumerate(requests)
+                ]
+                return SampleResult(ids, lps, tops)
         logprobs = torch.log_softmax(logits, dim=-1)
         shaped = any(_shaped(r) for r in requests)
         if shaped or (bitmask is not None and not bitmask_in_place(logits)):
@@ -92,6 +107,16 @@ class Sampler:
                     entry.update(zip(top_i[i, :k].tolist(), top_v[i, :k].tolist(), strict=True))
                 tops[i] = entry
         return SampleResult(ids, sampled_lp, tops)
+
+    def _plain_greedy(self, logits: torch.Tensor, requests: list[Request], bitmask) -> bool:
+        return (
+            self.greedy_pick is not None
+            and bitmask is None
+            and logits.device.type == "cpu"
+            and logits.dim() == 2
+            and logits.is_contiguous()
+            and all(r.params.greedy and not r.params.logprobs and not _shaped(r) for r in requests)
+        )
 
     @staticmethod
     def _filtered_probs(logits: torch.Tensor, requests: list[Request]) -> torch.Tensor:

@@ -102,6 +102,9 @@ class Kernels:
         self._prefill = lib.prefill_attention_bf16
         self._prefill.argtypes = [_PTR] * 4 + [_I64, _I64, _PTR] + [_I64] * 4 + [_F32, _INT]
         self._prefill.restype = ctypes.c_int
+        self._greedy = lib.greedy_pick_f32
+        self._greedy.argtypes = [_PTR, _I64, _I64, _PTR, _PTR, _INT]
+        self._greedy.restype = None
         self._lib = lib
         self.path = path
         self.variant = variant
@@ -195,6 +198,19 @@ class Kernels:
             torch.get_num_threads(),
         )
         return out
+
+    def greedy_pick(self, logits: torch.Tensor) -> tuple[list[int], list[float]] | None:
+        """Per row of float32 logits [rows, vocab]: the argmax (the first of equal values, as torch.argmax) and
+        its log-probability under the row's softmax, without a log-softmax tensor; None where a row holds a
+        NaN or an infinity at its top (the caller samples those rows the general way)."""
+        rows, vocab = logits.shape
+        ids = torch.empty(rows, dtype=torch.int64)
+        logprobs = torch.empty(rows, dtype=torch.float32)
+        self._greedy(
+            logits.data_ptr(), rows, vocab, ids.data_ptr(), logprobs.data_ptr(), torch.get_num_threads()
+        )
+        picked = ids.tolist()
+        return None if min(picked, default=0) < 0 else (picked, logprobs.tolist())
 
     def prefill_attention(
         self,

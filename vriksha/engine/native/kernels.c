@@ -262,3 +262,63 @@ void silu_mul_f32(const float* gate, const float* up, float* out, int64_t n, int
     }
   }
 }
+
+/* Greedy picks over logits [rows, vocab]: per row the index of its largest value (the first of equal ones, as
+ * torch.argmax picks) and that token's log-probability, -log(sum exp(x - max)), in two passes over the row (the
+ * second from cache) with no [rows, vocab] log-softmax written. A row holding a NaN or +inf, or only -inf,
+ * gets id -1: the caller samples it another way. */
+void greedy_pick_f32(const float* logits, int64_t rows, int64_t vocab, int64_t* ids, float* logprobs,
+                     int threads) {
+#pragma omp parallel for schedule(static) num_threads(threads) if (rows > 1)
+  for (int64_t r = 0; r < rows; r++) {
+    const float* x = logits + r * vocab;
+    int64_t i = 0, best = 0;
+    float top = -INFINITY;
+    int bad = 0;
+#ifdef VRIKSHA_AVX2
+    if (vocab >= 8) {
+      __m256 vmax = _mm256_loadu_ps(x);
+      __m256 nan = _mm256_cmp_ps(vmax, vmax, _CMP_UNORD_Q);
+      __m256i at = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), index = at;
+      const __m256i step = _mm256_set1_epi32(8);
+      for (i = 8; i + 8 <= vocab; i += 8) {
+        __m256 v = _mm256_loadu_ps(x + i);
+        index = _mm256_add_epi32(index, step);
+        __m256 above = _mm256_cmp_ps(v, vmax, _CMP_GT_OQ); /* strict: each lane keeps its first maximum */
+        nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+        vmax = _mm256_blendv_ps(vmax, v, above);
+        at = _mm256_castps_si256(_mm256_blendv_ps(_mm256_castsi256_ps(at), _mm256_castsi256_ps(index), above));
+      }
+      float lane_max[8];
+      int32_t lane_at[8];
+      _mm256_storeu_ps(lane_max, vmax);
+      _mm256_storeu_si256((__m256i*)lane_at, at);
+      bad = _mm256_movemask_ps(nan) != 0;
+      for (int k = 0; k < 8; k++)
+        if (lane_max[k] > top || (lane_max[k] == top && lane_at[k] < best)) {
+          top = lane_max[k];
+          best = lane_at[k];
+        }
+    }
+#endif
+    for (; i < vocab; i++) {
+      if (x[i] != x[i]) bad = 1;
+      else if (x[i] > top) { top = x[i]; best = i; }
+    }
+    if (bad || isinf(top)) {
+      ids[r] = -1;
+      logprobs[r] = NAN;
+      continue;
+    }
+    float sum = 0.f;
+    i = 0;
+#ifdef VRIKSHA_AVX2
+    __m256 acc = _mm256_setzero_ps(), shift = _mm256_set1_ps(top);
+    for (; i + 8 <= vocab; i += 8) acc = _mm256_add_ps(acc, exp8(_mm256_sub_ps(_mm256_loadu_ps(x + i), shift)));
+    sum = hsum8(acc);
+#endif
+    for (; i < vocab; i++) sum += expf(x[i] - top);
+    ids[r] = best;
+    logprobs[r] = -logf(sum);
+  }
+}
