@@ -135,3 +135,15 @@ def test_decode_attention_over_the_pool(lib, dtype, heads, kv_heads, d):
             qb = q[b].float().view(kv_heads, heads // kv_heads, d)
             want = F.scaled_dot_product_attention(qb, keys, values, scale=d**-0.5).reshape(heads, d)
             torch.testing.assert_close(got[b], want, rtol=1e-4, atol=1e-4)
+
+
+def test_greedy_pick(lib):
+    """Each variant's greedy pick (the scalar loop in `generic`) is torch's argmax and log-softmax at it."""
+    gen = torch.Generator().manual_seed(4)
+    for rows, vocab in ((3, 1001), (2, 5)):
+        logits = torch.randn(rows, vocab, generator=gen) * 3
+        logits[0] = logits[0].clamp(max=1.0)  # several equal maxima: the first is taken
+        ids, logprobs = lib.greedy_pick(logits)
+        assert ids == logits.argmax(-1).tolist()
+        want = torch.log_softmax(logits, -1).gather(1, logits.argmax(-1, keepdim=True)).view(-1)
+        torch.testing.assert_close(torch.tensor(logprobs), want, rtol=1e-5, atol=1e-5)
