@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vriksha.device import is_host
 from vriksha.engine.logits_processing import (
     apply_bitmask,
     apply_penalties,
@@ -112,7 +113,7 @@ class Sampler:
         return (
             self.greedy_pick is not None
             and bitmask is None
-            and logits.device.type == "cpu"
+            and is_host(logits.device)
             and logits.dim() == 2
             and logits.is_contiguous()
             and all(r.params.greedy and not r.params.logprobs and not _shaped(r) for r in requests)
