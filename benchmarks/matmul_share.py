@@ -1,7 +1,8 @@
 """The machine's matmul peak and the share of it a serving run reaches, for the engine benchmark's report.
 
 The peak is the best of ten [2048 x 2048] x [2048 x 2048] matmuls in the dtype (oneDNN, AMX where the CPU has
-it), or of smaller ones where ten of those would take more than a few seconds. A run's rate counts the linear layers' multiply-adds only (2 flops each): every decoder-layer linear
+it), or of smaller ones where ten of those would take more than a few seconds. A run's rate counts the
+linear layers' multiply-adds only (2 flops each): every decoder-layer linear
 once per token computed (the prompt tokens the prefix cache did not hold, plus the new tokens), the output
 head once per new token; attention is left out, so the share is a lower bound of the arithmetic done.
 """
@@ -24,25 +25,25 @@ def matmul_peak(dtype: torch.dtype, reps: int = 10, budget_s: float = 3.0) -> tu
     fp32, and a [2048 x 2048] matmul takes most of a minute there).
     """
     size = SMALLEST
-    seconds = _time_mm(size, dtype)
+    seconds = _best_mm(size, dtype, 1)
     while size < SIZE and seconds * 8 * reps <= budget_s:
         size *= 2
-        seconds = _time_mm(size, dtype)
-    best = seconds
-    for _ in range(reps - 1):
-        best = min(best, _time_mm(size, dtype, warm=False))
-    return 2 * size**3 / best / 1e9, size
+        seconds = _best_mm(size, dtype, 1)
+    return 2 * size**3 / min(seconds, _best_mm(size, dtype, reps - 1)) / 1e9, size
 
 
-def _time_mm(size: int, dtype: torch.dtype, warm: bool = True) -> float:
+def _best_mm(size: int, dtype: torch.dtype, reps: int) -> float:
+    """Seconds of the fastest of `reps` matmuls of one pair of [size x size] matrices, after a warm-up."""
     a = torch.randn(size, size, dtype=dtype)
     b = torch.randn(size, size, dtype=dtype)
+    best = float("inf")
     with torch.inference_mode():
-        if warm:
-            torch.mm(a, b)
-        start = time.perf_counter()
         torch.mm(a, b)
-        return time.perf_counter() - start
+        for _ in range(reps):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - start)
+    return best
 
 
 def linear_sizes(model: torch.nn.Module) -> tuple[int, int]:
