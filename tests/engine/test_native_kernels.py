@@ -9,7 +9,11 @@ import torch.nn.functional as F
 from tests.engine.conftest import assert_same_samples, engines_over, tiny_model
 from vriksha import LLM, SamplingParams
 from vriksha.engine import native
-from vriksha.engine.native import kernels
+from vriksha.engine.native import isa, kernels
+
+
+def isa_flags(variant: str) -> list[str]:
+    return isa.missing_flags(isa.variant(variant))
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +67,46 @@ def test_decode_attention_matches_sdpa(k, heads, kv_heads, d, window):
     got = k.decode_attention(q, k_pool, v_pool, slots, lens, d**-0.5, window)
     want = _reference_attention(q, k_pool, v_pool, slots, lens, d**-0.5, window)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "tokens,prefix,heads,kv_heads,d",
+    [(32, 512, 9, 3, 64), (300, 0, 9, 3, 64), (7, 3, 8, 2, 128), (1, 0, 4, 4, 64), (40, 100, 32, 2, 64),
+     (5, 17, 6, 6, 16)],
+)  # fmt: skip
+@pytest.mark.parametrize("variant", ["avx2", "avx512"])
+def test_f32_prefill_attention_is_causal_softmax_over_the_pool(variant, tokens, prefix, heads, kv_heads, d):
+    """A prompt chunk's queries over its slots in a float32 pool (a cached prefix, then its own K/V): token t
+    sees the prefix and its chunk up to itself, as a masked SDPA over the gathered K/V does, within 1e-5."""
+    lib = kernels(variant)
+    if lib is None:
+        pytest.skip(f"this CPU cannot run the {variant} build: needs {', '.join(isa_flags(variant))}")
+    gen = torch.Generator().manual_seed(tokens + prefix + d)
+    pool_size = 3000
+    k_pool = torch.randn(pool_size, kv_heads, d, generator=gen)
+    v_pool = torch.randn(pool_size, kv_heads, d, generator=gen)
+    slots = torch.randperm(pool_size - 1, generator=gen)[: prefix + tokens] + 1
+    q = torch.randn(tokens, heads, d, generator=gen)
+    got = lib.prefill_attention(q, k_pool, v_pool, slots, d**-0.5)
+    group = heads // kv_heads
+    keys = k_pool[slots].transpose(0, 1).repeat_interleave(group, 0)  # [H, L, D]
+    values = v_pool[slots].transpose(0, 1).repeat_interleave(group, 0)
+    causal = torch.arange(prefix + tokens)[None, :] <= torch.arange(tokens)[:, None] + prefix
+    want = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=causal, scale=d**-0.5)
+    torch.testing.assert_close(got, want.transpose(0, 1), rtol=1e-5, atol=1e-5)
+
+
+def test_f32_prefill_attention_says_where_it_cannot():
+    """Head sizes off the kernel's vector widths, or a build without AVX2, answer None: the engine then runs
+    SDPA for that chunk."""
+    q = torch.randn(4, 2, 24)
+    pool = torch.randn(50, 2, 24)
+    slots = torch.arange(1, 11)
+    assert kernels().prefill_attention(q, pool, pool, slots, 0.2) is None  # 24 values: not a multiple of 16
+    scalar = kernels("generic")
+    if scalar is not None:
+        q, pool = torch.randn(4, 2, 32), torch.randn(50, 2, 32)
+        assert scalar.prefill_attention(q, pool, pool, slots, 0.2) is None
 
 
 def test_disabled_or_unbuildable_falls_back_to_torch(monkeypatch, tmp_path):

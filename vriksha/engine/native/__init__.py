@@ -1,4 +1,4 @@
-"""The engine's native CPU kernels (`kernels.c`, `kernels_bf16.c`), compiled on first use with the system C compiler.
+"""The engine's native CPU kernels (`kernels.c`, `kernels_bf16.c`, `attention_f32.c`), compiled on first use with the system C compiler.
 
 The sources are compiled once per instruction-set variant (`isa.py`: scalar, AVX2/FMA, AVX-512, AVX-512
 BF16), source, compiler and CPU into `$VRIKSHA_CACHE/native/`, and the widest variant the CPU's flags allow
@@ -30,7 +30,7 @@ from vriksha.engine.native import isa
 logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
-SOURCES = (HERE / "kernels.c", HERE / "kernels_bf16.c")
+SOURCES = (HERE / "kernels.c", HERE / "kernels_bf16.c", HERE / "attention_f32.c")
 HEADERS = (HERE / "simd.h", HERE / "tiles.h")
 DTYPES = (torch.float32, torch.bfloat16)
 _I64, _F32, _PTR, _INT = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int
@@ -99,9 +99,12 @@ class Kernels:
                 fn.argtypes = argtypes
                 fn.restype = None
                 self._fns[name, dtype] = fn
-        self._prefill = lib.prefill_attention_bf16
-        self._prefill.argtypes = [_PTR] * 4 + [_I64, _I64, _PTR] + [_I64] * 4 + [_F32, _INT]
-        self._prefill.restype = ctypes.c_int
+        self._prefill = {}
+        for dtype, suffix in _SUFFIX.items():
+            fn = getattr(lib, f"prefill_attention_{suffix}")
+            fn.argtypes = [_PTR] * 4 + [_I64, _I64, _PTR] + [_I64] * 4 + [_F32, _INT]
+            fn.restype = ctypes.c_int
+            self._prefill[dtype] = fn
         self._greedy = lib.greedy_pick_f32
         self._greedy.argtypes = [_PTR, _I64, _I64, _PTR, _PTR, _INT]
         self._greedy.restype = None
@@ -215,23 +218,25 @@ class Kernels:
     def prefill_attention(
         self,
         q: torch.Tensor,  # [T, H, D] float32, contiguous
-        k_pool: torch.Tensor,  # [S, Hkv, D] bfloat16
-        v_pool: torch.Tensor,  # [S, Hkv, Dv] bfloat16
+        k_pool: torch.Tensor,  # [S, Hkv, D] float32 or bfloat16
+        v_pool: torch.Tensor,  # [S, Hkv, Dv] the same dtype
         slots: torch.Tensor,  # [prefix + T] int64: the chunk's slots, its own K/V (already written) last
         scale: float,
     ) -> torch.Tensor | None:
-        """Causal attention of a prompt chunk over a bf16 pool in place (token t sees slots [0, prefix + t]),
-        float32 out [T, H, Dv]; None where this build has no such kernel (it needs AVX-512 BF16, head sizes a
-        multiple of 32 for keys and 64 for values): the caller then runs SDPA."""
+        """Causal attention of a prompt chunk over the pool in place (token t sees slots [0, prefix + t]),
+        float32 out [T, H, Dv]; None where this build has no such kernel for the pool's dtype: a bf16 pool
+        needs AVX-512 BF16 and head sizes a multiple of 32 for keys and 64 for values, a float32 pool AVX2/FMA
+        and multiples of 8 and 16. The caller then runs SDPA."""
         tokens, heads, d = q.shape
         kv_heads, dv = v_pool.shape[1], v_pool.shape[2]
-        if k_pool.dtype != torch.bfloat16 or q.dtype != torch.float32 or slots.dtype != torch.int64:
+        fn = self._prefill.get(k_pool.dtype)
+        if fn is None or q.dtype != torch.float32 or slots.dtype != torch.int64 or v_pool.dtype != k_pool.dtype:
             return None
         slots = slots.contiguous()
         out = torch.empty(tokens, heads, dv, dtype=torch.float32)
         pointers = (q, k_pool, v_pool, slots)
         prefix = slots.shape[0] - tokens
-        done = self._prefill(
+        done = fn(
             *(t.data_ptr() for t in pointers), prefix, tokens, out.data_ptr(), heads, kv_heads, d, dv, scale,
             torch.get_num_threads(),
         )  # fmt: skip

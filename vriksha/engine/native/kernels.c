@@ -1,10 +1,9 @@
-/* CPU kernels for the engine's decode path, fp32, called through ctypes (bf16 ones: kernels_bf16.c).
+/* CPU kernels for the engine's decode path, fp32, called through ctypes (bf16 ones: kernels_bf16.c; float32
+ * attention: attention_f32.c).
  *
  * linear_f32: y[m, o] = sum_i W[o, i] x[m, i] (+ b[o]) on the weight as nn.Linear stores it, read once per
  *   call; at decode batch sizes this is bound by memory bandwidth, which these loops reach and MKL's GEMV
  *   does not on small cores.
- * decode_attention_f32: one query token per request attending over that request's KV slots, read in place
- *   from the pool (no gather copy), with grouped-query heads and an optional sliding window.
  * Compiled once per instruction set (simd.h): AVX2/FMA paths, AVX-512 ones where the variant has them,
  * scalar loops otherwise.
  * Threads: OpenMP, sharing the runtime torch already loaded; the caller passes its thread count.
@@ -12,10 +11,6 @@
 #include <stdlib.h>
 
 #include "simd.h"
-
-static inline void prefetch_row(const float* p, int64_t n) {
-  for (int64_t e = 0; e < n; e += 16) __builtin_prefetch(p + e);
-}
 
 #define TILE_T float
 #define TILE_LOAD8 _mm256_loadu_ps
@@ -106,105 +101,6 @@ void linear_f32(const float* w, const float* bias, const float* x, float* y,
   }
 }
 
-
-/* One request, one KV head: `group` query heads over n KV slots. scores [group * n], acc [group * dv]. */
-NO_AUTO_VECTORIZE
-static void attend(const float* qh, const float* k_pool, const float* v_pool, const int64_t* row, int64_t n,
-                   int64_t kv_heads, int64_t h, int64_t d, int64_t dv, int64_t group, float scale,
-                   float* scores, float* acc, float* out) {
-  const int64_t ahead = 4;
-  (void)ahead;
-  int64_t j = 0;
-#ifdef VRIKSHA_AVX512
-  if (d % 16 == 0) j = keys4_avx512(qh, k_pool, row, j, n, kv_heads, h, d, group, scale, scores);
-#endif
-#ifdef VRIKSHA_AVX2
-  if (d % 8 == 0) j = tile_key_pairs(qh, k_pool, row, j, n, kv_heads, h, d, group, scale, scores);
-#endif
-  for (; j < n; j++) {
-    const float* kj = k_pool + (row[j] * kv_heads + h) * d;
-    for (int64_t g = 0; g < group; g++) scores[g * n + j] = dot_f32(qh + g * d, kj, d) * scale;
-  }
-  for (int64_t g = 0; g < group; g++) softmax_inplace(scores + g * n, n);
-#ifdef VRIKSHA_AVX512
-  if (dv % 64 == 0) {
-    values64_avx512(scores, v_pool, row, n, kv_heads, h, dv, group, out);
-    return;
-  }
-#endif
-  int64_t e0 = 0;
-#ifdef VRIKSHA_AVX2
-  /* 32 output values of up to three heads held in twelve registers while the value rows stream past */
-  for (; e0 + 32 <= dv; e0 += 32) {
-    for (int64_t g = 0; g < group; g += 3) {
-      int64_t cnt = group - g < 3 ? group - g : 3;
-      const float *p0 = scores + g * n, *p1 = p0 + (cnt > 1 ? n : 0), *p2 = p0 + (cnt > 2 ? 2 * n : 0);
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-      __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0;
-      for (int64_t j = 0; j < n; j++) {
-        if (j + ahead < n) __builtin_prefetch(v_pool + (row[j + ahead] * kv_heads + h) * dv + e0);
-        const float* vj = v_pool + (row[j] * kv_heads + h) * dv + e0;
-        __m256 v0 = _mm256_loadu_ps(vj), v1 = _mm256_loadu_ps(vj + 8);
-        __m256 v2 = _mm256_loadu_ps(vj + 16), v3 = _mm256_loadu_ps(vj + 24);
-        __m256 p = _mm256_broadcast_ss(p0 + j);
-        a0 = _mm256_fmadd_ps(p, v0, a0); a1 = _mm256_fmadd_ps(p, v1, a1);
-        a2 = _mm256_fmadd_ps(p, v2, a2); a3 = _mm256_fmadd_ps(p, v3, a3);
-        p = _mm256_broadcast_ss(p1 + j);
-        b0 = _mm256_fmadd_ps(p, v0, b0); b1 = _mm256_fmadd_ps(p, v1, b1);
-        b2 = _mm256_fmadd_ps(p, v2, b2); b3 = _mm256_fmadd_ps(p, v3, b3);
-        p = _mm256_broadcast_ss(p2 + j);
-        c0 = _mm256_fmadd_ps(p, v0, c0); c1 = _mm256_fmadd_ps(p, v1, c1);
-        c2 = _mm256_fmadd_ps(p, v2, c2); c3 = _mm256_fmadd_ps(p, v3, c3);
-      }
-      float* o = out + g * dv + e0;
-      _mm256_storeu_ps(o, a0); _mm256_storeu_ps(o + 8, a1); _mm256_storeu_ps(o + 16, a2); _mm256_storeu_ps(o + 24, a3);
-      if (cnt > 1) {
-        o += dv;
-        _mm256_storeu_ps(o, b0); _mm256_storeu_ps(o + 8, b1); _mm256_storeu_ps(o + 16, b2); _mm256_storeu_ps(o + 24, b3);
-      }
-      if (cnt > 2) {
-        o += dv;
-        _mm256_storeu_ps(o, c0); _mm256_storeu_ps(o + 8, c1); _mm256_storeu_ps(o + 16, c2); _mm256_storeu_ps(o + 24, c3);
-      }
-    }
-  }
-#endif
-  if (e0 < dv) {  /* the remaining values (all of them without AVX2) */
-    int64_t rest = dv - e0;
-    for (int64_t e = 0; e < group * rest; e++) acc[e] = 0.f;
-    for (int64_t j = 0; j < n; j++) {
-      const float* vj = v_pool + (row[j] * kv_heads + h) * dv + e0;
-      for (int64_t g = 0; g < group; g++) axpy_f32(acc + g * rest, scores[g * n + j], vj, rest);
-    }
-    for (int64_t g = 0; g < group; g++)
-      for (int64_t e = 0; e < rest; e++) out[g * dv + e0 + e] = acc[g * rest + e];
-  }
-}
-
-/* q [B, H, D]; k_pool [S, Hkv, D]; v_pool [S, Hkv, Dv]; slots [B, max_len]; lens [B]; out [B, H, Dv].
- * window <= 0: attend to all lens[b] tokens; else to the last `window` of them. */
-void decode_attention_f32(const float* q, const float* k_pool, const float* v_pool, const int64_t* slots,
-                          const int64_t* lens, float* out, int64_t batch, int64_t heads, int64_t kv_heads,
-                          int64_t d, int64_t dv, int64_t max_len, float scale, int64_t window, int threads) {
-  int64_t group = heads / kv_heads;
-#pragma omp parallel num_threads(threads)
-  {
-    float* scores = (float*)malloc(sizeof(float) * group * (max_len > 0 ? max_len : 1));
-    float* acc = (float*)malloc(sizeof(float) * group * dv);
-    /* head-major: consecutive tasks read the same head of requests that often share a cached prefix */
-#pragma omp for schedule(dynamic, 1) collapse(2)
-    for (int64_t h = 0; h < kv_heads; h++) {
-      for (int64_t b = 0; b < batch; b++) {
-        int64_t len = lens[b];
-        int64_t start = (window > 0 && len > window) ? len - window : 0;
-        attend(q + (b * heads + h * group) * d, k_pool, v_pool, slots + b * max_len + start, len - start,
-               kv_heads, h, d, dv, group, scale, scores, acc, out + (b * heads + h * group) * dv);
-      }
-    }
-    free(scores);
-    free(acc);
-  }
-}
 
 /* x [rows, dim] (+= residual [rows, dim] first, in place, when given); out = x / rms(x) * weight. */
 void rms_norm_f32(float* x, const float* residual, const float* weight, float* out, int64_t rows, int64_t dim,

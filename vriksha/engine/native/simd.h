@@ -144,6 +144,11 @@ static inline __m512 hsum16x16(__m512* acc) {
 }
 #endif
 
+/* The cache lines of n floats at p, fetched ahead of use. */
+static inline void prefetch_row(const float* p, int64_t n) {
+  for (int64_t e = 0; e < n; e += 16) __builtin_prefetch(p + e);
+}
+
 /* sum a[i] * b[i], float32. */
 static inline float dot_f32(const float* a, const float* b, int64_t n) {
   int64_t i = 0;
