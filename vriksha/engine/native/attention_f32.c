@@ -112,18 +112,19 @@ static inline __attribute__((always_inline)) void lane_values16(const float* p, 
   }
 }
 
-/* Up to sixteen query rows q[u] (u < lanes, d floats each) of KV head h over slots row[0..n), lane u seeing the
- * first visible[u] of them (all n where visible is NULL): per lane its maximum score m[u], its sum of
- * exponentials l[u] and its unnormalised output o[u] (dv floats, written). d % 8 == 0, dv % 16 == 0.
- * Scratch: qt of 16 * d floats, s of 16 * n floats. */
+/* Up to sixteen query rows q[u] (u < lanes, d floats each) of KV head h over slots row[], lane u seeing the
+ * first visible[u] of them: per lane its sum of exponentials l[u] and its unnormalised output
+ * o[u] (dv floats, written). d % 8 == 0, dv % 16 == 0. Scratch: qt of 16 * d floats, s of 16 * max(visible)
+ * floats. */
 static void attend_lanes_f32(const float* const* q, int lanes, const int64_t* visible, const float* k_pool,
-                             const float* v_pool, const int64_t* row, int64_t n, int64_t kv_heads, int64_t h,
-                             int64_t d, int64_t dv, float scale, float* qt, float* s, float* m, float* l,
+                             const float* v_pool, const int64_t* row, int64_t kv_heads, int64_t h,
+                             int64_t d, int64_t dv, float scale, float* qt, float* s, float* l,
                              float* const* o) {
   int32_t seen[LANES];
+  float m[LANES];
   int64_t keys = 0;
   for (int u = 0; u < LANES; u++) { /* padding lanes repeat lane 0: computed, never stored */
-    seen[u] = (int32_t)(visible ? visible[u < lanes ? u : 0] : n);
+    seen[u] = (int32_t)visible[u < lanes ? u : 0];
     keys = seen[u] > keys ? seen[u] : keys;
   }
   for (int64_t i = 0; i < d; i++)
@@ -268,14 +269,14 @@ int prefill_attention_f32(const float* q, const float* k_pool, const float* v_po
         const float* qs[LANES];
         float* os[LANES];
         int64_t visible[LANES] = {0};
-        float m[LANES], l[LANES];
+        float l[LANES];
         for (int u = 0; u < lanes; u++) {
           int64_t t = (l0 + u) / group, head = h * group + (l0 + u) % group;
           qs[u] = q + (t * heads + head) * d;
           os[u] = out + (t * heads + head) * dv;
           visible[u] = prefix + t + 1;
         }
-        attend_lanes_f32(qs, lanes, visible, k_pool, v_pool, slots, n, kv_heads, h, d, dv, scale, qt, s, m, l, os);
+        attend_lanes_f32(qs, lanes, visible, k_pool, v_pool, slots, kv_heads, h, d, dv, scale, qt, s, l, os);
         for (int u = 0; u < lanes; u++) {
           float inv = 1.f / l[u];
           for (int64_t e = 0; e < dv; e++) os[u][e] *= inv;
