@@ -544,8 +544,66 @@ static inline __attribute__((always_inline)) void tile_rows_avx2(int kind, int i
   for (int r = 0; r < R; r++) _mm256_storeu_ps(y + (r0 + r) * out + o0, acc[r]);
 }
 
+/* The values named in an empty asm are held in registers at that point and nothing is moved across it. */
+#define PIN4(a, b, c, e) __asm__("" : "+x"(a), "+x"(b), "+x"(c), "+x"(e))
+
+/* Four rows of int8 activations on one 8-row nibble tile group (Q4_0, Q4_1), as tile_rows_avx2 computes them
+ * with every running value in a register. Left to itself the compiler reassociates the int16 sums of a block,
+ * holds all 32 products at once and keeps the accumulators on the stack: about 40 spills and reloads a block,
+ * 13-15% of the time of the whole linear on an AVX2-only Zen 1. The pins after each chunk keep the four sums
+ * in the order written. */
+static inline __attribute__((always_inline)) void tile_rows4_avx2_i8_nibbles(int kind, const uint8_t* t,
+                                                                             int64_t in, const QuantRows* qr,
+                                                                             int64_t r0, float* y, int64_t out,
+                                                                             int64_t o0) {
+  const __m256i nib = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0;
+  int64_t nb = in / QK, tb = tile_bytes(kind, 8);
+  const int32_t* x0 = (const int32_t*)(qr->q8 + r0 * in); /* quad k of row r0 + r: x0[r * in / 4 + k] */
+  const int32_t *x1 = x0 + in / 4, *x2 = x1 + in / 4, *x3 = x2 + in / 4;
+  for (int64_t b = 0; b < nb; b++) {
+    const uint8_t* tile = t + b * tb;
+    const uint8_t* q = tile + tile_head(kind, 8);
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+    for (int c = 0; c < 4; c++) {
+      __m256i raw = _mm256_loadu_si256((const __m256i*)(q + 32 * c));
+      __m256i lo = _mm256_and_si256(raw, nib), hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), nib);
+      int64_t k = b * 8 + 2 * c;
+      s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x0[k])));
+      s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x1[k])));
+      s2 = _mm256_add_epi16(s2, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x2[k])));
+      s3 = _mm256_add_epi16(s3, _mm256_maddubs_epi16(lo, _mm256_set1_epi32(x3[k])));
+      s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x0[k + 1])));
+      s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x1[k + 1])));
+      s2 = _mm256_add_epi16(s2, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x2[k + 1])));
+      s3 = _mm256_add_epi16(s3, _mm256_maddubs_epi16(hi, _mm256_set1_epi32(x3[k + 1])));
+      PIN4(s0, s1, s2, s3);
+    }
+    __m256 d = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)tile));
+    __m256 mn = kind == Q4_1 ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(tile + 16)))
+                             : _mm256_mul_ps(d, _mm256_set1_ps(-8.f));
+    const float *dx = qr->d + r0 * nb + b, *sx = qr->s + r0 * nb + b;
+#define ADD_BLOCK(acc, s, r)                                                                                  \
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(s, ones)),                                       \
+                        _mm256_mul_ps(d, _mm256_set1_ps(dx[(r) * nb])), acc);                                 \
+  acc = _mm256_fmadd_ps(mn, _mm256_set1_ps(sx[(r) * nb]), acc)
+    ADD_BLOCK(acc0, s0, 0);
+    ADD_BLOCK(acc1, s1, 1);
+    ADD_BLOCK(acc2, s2, 2);
+    ADD_BLOCK(acc3, s3, 3);
+#undef ADD_BLOCK
+    PIN4(acc0, acc1, acc2, acc3);
+  }
+  _mm256_storeu_ps(y + r0 * out + o0, acc0);
+  _mm256_storeu_ps(y + (r0 + 1) * out + o0, acc1);
+  _mm256_storeu_ps(y + (r0 + 2) * out + o0, acc2);
+  _mm256_storeu_ps(y + (r0 + 3) * out + o0, acc3);
+}
+
 #define tile_rows_avx2_i16(kind, ...) tile_rows_avx2(kind, 0, __VA_ARGS__)
-#define tile_rows_avx2_i8(kind, ...) tile_rows_avx2(kind, 1, __VA_ARGS__)
+#define tile_rows_avx2_i8(kind, t, in, qr, r0, R, y, out, o0)                                                 \
+  ((R) == 4 && (kind) != Q8_0 ? tile_rows4_avx2_i8_nibbles(kind, t, in, qr, r0, y, out, o0)                   \
+                              : tile_rows_avx2(kind, 1, t, in, qr, r0, R, y, out, o0))
 DEFINE_LINEAR_TILED_ENTRY(avx2_i16, 8, 16)
 DEFINE_LINEAR_TILED_ENTRY(avx2_i8, 8, 8)
 
