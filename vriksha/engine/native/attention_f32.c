@@ -22,48 +22,6 @@
 #include "tiles.h"
 
 #ifdef VRIKSHA_AVX2
-/* The scaled scores of key slots j, j + 1, ... four a pass (from j until fewer than four are left; d % 8 == 0)
- * for the `group` query heads qf [group, d] of KV head h, into scores [group, n]: four key rows against up to
- * three heads, twelve dot products on seven loads a step (tiles.h's pairs take five loads for six). Returns
- * the first slot not done. On Zen 1 the whole decode attention runs about 20% faster than on pairs alone. */
-NO_AUTO_VECTORIZE
-static int64_t key_quads(const float* qf, const float* k_pool, const int64_t* row, int64_t j, int64_t n,
-                         int64_t kv_heads, int64_t h, int64_t d, int64_t group, float scale, float* scores) {
-  const __m128 sc = _mm_set1_ps(scale);
-  for (; j + 4 <= n; j += 4) {
-    if (j + 8 <= n)
-      for (int t = 4; t < 8; t++) prefetch_row(k_pool + (row[j + t] * kv_heads + h) * d, d);
-    const float* k0 = k_pool + (row[j] * kv_heads + h) * d;
-    const float* k1 = k_pool + (row[j + 1] * kv_heads + h) * d;
-    const float* k2 = k_pool + (row[j + 2] * kv_heads + h) * d;
-    const float* k3 = k_pool + (row[j + 3] * kv_heads + h) * d;
-    for (int64_t g = 0; g < group; g += 3) {
-      int64_t cnt = group - g < 3 ? group - g : 3;
-      const float *q0 = qf + g * d, *q1 = q0 + (cnt > 1 ? d : 0), *q2 = q0 + (cnt > 2 ? 2 * d : 0);
-      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-      __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0;
-      for (int64_t i = 0; i < d; i += 8) {
-        __m256 x = _mm256_loadu_ps(q0 + i), y = _mm256_loadu_ps(q1 + i), z = _mm256_loadu_ps(q2 + i), k;
-        k = _mm256_loadu_ps(k0 + i);
-        a0 = _mm256_fmadd_ps(x, k, a0); b0 = _mm256_fmadd_ps(y, k, b0); c0 = _mm256_fmadd_ps(z, k, c0);
-        k = _mm256_loadu_ps(k1 + i);
-        a1 = _mm256_fmadd_ps(x, k, a1); b1 = _mm256_fmadd_ps(y, k, b1); c1 = _mm256_fmadd_ps(z, k, c1);
-        k = _mm256_loadu_ps(k2 + i);
-        a2 = _mm256_fmadd_ps(x, k, a2); b2 = _mm256_fmadd_ps(y, k, b2); c2 = _mm256_fmadd_ps(z, k, c2);
-        k = _mm256_loadu_ps(k3 + i);
-        a3 = _mm256_fmadd_ps(x, k, a3); b3 = _mm256_fmadd_ps(y, k, b3); c3 = _mm256_fmadd_ps(z, k, c3);
-      }
-      float* sg = scores + g * n + j;
-      _mm_storeu_ps(sg, _mm_mul_ps(hsum8x4(a0, a1, a2, a3), sc));
-      if (cnt > 1) _mm_storeu_ps(sg + n, _mm_mul_ps(hsum8x4(b0, b1, b2, b3), sc));
-      if (cnt > 2) _mm_storeu_ps(sg + 2 * n, _mm_mul_ps(hsum8x4(c0, c1, c2, c3), sc));
-    }
-  }
-  return j;
-}
-#endif
-
-#ifdef VRIKSHA_AVX2
 #define LANES 16
 #define KEYS_PER_PASS 6
 
@@ -203,7 +161,7 @@ static void attend(const float* qh, const float* k_pool, const float* v_pool, co
   if (d % 16 == 0) j = keys4_avx512(qh, k_pool, row, j, n, kv_heads, h, d, group, scale, scores);
 #endif
 #ifdef VRIKSHA_AVX2
-  if (d % 8 == 0) j = key_quads(qh, k_pool, row, j, n, kv_heads, h, d, group, scale, scores);
+  if (d % 8 == 0) j = tile_key_quads(qh, k_pool, row, j, n, kv_heads, h, d, group, scale, scores);
   if (d % 8 == 0) j = tile_key_pairs(qh, k_pool, row, j, n, kv_heads, h, d, group, scale, scores);
 #endif
   for (; j < n; j++) {

@@ -384,7 +384,9 @@ static void attend_bf16(const float* qf, const bf16* qb, const bf16* k_pool, con
   if (d % 16 == 0) j = keys4_avx512(qf, k_pool, row, j, n, kv_heads, h, d, group, scale, scores);
 #endif
 #ifdef VRIKSHA_AVX2
-  /* two key rows against up to three query heads per pass: each key element widened once, used thrice */
+  /* four, then two key rows against up to three query heads per pass: each key element widened once, used
+   * thrice */
+  if (d % 8 == 0) j = tile_key_quads(qf, k_pool, row, j, n, kv_heads, h, d, group, scale, scores);
   if (d % 8 == 0) j = tile_key_pairs(qf, k_pool, row, j, n, kv_heads, h, d, group, scale, scores);
 #endif
   for (; j < n; j++) {

@@ -1,4 +1,5 @@
-/* AVX2 register tiles shared by kernels.c (float32 weights and keys) and kernels_bf16.c (bfloat16 ones).
+/* AVX2 register tiles shared by kernels.c and attention_f32.c (float32 weights and keys) and kernels_bf16.c
+ * (bfloat16 ones).
  *
  * No include guard: each kernel source includes this once, after defining
  *   TILE_T                    the element type of the weight and key rows (float or bf16),
@@ -59,6 +60,46 @@ static inline int64_t tile_key_pairs(const float* qf, const TILE_T* k_pool, cons
       sg[1] = r[3] * scale;
       if (cnt > 1) { sg[n] = r[1] * scale; sg[n + 1] = r[4] * scale; }
       if (cnt > 2) { sg[2 * n] = r[2] * scale; sg[2 * n + 1] = r[5] * scale; }
+    }
+  }
+  return j;
+}
+
+/* tile_key_pairs four key rows a pass (from j until fewer than four are left), the pairs then taking the tail:
+ * twelve dot products on seven loads a step, where the pairs take five for six, each dot summed in the same
+ * order. On Zen 1 float32 decode attention runs about 20% faster with it. */
+NO_AUTO_VECTORIZE
+static inline int64_t tile_key_quads(const float* qf, const TILE_T* k_pool, const int64_t* row, int64_t j,
+                                     int64_t n, int64_t kv_heads, int64_t h, int64_t d, int64_t group,
+                                     float scale, float* scores) {
+  const __m128 sc = _mm_set1_ps(scale);
+  for (; j + 4 <= n; j += 4) {
+    if (j + 8 <= n)
+      for (int t = 4; t < 8; t++) TILE_PREFETCH_KEY(k_pool + (row[j + t] * kv_heads + h) * d, d);
+    const TILE_T* k0 = k_pool + (row[j] * kv_heads + h) * d;
+    const TILE_T* k1 = k_pool + (row[j + 1] * kv_heads + h) * d;
+    const TILE_T* k2 = k_pool + (row[j + 2] * kv_heads + h) * d;
+    const TILE_T* k3 = k_pool + (row[j + 3] * kv_heads + h) * d;
+    for (int64_t g = 0; g < group; g += 3) {
+      int64_t cnt = group - g < 3 ? group - g : 3;
+      const float *q0 = qf + g * d, *q1 = q0 + (cnt > 1 ? d : 0), *q2 = q0 + (cnt > 2 ? 2 * d : 0);
+      __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+      __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+      for (int64_t i = 0; i < d; i += 8) {
+        __m256 x = _mm256_loadu_ps(q0 + i), y = _mm256_loadu_ps(q1 + i), z = _mm256_loadu_ps(q2 + i), k;
+        k = TILE_LOAD8(k0 + i);
+        a0 = _mm256_fmadd_ps(x, k, a0); b0 = _mm256_fmadd_ps(y, k, b0); c0 = _mm256_fmadd_ps(z, k, c0);
+        k = TILE_LOAD8(k1 + i);
+        a1 = _mm256_fmadd_ps(x, k, a1); b1 = _mm256_fmadd_ps(y, k, b1); c1 = _mm256_fmadd_ps(z, k, c1);
+        k = TILE_LOAD8(k2 + i);
+        a2 = _mm256_fmadd_ps(x, k, a2); b2 = _mm256_fmadd_ps(y, k, b2); c2 = _mm256_fmadd_ps(z, k, c2);
+        k = TILE_LOAD8(k3 + i);
+        a3 = _mm256_fmadd_ps(x, k, a3); b3 = _mm256_fmadd_ps(y, k, b3); c3 = _mm256_fmadd_ps(z, k, c3);
+      }
+      float* sg = scores + g * n + j;
+      _mm_storeu_ps(sg, _mm_mul_ps(hsum8x4(a0, a1, a2, a3), sc));
+      if (cnt > 1) _mm_storeu_ps(sg + n, _mm_mul_ps(hsum8x4(b0, b1, b2, b3), sc));
+      if (cnt > 2) _mm_storeu_ps(sg + 2 * n, _mm_mul_ps(hsum8x4(c0, c1, c2, c3), sc));
     }
   }
   return j;
