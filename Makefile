@@ -27,7 +27,7 @@ demo: install
 	PYTHONDONTWRITEBYTECODE= vriksha generate --chat --prompt "What is 7 + 5?" --max-tokens 32
 	PYTHONDONTWRITEBYTECODE= vriksha train configs/grpo_demo.yaml
 
-# the suite starts a few hundred Python processes (servers, trainers, torchrun ranks): each would compile what
+# the suite starts many Python processes (servers, trainers, torchrun ranks): each would compile what
 # it imports from source where PYTHONDONTWRITEBYTECODE is set (`import torch` 5.6 s instead of 2.6 s on a Zen 1
 # core), so the suite lets Python cache bytecode in its venv, as `demo` does
 test: install-test

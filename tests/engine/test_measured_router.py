@@ -1,6 +1,14 @@
-"""The linear-layer routers' timing: a bucket a burst of other work slowed down is timed again."""
+"""The linear-layer routers' timing: a bucket a burst of other work slowed down is timed again; buckets past
+one whose call is too slow to time again are extrapolated."""
 
-from vriksha.engine.measured_router import INVERSION, RETIMES, retime_inversions
+from vriksha.engine.measured_router import (
+    INVERSION,
+    MAX_TIMED_CALL_SECONDS,
+    RETIMES,
+    extrapolated,
+    retime_inversions,
+    time_buckets,
+)
 
 
 def test_a_bucket_slower_than_a_larger_one_is_timed_again_keeping_each_paths_best():
@@ -51,3 +59,23 @@ def test_larger_buckets_are_settled_first():
     retime_inversions(timings, time_bucket)
     assert order == [1]
     assert [t["a"] for t in timings] == [4e-5, 2e-5, 3e-5]
+
+
+def test_timing_stops_after_the_first_bucket_with_a_call_too_slow_to_time_again():
+    slow = 2 * MAX_TIMED_CALL_SECONDS
+    seconds = [
+        {"fast": 1e-4, "emulated": 1e-3},
+        {"fast": 2e-4, "emulated": slow},
+        {"fast": 4e-4, "emulated": 1.0},
+    ]
+    timed: list[int] = []
+
+    def time_bucket(i: int) -> dict[str, float]:
+        timed.append(i)
+        return seconds[i]
+
+    got = time_buckets(time_bucket, 3)
+    assert timed == [0, 1] and got == seconds[:2]
+    assert extrapolated(got, (1, 2, 8))[2] == {"fast": 8e-4, "emulated": 4 * slow}
+    timed.clear()
+    assert time_buckets(time_bucket, 1) == seconds[:1] and timed == [0]

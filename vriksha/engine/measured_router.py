@@ -61,6 +61,23 @@ def timed_buckets(buckets: Sequence[int], macs_per_row: int) -> int:
     return max(1, sum(1 for rows in buckets if rows * macs_per_row <= MAX_TIMED_MACS))
 
 
+# a bucket past one where some path's call took this long is extrapolated, not timed: a bf16 engine on a CPU
+# that emulates bf16 arithmetic (about 1 GFLOP/s a core on a Zen 1) spent 76 s of its first load timing
+# 1,024-row calls of its five layer shapes; a call this long is bound by arithmetic, linear in rows
+MAX_TIMED_CALL_SECONDS = 0.25
+
+
+def time_buckets(time_bucket: Callable[[int], dict[str, float]], count: int) -> list[dict[str, float]]:
+    """Each path's seconds on the first `count` buckets, timed in order, up to and including the first bucket
+    where some path's call took more than MAX_TIMED_CALL_SECONDS (`extrapolated` extends them)."""
+    timings: list[dict[str, float]] = []
+    for i in range(count):
+        timings.append(time_bucket(i))
+        if max(timings[-1].values()) > MAX_TIMED_CALL_SECONDS:
+            break
+    return timings
+
+
 def extrapolated(timings: list[dict[str, float]], buckets: Sequence[int]) -> list[dict[str, float]]:
     """Per-bucket timings of the first buckets, extended to every bucket: each one past them scales the last
     timed one linearly in rows."""
