@@ -64,9 +64,9 @@ def test_larger_buckets_are_settled_first():
 def test_timing_stops_after_the_first_bucket_with_a_call_too_slow_to_time_again():
     slow = 2 * MAX_TIMED_CALL_SECONDS
     seconds = [
-        {"fast": 1e-4, "emulated": 1e-3},
-        {"fast": 2e-4, "emulated": slow},
-        {"fast": 4e-4, "emulated": 1.0},
+        {"fast": 1e-4, "emulated": slow / 50},  # 1 row
+        {"fast": 2e-4, "emulated": slow},  # 64 rows: in line with the arithmetic of 1 row
+        {"fast": 4e-4, "emulated": 4 * slow},
     ]
     timed: list[int] = []
 
@@ -74,8 +74,23 @@ def test_timing_stops_after_the_first_bucket_with_a_call_too_slow_to_time_again(
         timed.append(i)
         return seconds[i]
 
-    got = time_buckets(time_bucket, 3)
+    got = time_buckets(time_bucket, (1, 64, 256), 3)
     assert timed == [0, 1] and got == seconds[:2]
-    assert extrapolated(got, (1, 2, 8))[2] == {"fast": 8e-4, "emulated": 4 * slow}
+    assert extrapolated(got, (1, 64, 256))[2] == {"fast": 8e-4, "emulated": 4 * slow}
     timed.clear()
-    assert time_buckets(time_bucket, 1) == seconds[:1] and timed == [0]
+    assert time_buckets(time_bucket, (1, 64, 256), 1) == seconds[:1] and timed == [0]
+
+
+def test_a_slow_call_out_of_line_with_the_bucket_before_is_other_work_and_timing_goes_on():
+    seconds = [
+        {"packed": 1e-3, "dense": 1e-3},
+        {"packed": 2 * MAX_TIMED_CALL_SECONDS, "dense": 2e-3},  # 250x its 1-row time for 2 rows: disturbed
+        {"packed": 4e-3, "dense": 4e-3},
+    ]
+    timed: list[int] = []
+
+    def time_bucket(i: int) -> dict[str, float]:
+        timed.append(i)
+        return seconds[i]
+
+    assert time_buckets(time_bucket, (1, 2, 4), 3) == seconds and timed == [0, 1, 2]

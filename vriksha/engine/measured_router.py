@@ -67,13 +67,22 @@ def timed_buckets(buckets: Sequence[int], macs_per_row: int) -> int:
 MAX_TIMED_CALL_SECONDS = 0.25
 
 
-def time_buckets(time_bucket: Callable[[int], dict[str, float]], count: int) -> list[dict[str, float]]:
+def time_buckets(
+    time_bucket: Callable[[int], dict[str, float]], buckets: Sequence[int], count: int
+) -> list[dict[str, float]]:
     """Each path's seconds on the first `count` buckets, timed in order, up to and including the first bucket
-    where some path's call took more than MAX_TIMED_CALL_SECONDS (`extrapolated` extends them)."""
+    where some path's call took more than MAX_TIMED_CALL_SECONDS (`extrapolated` extends them). A path that
+    took INVERSION times longer than its previous bucket scaled by rows was slowed by other work, not by
+    arithmetic: timing goes on, so that `retime_inversions` can find that bucket."""
     timings: list[dict[str, float]] = []
     for i in range(count):
-        timings.append(time_bucket(i))
-        if max(timings[-1].values()) > MAX_TIMED_CALL_SECONDS:
+        t = time_bucket(i)
+        timings.append(t)
+        slow = [p for p, s in t.items() if s > MAX_TIMED_CALL_SECONDS]
+        if i and slow:
+            scale = buckets[i] / buckets[i - 1]
+            slow = [p for p in slow if p in timings[-2] and t[p] <= INVERSION * scale * timings[-2][p]]
+        if slow:
             break
     return timings
 
