@@ -30,15 +30,16 @@ demo: install
 # the suite starts many Python processes (servers, trainers, torchrun ranks): each would compile what
 # it imports from source where PYTHONDONTWRITEBYTECODE is set (`import torch` 5.6 s instead of 2.6 s on a Zen 1
 # core), so the suite lets Python cache bytecode in its venv, as `demo` does
+PYTEST = PYTHONDONTWRITEBYTECODE= $(PYTHON) -m pytest -q -ra
+
 test: install-test
-	PYTHONDONTWRITEBYTECODE= $(PYTHON) -m pytest -q -ra
+	$(PYTEST)
 
 # the suite as an AVX2-only CPU (x86-64-v3) runs it, on a wider one: vriksha, torch, oneDNN and MKL each told
 # to use nothing above AVX2 (vriksha's kernels, dtype and arithmetic choices, and its flag-gated tests' skips,
 # then follow what such a CPU lists). The timing cache is kept apart, keyed by the CPU flags it sees.
 test-as-avx2: install-test
-	VRIKSHA_CPU_AS=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 \
-		PYTHONDONTWRITEBYTECODE= $(PYTHON) -m pytest -q -ra
+	VRIKSHA_CPU_AS=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 $(PYTEST)
 
 lint:
 	ruff check vriksha tests benchmarks

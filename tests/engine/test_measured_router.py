@@ -7,7 +7,7 @@ from vriksha.engine.measured_router import (
     RETIMES,
     extrapolated,
     retime_inversions,
-    time_buckets,
+    time_buckets_until_slow,
 )
 
 
@@ -74,17 +74,17 @@ def test_timing_stops_after_the_first_bucket_with_a_call_too_slow_to_time_again(
         timed.append(i)
         return seconds[i]
 
-    got = time_buckets(time_bucket, (1, 64, 256), 3)
+    got = time_buckets_until_slow(time_bucket, (1, 64, 256), 3)
     assert timed == [0, 1] and got == seconds[:2]
     assert extrapolated(got, (1, 64, 256))[2] == {"fast": 8e-4, "emulated": 4 * slow}
     timed.clear()
-    assert time_buckets(time_bucket, (1, 64, 256), 1) == seconds[:1] and timed == [0]
+    assert time_buckets_until_slow(time_bucket, (1, 64, 256), 1) == seconds[:1] and timed == [0]
 
 
 def test_a_slow_call_out_of_line_with_the_bucket_before_is_other_work_and_timing_goes_on():
     seconds = [
         {"packed": 1e-3, "dense": 1e-3},
-        {"packed": 2 * MAX_TIMED_CALL_SECONDS, "dense": 2e-3},  # 250x its 1-row time for 2 rows: disturbed
+        {"packed": 2 * MAX_TIMED_CALL_SECONDS, "dense": 2e-3},  # 500x its 1-row time for 2 rows: disturbed
         {"packed": 4e-3, "dense": 4e-3},
     ]
     timed: list[int] = []
@@ -93,4 +93,4 @@ def test_a_slow_call_out_of_line_with_the_bucket_before_is_other_work_and_timing
         timed.append(i)
         return seconds[i]
 
-    assert time_buckets(time_bucket, (1, 2, 4), 3) == seconds and timed == [0, 1, 2]
+    assert time_buckets_until_slow(time_bucket, (1, 2, 4), 3) == seconds and timed == [0, 1, 2]

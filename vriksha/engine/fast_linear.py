@@ -30,7 +30,7 @@ from vriksha.engine.measured_router import (
     cold_copies,
     extrapolated,
     retime_inversions,
-    time_buckets,
+    time_buckets_until_slow,
     time_cold,
     timed_buckets,
 )
@@ -146,7 +146,7 @@ def _choose(
 
     with torch.inference_mode():
         count = timed_buckets(BUCKETS, out_f * in_f) if head else len(BUCKETS)
-        times = time_buckets(time_bucket, BUCKETS, count)
+        times = time_buckets_until_slow(time_bucket, BUCKETS, count)
         retime_inversions(times, time_bucket)
     times = extrapolated(times, BUCKETS)
 

@@ -67,7 +67,7 @@ def timed_buckets(buckets: Sequence[int], macs_per_row: int) -> int:
 MAX_TIMED_CALL_SECONDS = 0.25
 
 
-def time_buckets(
+def time_buckets_until_slow(
     time_bucket: Callable[[int], dict[str, float]], buckets: Sequence[int], count: int
 ) -> list[dict[str, float]]:
     """Each path's seconds on the first `count` buckets, timed in order, up to and including the first bucket

@@ -36,7 +36,7 @@ from vriksha.engine.measured_router import (
     cold_copies,
     extrapolated,
     retime_inversions,
-    time_buckets,
+    time_buckets_until_slow,
     time_cold,
     timed_buckets,
 )
@@ -124,7 +124,7 @@ def measure(
         return t
 
     with torch.inference_mode():
-        by_bucket = time_buckets(time_bucket, BUCKETS, timed_buckets(BUCKETS, out_f * in_f))
+        by_bucket = time_buckets_until_slow(time_bucket, BUCKETS, timed_buckets(BUCKETS, out_f * in_f))
         retime_inversions(by_bucket, time_bucket)
     times: dict[str, list] = {"packed": [], "path": [], "dense": [], "dense_native": []}
     for t in extrapolated(by_bucket, BUCKETS):
