@@ -1,12 +1,15 @@
 """`vdev`: a PrivateUse1 device backend for tests, in the manner of PyTorch's OpenReg.
 
-`load()` compiles `vdev.cpp` once (a C++ compiler is needed; about a minute) and registers the device with
-PyTorch under the name "vdev": `torch.device("vdev")`, `torch.accelerator` reports it, and tensors there live in
-the backend's own allocator while operators without a kernel of their own run on the CPU through the fallback.
+`load()` compiles `vdev.cpp` once per source and torch version (a C++ compiler is needed; about a minute) and
+registers the device with PyTorch under the name "vdev": `torch.device("vdev")`, `torch.accelerator` reports it,
+and tensors there live in the backend's own allocator while operators without a kernel of their own run on the
+CPU through the fallback.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import os
 import shutil
 import sys
@@ -39,23 +42,39 @@ def _device_module() -> types.ModuleType:
     return module
 
 
+def _import_built(library: Path) -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location("vriksha_vdev", library)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def load():
-    """Build (once per torch version) and register the backend; returns the compiled extension module."""
+    """Build (once per source and torch version) and register the backend; returns the compiled extension module."""
     global _extension
     if _extension is not None:
         return _extension
     from torch.utils.cpp_extension import load as load_extension
 
+    source = Path(__file__).with_name("vdev.cpp")
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
     cache = Path(os.environ.get("VRIKSHA_CACHE", Path.home() / ".cache" / "vriksha")).expanduser()
-    build = cache / "vdev" / f"torch-{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}"
-    build.mkdir(parents=True, exist_ok=True)
-    _extension = load_extension(
-        name="vriksha_vdev",
-        sources=[str(Path(__file__).with_name("vdev.cpp"))],
-        build_directory=str(build),
-        extra_cflags=["-O1"],
-        verbose=False,
-    )
+    build = cache / "vdev" / f"torch-{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}-{digest}"
+    built = build / "built"
+    if built.is_file():
+        # the same source and torch version, built by any environment: torch's own loader would rebuild it
+        # wherever torch's include path differs (every fresh virtualenv), a minute of compiling each time
+        _extension = _import_built(build / "vriksha_vdev.so")
+    else:
+        build.mkdir(parents=True, exist_ok=True)
+        _extension = load_extension(
+            name="vriksha_vdev",
+            sources=[str(source)],
+            build_directory=str(build),
+            extra_cflags=["-O1"],
+            verbose=False,
+        )
+        built.touch()
     torch.utils.rename_privateuse1_backend(NAME)
     torch._register_device_module(NAME, _device_module())
     torch.utils.generate_methods_for_privateuse1_backend(for_storage=True)
