@@ -60,11 +60,11 @@ def load():
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
     cache = Path(os.environ.get("VRIKSHA_CACHE", Path.home() / ".cache" / "vriksha")).expanduser()
     build = cache / "vdev" / f"torch-{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}-{digest}"
-    built = build / "built"
-    if built.is_file():
+    built, library = build / "built", build / "vriksha_vdev.so"
+    if built.is_file() and library.is_file():
         # the same source and torch version, built by any environment: torch's own loader would rebuild it
         # wherever torch's include path differs (every fresh virtualenv), a minute of compiling each time
-        _extension = _import_built(build / "vriksha_vdev.so")
+        _extension = _import_built(library)
     else:
         build.mkdir(parents=True, exist_ok=True)
         _extension = load_extension(
