@@ -1,9 +1,9 @@
 """`vdev`: a PrivateUse1 device backend for tests, in the manner of PyTorch's OpenReg.
 
-`load()` compiles `vdev.cpp` once per source and torch version (a C++ compiler is needed; about a minute) and
-registers the device with PyTorch under the name "vdev": `torch.device("vdev")`, `torch.accelerator` reports it,
-and tensors there live in the backend's own allocator while operators without a kernel of their own run on the
-CPU through the fallback.
+`load()` compiles `vdev.cpp` once per source and torch version (a C++ compiler is needed; about a
+minute) and registers the device with PyTorch under the name "vdev": `torch.device("vdev")`,
+`torch.accelerator` reports it, and tensors there live in the backend's own allocator while operators
+without a kernel of their own run on the CPU through the fallback.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _import_built(library: Path) -> types.ModuleType:
 
 
 def load():
-    """Build (once per source and torch version) and register the backend; returns the compiled extension module."""
+    """Build (once per source and torch version) and register the backend; returns the extension module."""
     global _extension
     if _extension is not None:
         return _extension
@@ -59,7 +59,8 @@ def load():
     source = Path(__file__).with_name("vdev.cpp")
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
     cache = Path(os.environ.get("VRIKSHA_CACHE", Path.home() / ".cache" / "vriksha")).expanduser()
-    build = cache / "vdev" / f"torch-{torch.__version__}-py{sys.version_info.major}{sys.version_info.minor}-{digest}"
+    python = f"py{sys.version_info.major}{sys.version_info.minor}"
+    build = cache / "vdev" / f"torch-{torch.__version__}-{python}-{digest}"
     built, library = build / "built", build / "vriksha_vdev.so"
     if built.is_file() and library.is_file():
         # the same source and torch version, built by any environment: torch's own loader would rebuild it
