@@ -18,6 +18,8 @@ from pathlib import Path
 
 import torch
 
+from vriksha.cache import cache_dir
+
 NAME = "vdev"
 _extension = None
 
@@ -58,9 +60,8 @@ def load():
 
     source = Path(__file__).with_name("vdev.cpp")
     digest = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
-    cache = Path(os.environ.get("VRIKSHA_CACHE", Path.home() / ".cache" / "vriksha")).expanduser()
     python = f"py{sys.version_info.major}{sys.version_info.minor}"
-    build = cache / "vdev" / f"torch-{torch.__version__}-{python}-{digest}"
+    build = cache_dir() / "vdev" / f"torch-{torch.__version__}-{python}-{digest}"
     built, library = build / "built", build / "vriksha_vdev.so"
     if built.is_file() and library.is_file():
         # the same source and torch version, built by any environment: torch's own loader would rebuild it

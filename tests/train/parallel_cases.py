@@ -168,12 +168,10 @@ def run_world(world: int, cases: list[Case], out_dir: Path, timeout_s: float = 5
 
     They fork from a server process that imported `PRELOAD` and nothing else (no threads, no process
     group), so each begins as a fresh interpreter would, without the imports."""
-    import multiprocessing
-
     import torch.multiprocessing as mp
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
+    mp.get_context("forkserver").set_forkserver_preload(PRELOAD)
     ctx = mp.start_processes(
         _worker,
         args=(world, _free_port(), cases, str(out_dir)),
