@@ -16,6 +16,22 @@ def cache_dir() -> Path:
     return Path(os.environ.get("VRIKSHA_CACHE", Path.home() / ".cache" / "vriksha")).expanduser()
 
 
+_announced = False
+
+
+def announce_first_load() -> None:
+    """Say once per process, before the first kernel build or timing that is not cached yet, that the first
+    load on a machine builds and times its paths (the user would otherwise wait on a silent minute)."""
+    global _announced
+    if not _announced:
+        _announced = True
+        logger.warning(
+            "compiling and timing this machine's kernels, dtypes and linear paths once (about a minute on 2 "
+            "cores); later loads read them from %s",
+            cache_dir(),
+        )
+
+
 def read_json(name: str) -> dict[str, Any]:
     """The JSON object kept as `name` in the cache dir; empty where it is missing or unreadable."""
     try:

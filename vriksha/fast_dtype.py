@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 import vriksha.device as devices
-from vriksha.cache import read_json, write_json
+from vriksha.cache import announce_first_load, read_json, write_json
 from vriksha.cpu_features import cpu_features
 from vriksha.errors import ConfigError, VrikshaError
 
@@ -234,6 +234,7 @@ def choose_dtype(
     record = None if refresh else _read_cache().get(key)
     how = "cached"
     if record is None or record.get("dtype") not in names:
+        announce_first_load()
         start = time.perf_counter()
         timings = measure(shapes, device, names)
         record = {"dtype": pick(timings), "timings": timings, "measured_at": time.time()}

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from vriksha.cache import read_json, write_json
+from vriksha.cache import announce_first_load, read_json, write_json
 
 logger = logging.getLogger(__name__)
 
@@ -200,6 +200,7 @@ class MeasuredRouter:
         for item in items:
             key = self.key(item)
             if key not in known or not self.valid(known[key]):
+                announce_first_load()
                 known[key] = self.measure_one(item)
                 logger.info("%s %s: %s", self.WHAT, key, self.describe(known[key]))
                 changed = True

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 import vriksha.device as devices
+from vriksha.cache import announce_first_load
 from vriksha.engine import fast_linear, fp32_precision, hub_layers, kernel_sets, native_decode, quantization
 from vriksha.engine import native as native_lib
 from vriksha.engine.attention import AttentionBatch, PrefillSegment, forward_context, register_attention
@@ -124,6 +125,7 @@ class ModelRunner:
             best, times = cached["max_batch"], cached["timings"]
             how = "cached"
         else:
+            announce_first_load()
             best, times = self._measure_native_decode(model)
             if times:
                 native_decode.store_choice(key, best, times)

@@ -77,10 +77,13 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     """Dequantise a GGUF through Transformers and write a plain Transformers directory."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from vriksha.loading.gguf_reads import gguf_parsed_once
+
     logger.warning("converting %s to safetensors once (later loads read %s)", gguf.name, out)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        with gguf_parsed_once():
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     except Exception as exc:
         raise ModelLoadError(f"could not read GGUF file {gguf}: {exc}") from exc
     model.hf_quantizer = None

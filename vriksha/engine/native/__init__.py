@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from vriksha.cache import cache_dir
+from vriksha.cache import announce_first_load, cache_dir
 from vriksha.engine.native import isa
 
 logger = logging.getLogger(__name__)
@@ -63,6 +63,7 @@ def build(
     target = cache_dir() / "native" / f"{name}-{variant.name}-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
+    announce_first_load()
     target.parent.mkdir(parents=True, exist_ok=True)
     base = [compiler, "-O3", *variant.cflags, *extra_cflags, "-shared", "-fPIC", *map(str, sources)]
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
