@@ -1,10 +1,11 @@
 """Shared-prefix log-probs equal per-sequence log-probs, values and gradients."""
 
+import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from vriksha.train.batch import collate_groups
-from vriksha.train.logprobs import completion_logprobs
+from vriksha.train.logprobs import SUB_BATCH_OVERHEAD_TOKENS, completion_logprobs, length_sub_batches
 from vriksha.train.rollout import Episode
 
 
@@ -34,7 +35,9 @@ def _episode(group, member, prompt, completion, mask=None):
     )
 
 
-def test_shared_prefix_matches_full_sequences():
+@pytest.mark.parametrize("overhead", [SUB_BATCH_OVERHEAD_TOKENS, 0, 2], ids=["one-pass", "by-length", "split"])
+def test_shared_prefix_matches_full_sequences(overhead):
+    """In one completion forward, or in sub-batches of similar length (each to its own longest row)."""
     model = _tiny()
     g = torch.Generator().manual_seed(1)
 
@@ -51,7 +54,13 @@ def test_shared_prefix_matches_full_sequences():
         ],
     ]
     batch = collate_groups(groups, [[1.0, -1.0, 0.0], [0.5, 0.5, -1.0]], pad_id=0)
-    out = completion_logprobs(model, batch, with_entropy=True)
+    seen = []
+    handle = model.lm_head.register_forward_hook(lambda m, a, out: seen.append(tuple(out.shape[:2])))
+    out = completion_logprobs(model, batch, with_entropy=True, overhead_tokens=overhead)
+    handle.remove()
+    forwards = len(seen) - 1  # the first is the prompts' last position
+    assert forwards == {SUB_BATCH_OVERHEAD_TOKENS: 1, 0: 5, 2: 2}[overhead], seen
+    assert out.logprobs.isfinite().all() and out.entropy.isfinite().all()
     loss_shared = (out.logprobs * batch.loss_mask).sum()
     loss_shared.backward()
     grads_shared = [p.grad.clone() for p in model.parameters()]
@@ -129,3 +138,13 @@ def test_chunked_head_keeps_one_chunk_of_logits():
     rows = batch.completion_ids.shape[0]
     assert max(seen) <= 4 and len(seen) > 2
     assert sum(seen) >= rows * (batch.completion_ids.shape[1] - 1)
+
+
+def test_length_sub_batches_cut_where_padding_costs_more_than_a_forward():
+    lengths = [31, 8, 8, 7, 8, 0, 8, 6, 8]
+    assert length_sub_batches(lengths, 200) == [[0, 1, 2, 4, 6, 8, 3, 7]]  # 8 x 31 + 200 < two forwards
+    assert length_sub_batches(lengths, 8) == [[0], [1, 2, 4, 6, 8, 3, 7]]  # the long row alone
+    assert length_sub_batches(lengths, 0) == [[0], [1, 2, 4, 6, 8], [3], [7]]
+    assert length_sub_batches([0, 0], 0) == []
+    many = [32] + [9] * 47  # the demo's shape: one completion ran to the limit
+    assert length_sub_batches(many, SUB_BATCH_OVERHEAD_TOKENS) == [[0], list(range(1, 48))]

@@ -12,11 +12,18 @@ The completion forward stops short of the LM head: the head and the log-softmax 
 logits (with their softmax and gradient copies, four times that) exist for one chunk at a time,
 in the forward and again in the backward (which recomputes a chunk's logits from its hidden
 states). The result and its gradient equal the one-piece computation within rounding.
+
+Completions are right-padded to the micro-batch's longest, so one that ran to the token limit among
+short ones makes every row pay for its length. On one process the rows then run as sub-batches of
+similar length (`length_sub_batches`), each to its own longest row, on its own copy of the prompts'
+KV (the prompt forward still runs once). Where other ranks' collectives must line up with this
+rank's forwards (FSDP, tensor parallel), the micro-batch runs in one piece.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +38,9 @@ from vriksha.train.vocab_parallel import VocabShard, local_logits, sharded_token
 __all__ = ["CompletionLogprobs", "completion_logprobs", "DEFAULT_CHUNK_TOKENS"]
 
 DEFAULT_CHUNK_TOKENS = 512  # 512 x 49,152 fp32 logits: 96 MiB per copy
+# one more completion forward costs about this many positions' worth of work (a 135M model's fixed cost per
+# forward and backward on a Zen 1 core is about 3 positions: generous, so that only long tails run apart)
+SUB_BATCH_OVERHEAD_TOKENS = 64
 
 _CACHE_KWARG: dict[type, str] = {}
 
@@ -111,14 +121,87 @@ def _chunked_logprobs(
     return torch.cat(lps, dim=1), torch.cat(ents, dim=1) if with_entropy else None
 
 
+def length_sub_batches(lengths: list[int], overhead_tokens: int) -> list[list[int]]:
+    """The rows split into sub-batches of similar length, each costing its rows times its longest row plus
+    `overhead_tokens` (a forward's fixed cost): the split of least total cost (rows sorted by length, cut
+    where it pays). Longest sub-batch first; rows of length 0 are left out."""
+    order = sorted((i for i, n in enumerate(lengths) if n > 0), key=lambda i: -lengths[i])
+    best = [0.0] + [float("inf")] * len(order)
+    cut = [0] * (len(order) + 1)
+    for j in range(1, len(order) + 1):
+        for i in range(j):
+            cost = best[i] + (j - i) * lengths[order[i]] + overhead_tokens
+            if cost < best[j]:
+                best[j], cut[j] = cost, i
+    groups, j = [], len(order)
+    while j > 0:
+        groups.append(order[cut[j] : j])
+        j = cut[j]
+    return groups[::-1]
+
+
+def _splittable(cache: object) -> bool:
+    """Whether each sub-batch can take its own copy of the prompts' KV cache: plain full-attention layers
+    (keys and values only; other layer kinds keep state a shallow copy would share), and no other rank
+    whose collectives must line up with this one's forwards (FSDP, tensor parallel)."""
+    import torch.distributed as dist
+    from transformers.cache_utils import DynamicLayer
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return False
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _cache_rows(cache: object, rows: Tensor) -> object:
+    """A copy of `cache` holding the batch rows `rows` (repeats allowed), the original untouched."""
+    sub = copy.copy(cache)
+    sub.layers = [copy.copy(layer) for layer in cache.layers]
+    sub.batch_select_indices(rows)
+    return sub
+
+
+def _completion_pass(
+    model: nn.Module,
+    cache: object,
+    inputs: Tensor,
+    attention_mask: Tensor,
+    positions: Tensor,
+    targets: Tensor,
+    with_entropy: bool,
+    chunk_tokens: int,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs (and entropies) of `targets`, the completions' next tokens, from one forward of `inputs`
+    attending to the prompts' `cache`."""
+    chunked = chunk_tokens > 0 and targets.numel() > chunk_tokens
+    with _head_input(model) if chunked else contextlib.nullcontext([]) as hidden:
+        out = model(
+            input_ids=inputs,
+            attention_mask=attention_mask,
+            position_ids=positions,
+            use_cache=True,
+            **{_cache_kwarg(model): cache},
+        )
+    if chunked:
+        return _chunked_logprobs(
+            model.get_output_embeddings(), hidden[0], targets, with_entropy, chunk_tokens
+        )
+    logits, shard = local_logits(out.logits)
+    return _token_logprobs(logits, targets, with_entropy, shard)
+
+
 def completion_logprobs(
-    model: nn.Module, batch: GroupBatch, with_entropy: bool = False, chunk_tokens: int | None = None
+    model: nn.Module,
+    batch: GroupBatch,
+    with_entropy: bool = False,
+    chunk_tokens: int | None = None,
+    overhead_tokens: int = SUB_BATCH_OVERHEAD_TOKENS,
 ) -> CompletionLogprobs:
     """`chunk_tokens`: positions x sequences per LM-head chunk (None: `DEFAULT_CHUNK_TOKENS`;
-    0: the whole completion at once)."""
+    0: the whole completion at once). `overhead_tokens`: what one more completion forward costs, in
+    positions, when deciding whether completions of different lengths run apart (`length_sub_batches`)."""
     chunk_tokens = DEFAULT_CHUNK_TOKENS if chunk_tokens is None else chunk_tokens
     g = batch.group_size
-    cache_kw = _cache_kwarg(model)
     prompt_pos = (batch.prompt_mask.cumsum(-1) - 1).clamp(min=0)
     out = model(
         input_ids=batch.prompt_ids,
@@ -128,32 +211,54 @@ def completion_logprobs(
         logits_to_keep=1,
     )
     cache = getattr(out, "cache", None) or out.past_key_values
-    cache.batch_repeat_interleave(g)
     logits, shard = local_logits(out.logits)
     first_logits = logits[:, -1].repeat_interleave(g, dim=0)  # predicts completion token 0
     c_len = batch.completion_ids.shape[1]
     lp0, ent0 = _token_logprobs(first_logits, batch.completion_ids[:, 0], with_entropy, shard)
     if c_len == 1:
         return CompletionLogprobs(lp0[:, None], ent0[:, None] if ent0 is not None else None)
-    attn = torch.cat([batch.prompt_mask.repeat_interleave(g, dim=0), batch.completion_mask], dim=1)
+    prompt_mask = batch.prompt_mask.repeat_interleave(g, dim=0)
     start = batch.prompt_mask.sum(-1).repeat_interleave(g, dim=0)
-    pos = start[:, None] + torch.arange(c_len - 1, device=start.device)[None]
-    targets = batch.completion_ids[:, 1:]
-    chunked = chunk_tokens > 0 and targets.numel() > chunk_tokens
-    with _head_input(model) if chunked else contextlib.nullcontext([]) as hidden:
-        out2 = model(
-            input_ids=batch.completion_ids[:, :-1],
-            attention_mask=attn[:, :-1],
-            position_ids=pos,
-            use_cache=True,
-            **{cache_kw: cache},
+    # each row's positions to run: up to its last real token (right-padded), the first comes from the prompt
+    columns = torch.arange(1, c_len + 1, device=start.device)
+    lengths = ((batch.completion_mask > 0) * columns).amax(-1) - 1
+    sub_batches = length_sub_batches(lengths.tolist(), overhead_tokens) if _splittable(cache) else []
+    if len(sub_batches) <= 1:
+        cache.batch_repeat_interleave(g)
+        pos = start[:, None] + torch.arange(c_len - 1, device=start.device)[None]
+        attn = torch.cat([prompt_mask, batch.completion_mask[:, :-1]], dim=1)
+        lps, ents = _completion_pass(
+            model,
+            cache,
+            batch.completion_ids[:, :-1],
+            attn,
+            pos,
+            batch.completion_ids[:, 1:],
+            with_entropy,
+            chunk_tokens,
         )
-    if chunked:
-        head = model.get_output_embeddings()
-        lps, ents = _chunked_logprobs(head, hidden[0], targets, with_entropy, chunk_tokens)
-    else:
-        logits, shard = local_logits(out2.logits)
-        lps, ents = _token_logprobs(logits, targets, with_entropy, shard)
+    else:  # completions of very different lengths: each sub-batch runs to its own longest, not the batch's
+        n = batch.completion_ids.shape[0]
+        lps = first_logits.new_zeros((n, c_len - 1), dtype=torch.float32)
+        ents = first_logits.new_zeros((n, c_len - 1), dtype=torch.float32) if with_entropy else None
+        for rows in sub_batches:
+            index = torch.tensor(rows, device=start.device)
+            k = int(lengths[index].max())
+            pos = start[index, None] + torch.arange(k, device=start.device)[None]
+            attn = torch.cat([prompt_mask[index], batch.completion_mask[index, :k]], dim=1)
+            lp, ent = _completion_pass(
+                model,
+                _cache_rows(cache, index // g),
+                batch.completion_ids[index, :k],
+                attn,
+                pos,
+                batch.completion_ids[index, 1 : k + 1],
+                with_entropy,
+                chunk_tokens,
+            )
+            lps[index, :k] = lp.float()
+            if ents is not None:
+                ents[index, :k] = ent.float()
     logprobs = torch.cat([lp0[:, None], lps], dim=1)
     entropy = torch.cat([ent0[:, None], ents], dim=1) if with_entropy else None
     return CompletionLogprobs(logprobs, entropy)
