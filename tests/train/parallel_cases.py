@@ -30,6 +30,8 @@ class Case:
     shard_vocab: bool = True
     family: str = "llama"  # "qwen3": per-head q/k norms and a tied embedding / LM head
     chunk_tokens: int = 0  # LM-head chunk of the log-probs (0: all at once; 3: one position per chunk)
+    split_overhead: int = 64  # the completions' sub-batches by length (0: each length its own forward)
+    uneven: bool = False  # group 0: one completion length (one forward planned, three elsewhere)
 
 
 def tiny_model(family: str = "llama"):
@@ -51,8 +53,9 @@ def tiny_model(family: str = "llama"):
     return AutoModelForCausalLM.from_config(config).eval()
 
 
-def episodes() -> list[list]:
-    """Four groups of three completions of different lengths, prompts of different lengths."""
+def episodes(uneven: bool = False) -> list[list]:
+    """Four groups of three completions of different lengths, prompts of different lengths; `uneven`:
+    group 0's completions all of one length."""
     from vriksha.train.rollout import Episode
 
     g = torch.Generator().manual_seed(7)
@@ -61,7 +64,7 @@ def episodes() -> list[list]:
         prompt = torch.randint(1, VOCAB, (3 + gi,), generator=g).tolist()
         group = []
         for m in range(3):
-            n = 2 + (gi + m) % 3
+            n = 3 if uneven and gi == 0 else 2 + (gi + m) % 3
             comp = torch.randint(1, VOCAB, (n,), generator=g).tolist()
             mask = [1] * n
             if n > 2:
@@ -101,11 +104,16 @@ def _run_case(case: Case, out_dir: Path) -> None:
     opt.register_step_pre_hook(
         lambda *_: grads.append({n: _full(p.grad) for n, p in policy.named_parameters()})
     )
-    groups = episodes()
+    groups = episodes(case.uneven)
     mine = [groups[i] for i in shard_range(len(groups), dims.dp_rank, dims.dp, "groups")]
     rewards = torch.tensor([[e.reward for e in g] for g in mine], dtype=torch.float64)
     adv = group_advantages(rewards).advantages.tolist()
-    cfg = GRPOConfig(micro_batch_groups=1, kl_coef=0.0, logprob_chunk_tokens=case.chunk_tokens)
+    cfg = GRPOConfig(
+        micro_batch_groups=1,
+        kl_coef=0.0,
+        logprob_chunk_tokens=case.chunk_tokens,
+        logprob_split_overhead_tokens=case.split_overhead,
+    )
     record: dict[str, list] = {"loss": [], "grad_norm": [], "grads": grads, "params": [], "steps": []}
     for step in range(first, case.steps + 1):
         res = policy_update(policy, opt, mine, adv, mine[0], cfg, 1.0, 0, dims.device, dims=dims)

@@ -5,7 +5,12 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from vriksha.train.batch import collate_groups
-from vriksha.train.logprobs import SUB_BATCH_OVERHEAD_TOKENS, completion_logprobs, length_sub_batches
+from vriksha.train.logprobs import (
+    SUB_BATCH_OVERHEAD_TOKENS,
+    completion_logprobs,
+    grown_plan,
+    length_sub_batches,
+)
 from vriksha.train.rollout import Episode
 
 
@@ -148,3 +153,50 @@ def test_length_sub_batches_cut_where_padding_costs_more_than_a_forward():
     assert length_sub_batches([0, 0], 0) == []
     many = [32] + [9] * 47  # the demo's shape: one completion ran to the limit
     assert length_sub_batches(many, SUB_BATCH_OVERHEAD_TOKENS) == [[0], list(range(1, 48))]
+
+
+def test_grown_plan_splits_the_widest_then_adds_forwards_that_count_zero():
+    assert grown_plan([[0], [1, 2, 3, 4]], 3) == [[0], [1, 2], [3, 4]]
+    assert grown_plan([[0], [1, 2]], 4) == [[0], [1], [2], None]
+    assert grown_plan([], 2) == [None, None]
+    assert grown_plan([[0, 1]], 1) == [[0, 1]]
+
+
+@pytest.mark.parametrize("more", [1, 3, 8])
+def test_more_forwards_for_other_ranks_change_nothing(more):
+    """A rank that runs extra completion forwards (other ranks' plans were longer) gets the log-probs,
+    entropies and gradients of its own plan, whether it splits its sub-batches or adds zero forwards."""
+    model, batch = _tiny(), _batch()
+    whole, grads_whole = _loss_and_grads(model, batch, chunk_tokens=0)
+    counts = []
+
+    def agree(count):
+        counts.append(count)
+        return count + more
+
+    model.zero_grad()
+    out = completion_logprobs(model, batch, with_entropy=True, chunk_tokens=0, overhead_tokens=0, agree=agree)
+    weights = torch.linspace(-1.0, 1.0, batch.loss_mask.numel()).view_as(batch.loss_mask)
+    (out.logprobs * batch.loss_mask * weights).sum().backward()
+    mask = batch.completion_mask.bool()
+    assert counts == [3]  # completion lengths 7, 3, 6, 1: three forwards (the one-token row needs none)
+    torch.testing.assert_close(out.logprobs[mask], whole.logprobs[mask], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out.entropy[mask], whole.entropy[mask], rtol=1e-5, atol=1e-6)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, grads_whole[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_one_token_completions_still_run_the_forwards_other_ranks_run():
+    model = _tiny()
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(1, 97, (4,), generator=g).tolist()
+    batch = collate_groups([[_episode(0, 0, prompt, [5]), _episode(0, 1, prompt, [9])]], [[1.0, -1.0]], 0)
+    alone = completion_logprobs(model, batch).logprobs
+    seen = []
+    handle = model.lm_head.register_forward_hook(lambda m, a, out: seen.append(out.shape[:2].numel()))
+    out = completion_logprobs(model, batch, agree=lambda count: count + 2)
+    handle.remove()
+    assert len(seen) == 3  # the prompts' last position, then two forwards that count zero
+    torch.testing.assert_close(out.logprobs, alone)
+    out.logprobs.sum().backward()
+    assert all(p.grad is not None and p.grad.isfinite().all() for p in model.parameters())

@@ -85,6 +85,9 @@ WORLD2 = [
     Case("tp2_qwen3", dp_shard=1, tp=2, family="qwen3"),
     Case("tp2_qwen3_chunked", dp_shard=1, tp=2, family="qwen3", chunk_tokens=3),
     Case("dp2_chunked", dp_shard=2, tp=1, chunk_tokens=3),
+    Case("dp2_split", dp_shard=2, tp=1, split_overhead=0),
+    Case("tp2_split", dp_shard=1, tp=2, split_overhead=0),
+    Case("dp2_uneven_split", dp_shard=2, tp=1, split_overhead=0, uneven=True),
     Case("dp2", dp_shard=2, tp=1, save_after=1),
     Case("tp2_from_dp2", dp_shard=1, tp=2, resume_from="dp2"),
 ]
@@ -98,7 +101,12 @@ WORLD4 = [
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("mesh")
-    run_world(1, [Case("ref", 1, 1), Case("ref_qwen3", 1, 1, family="qwen3")], out)
+    references = [
+        Case("ref", 1, 1),
+        Case("ref_qwen3", 1, 1, family="qwen3"),
+        Case("ref_uneven", 1, 1, uneven=True),
+    ]
+    run_world(1, references, out)
     run_world(2, WORLD2, out)
     run_world(4, WORLD4, out)
     return {p.stem: torch.load(p, weights_only=False) for p in out.glob("*.pt")}
@@ -139,6 +147,11 @@ def test_reference_moves(runs):
         # the log-probs one position at a time (checkpointed LM-head chunks) against all at once
         ("tp2_qwen3_chunked", "ref_qwen3"),
         ("dp2_chunked", "ref"),
+        # each completion length its own forward (three per micro-batch on every rank) against one forward
+        ("dp2_split", "ref"),
+        ("tp2_split", "ref"),
+        # rank 0's first micro-batch plans one forward, rank 1's three: rank 0 splits its own to match
+        ("dp2_uneven_split", "ref_uneven"),
     ],
 )
 def test_two_ranks_equal_one(runs, name, ref):

@@ -159,6 +159,12 @@ class OptimConfig(_Section):
         return self
 
 
+# one more completion forward of the update costs about this many positions' worth of work (a 135M model's
+# fixed cost per forward and backward on a Zen 1 core is about 3 positions: generous, so that only long tails
+# run apart; see logprobs.py)
+SUB_BATCH_OVERHEAD_TOKENS = 64
+
+
 class GRPOConfig(_Section):
     """The objective."""
 
@@ -180,6 +186,12 @@ class GRPOConfig(_Section):
         512,
         ge=0,
         description="tokens per LM-head chunk of the log-probs (recomputed in backward; 0: all at once)",
+    )
+    logprob_split_overhead_tokens: int = Field(
+        SUB_BATCH_OVERHEAD_TOKENS,
+        ge=0,
+        description="what one more completion forward costs, in positions, when completions of very "
+        "different lengths may run as sub-batches each to its own longest (0: every length apart)",
     )
 
 

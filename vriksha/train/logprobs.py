@@ -17,7 +17,9 @@ Completions are right-padded to the micro-batch's longest, so one that ran to th
 short ones makes every row pay for its length. On one process the rows then run as sub-batches of
 similar length (`length_sub_batches`), each to its own longest row, on its own copy of the prompts'
 KV (the prompt forward still runs once). Where other ranks' collectives must line up with this
-rank's forwards (FSDP, tensor parallel), the micro-batch runs in one piece.
+rank's forwards (FSDP, tensor parallel), the ranks `agree` on one number of forwards, and a rank
+that planned fewer splits its widest sub-batch again or runs one-position forwards counted zero;
+without `agree`, a process among others runs the micro-batch in one piece.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -33,14 +35,12 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from vriksha.train.batch import GroupBatch
+from vriksha.train.config import SUB_BATCH_OVERHEAD_TOKENS
 from vriksha.train.vocab_parallel import VocabShard, local_logits, sharded_token_logprobs
 
 __all__ = ["CompletionLogprobs", "completion_logprobs", "DEFAULT_CHUNK_TOKENS"]
 
 DEFAULT_CHUNK_TOKENS = 512  # 512 x 49,152 fp32 logits: 96 MiB per copy
-# one more completion forward costs about this many positions' worth of work (a 135M model's fixed cost per
-# forward and backward on a Zen 1 core is about 3 positions: generous, so that only long tails run apart)
-SUB_BATCH_OVERHEAD_TOKENS = 64
 
 _CACHE_KWARG: dict[type, str] = {}
 
@@ -142,15 +142,35 @@ def length_sub_batches(lengths: list[int], overhead_tokens: int) -> list[list[in
 
 def _splittable(cache: object) -> bool:
     """Whether each sub-batch can take its own copy of the prompts' KV cache: plain full-attention layers
-    (keys and values only; other layer kinds keep state a shallow copy would share), and no other rank
-    whose collectives must line up with this one's forwards (FSDP, tensor parallel)."""
-    import torch.distributed as dist
+    (keys and values only; other layer kinds keep state a shallow copy would share)."""
     from transformers.cache_utils import DynamicLayer
 
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        return False
     layers = getattr(cache, "layers", None)
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _with_other_ranks() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def grown_plan(plan: list[list[int]], count: int) -> list[list[int] | None]:
+    """`plan` made `count` forwards long, as another rank's plan needs: the sub-batch of most rows split in
+    two (its longer rows first) while one has two rows, then None entries (a forward that counts zero)."""
+    grown: list[list[int] | None] = list(plan)
+    while len(grown) < count:
+        widest = max(
+            (i for i, rows in enumerate(grown) if rows is not None and len(rows) > 1),
+            key=lambda i: len(grown[i]),
+            default=None,
+        )
+        if widest is None:
+            grown.append(None)
+            continue
+        rows = grown[widest]
+        grown[widest : widest + 1] = [rows[: len(rows) // 2], rows[len(rows) // 2 :]]
+    return grown
 
 
 def _cache_rows(cache: object, rows: Tensor) -> object:
@@ -196,10 +216,14 @@ def completion_logprobs(
     with_entropy: bool = False,
     chunk_tokens: int | None = None,
     overhead_tokens: int = SUB_BATCH_OVERHEAD_TOKENS,
+    agree: Callable[[int], int] | None = None,
 ) -> CompletionLogprobs:
     """`chunk_tokens`: positions x sequences per LM-head chunk (None: `DEFAULT_CHUNK_TOKENS`;
     0: the whole completion at once). `overhead_tokens`: what one more completion forward costs, in
-    positions, when deciding whether completions of different lengths run apart (`length_sub_batches`)."""
+    positions, when deciding whether completions of different lengths run apart (`length_sub_batches`).
+    `agree`: where other ranks' collectives must line up with this one's forwards (FSDP, tensor
+    parallel), the number of completion forwards every rank runs, given this rank's (the largest of
+    all); without it, a process among others runs its completions in one forward."""
     chunk_tokens = DEFAULT_CHUNK_TOKENS if chunk_tokens is None else chunk_tokens
     g = batch.group_size
     prompt_pos = (batch.prompt_mask.cumsum(-1) - 1).clamp(min=0)
@@ -213,17 +237,27 @@ def completion_logprobs(
     cache = getattr(out, "cache", None) or out.past_key_values
     logits, shard = local_logits(out.logits)
     first_logits = logits[:, -1].repeat_interleave(g, dim=0)  # predicts completion token 0
-    c_len = batch.completion_ids.shape[1]
+    n, c_len = batch.completion_ids.shape
     lp0, ent0 = _token_logprobs(first_logits, batch.completion_ids[:, 0], with_entropy, shard)
-    if c_len == 1:
-        return CompletionLogprobs(lp0[:, None], ent0[:, None] if ent0 is not None else None)
     prompt_mask = batch.prompt_mask.repeat_interleave(g, dim=0)
     start = batch.prompt_mask.sum(-1).repeat_interleave(g, dim=0)
-    # each row's positions to run: up to its last real token (right-padded), the first comes from the prompt
+    # each row's positions to run: up to its last real token (right-padded); the first comes from the prompt
     columns = torch.arange(1, c_len + 1, device=start.device)
     lengths = ((batch.completion_mask > 0) * columns).amax(-1) - 1
-    sub_batches = length_sub_batches(lengths.tolist(), overhead_tokens) if _splittable(cache) else []
-    if len(sub_batches) <= 1:
+    splittable = _splittable(cache) and (agree is not None or not _with_other_ranks())
+    plan: list[list[int] | None]
+    if c_len == 1:
+        plan = []
+    elif splittable:
+        plan = length_sub_batches(lengths.tolist(), overhead_tokens)
+    else:
+        plan = [list(range(n))]
+    if agree is not None:
+        plan = grown_plan(plan, agree(len(plan)))
+    lps = first_logits.new_zeros((n, c_len - 1), dtype=torch.float32)
+    ents = first_logits.new_zeros((n, c_len - 1), dtype=torch.float32) if with_entropy else None
+    uncounted = first_logits.new_zeros((), dtype=torch.float32)
+    if len(plan) == 1 and plan[0] is not None:  # one forward of every row, padded to the longest
         cache.batch_repeat_interleave(g)
         pos = start[:, None] + torch.arange(c_len - 1, device=start.device)[None]
         attn = torch.cat([prompt_mask, batch.completion_mask[:, :-1]], dim=1)
@@ -237,28 +271,40 @@ def completion_logprobs(
             with_entropy,
             chunk_tokens,
         )
-    else:  # completions of very different lengths: each sub-batch runs to its own longest, not the batch's
-        n = batch.completion_ids.shape[0]
-        lps = first_logits.new_zeros((n, c_len - 1), dtype=torch.float32)
-        ents = first_logits.new_zeros((n, c_len - 1), dtype=torch.float32) if with_entropy else None
-        for rows in sub_batches:
-            index = torch.tensor(rows, device=start.device)
-            k = int(lengths[index].max())
+    else:  # each sub-batch runs to its own longest row, not the micro-batch's
+        for rows in plan:
+            if rows is None:  # another rank runs one more forward: one position of row 0, counted zero
+                index, k = torch.zeros(1, dtype=torch.long, device=start.device), 1
+                targets = batch.completion_ids[index, :1]
+                completion_mask = torch.ones_like(targets)
+            else:
+                index = torch.tensor(rows, device=start.device)
+                k = int(lengths[index].max())
+                targets = batch.completion_ids[index, 1 : k + 1]
+                completion_mask = batch.completion_mask[index, :k]
+            if splittable:
+                sub_cache = _cache_rows(cache, index // g)
+            else:  # the one forward that uses the prompts' cache: a rank whose completions are one token long
+                sub_cache = cache
+                cache.batch_select_indices(index // g)
             pos = start[index, None] + torch.arange(k, device=start.device)[None]
-            attn = torch.cat([prompt_mask[index], batch.completion_mask[index, :k]], dim=1)
+            attn = torch.cat([prompt_mask[index], completion_mask], dim=1)
             lp, ent = _completion_pass(
                 model,
-                _cache_rows(cache, index // g),
+                sub_cache,
                 batch.completion_ids[index, :k],
                 attn,
                 pos,
-                batch.completion_ids[index, 1 : k + 1],
-                with_entropy,
+                targets,
+                with_entropy and rows is not None,
                 chunk_tokens,
             )
+            if rows is None:
+                uncounted = uncounted + 0.0 * lp.sum()
+                continue
             lps[index, :k] = lp.float()
             if ents is not None:
                 ents[index, :k] = ent.float()
-    logprobs = torch.cat([lp0[:, None], lps], dim=1)
+    logprobs = torch.cat([lp0[:, None], lps], dim=1) + uncounted
     entropy = torch.cat([ent0[:, None], ents], dim=1) if with_entropy else None
     return CompletionLogprobs(logprobs, entropy)

@@ -111,22 +111,27 @@ def policy_update(
         filler_batch = collate_groups([filler], [[0.0] * len(filler)], pad_id).to(device)
     old: list[torch.Tensor] = []
     refs: list[torch.Tensor | None] = []
+    agree = None
+    if dist.is_initialized() and dist.get_world_size() > 1:  # every rank runs as many completion forwards
+
+        def agree(count: int) -> int:
+            return int(all_reduce([float(count)], op="max", device=device)[0])
+
+    logprob_options = dict(
+        chunk_tokens=cfg.logprob_chunk_tokens, overhead_tokens=cfg.logprob_split_overhead_tokens, agree=agree
+    )
     for epoch in range(cfg.epochs_per_batch):
         for i in range(n_micro):
             real = i < len(batches)
             batch = batches[i] if real else filler_batch
             with phase("train.forward"), autocast():
-                out = completion_logprobs(
-                    policy, batch, with_entropy=epoch == 0 and real, chunk_tokens=cfg.logprob_chunk_tokens
-                )
+                out = completion_logprobs(policy, batch, with_entropy=epoch == 0 and real, **logprob_options)
                 if epoch == 0:
                     old.append(out.logprobs.detach())
                     ref = None
                     if ref_model is not None and cfg.kl_coef > 0:
                         with torch.no_grad():
-                            ref = completion_logprobs(
-                                ref_model, batch, chunk_tokens=cfg.logprob_chunk_tokens
-                            ).logprobs
+                            ref = completion_logprobs(ref_model, batch, **logprob_options).logprobs
                     refs.append(ref)
                 loss, stats = grpo_token_loss(
                     out.logprobs,
