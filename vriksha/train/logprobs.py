@@ -254,57 +254,47 @@ def completion_logprobs(
         plan = [list(range(n))]
     if agree is not None:
         plan = grown_plan(plan, agree(len(plan)))
+    if len(plan) == 1 and plan[0] is not None:
+        plan = [list(range(n))]  # one forward: every row, as the micro-batch is padded
     lps = first_logits.new_zeros((n, c_len - 1), dtype=torch.float32)
     ents = first_logits.new_zeros((n, c_len - 1), dtype=torch.float32) if with_entropy else None
     uncounted = first_logits.new_zeros((), dtype=torch.float32)
-    if len(plan) == 1 and plan[0] is not None:  # one forward of every row, padded to the longest
-        cache.batch_repeat_interleave(g)
-        pos = start[:, None] + torch.arange(c_len - 1, device=start.device)[None]
-        attn = torch.cat([prompt_mask, batch.completion_mask[:, :-1]], dim=1)
-        lps, ents = _completion_pass(
+    for rows in plan:  # each sub-batch runs to its own longest row, not the micro-batch's
+        if rows is None:  # another rank runs one more forward: one position of row 0, counted zero
+            index, k = torch.zeros(1, dtype=torch.long, device=start.device), 1
+            targets = batch.completion_ids[index, :1]
+            completion_mask = torch.ones_like(targets)
+        else:
+            index = torch.tensor(rows, device=start.device)
+            k = int(lengths[index].max())
+            targets = batch.completion_ids[index, 1 : k + 1]
+            completion_mask = batch.completion_mask[index, :k]
+        if len(plan) > 1:
+            sub_cache = _cache_rows(cache, index // g)
+        else:  # the one forward: the prompts' cache itself
+            sub_cache = cache
+            if rows is None:  # a rank whose completions are one token long
+                cache.batch_select_indices(index // g)
+            else:
+                cache.batch_repeat_interleave(g)
+        pos = start[index, None] + torch.arange(k, device=start.device)[None]
+        attn = torch.cat([prompt_mask[index], completion_mask], dim=1)
+        lp, ent = _completion_pass(
             model,
-            cache,
-            batch.completion_ids[:, :-1],
+            sub_cache,
+            batch.completion_ids[index, :k],
             attn,
             pos,
-            batch.completion_ids[:, 1:],
-            with_entropy,
+            targets,
+            with_entropy and rows is not None,
             chunk_tokens,
         )
-    else:  # each sub-batch runs to its own longest row, not the micro-batch's
-        for rows in plan:
-            if rows is None:  # another rank runs one more forward: one position of row 0, counted zero
-                index, k = torch.zeros(1, dtype=torch.long, device=start.device), 1
-                targets = batch.completion_ids[index, :1]
-                completion_mask = torch.ones_like(targets)
-            else:
-                index = torch.tensor(rows, device=start.device)
-                k = int(lengths[index].max())
-                targets = batch.completion_ids[index, 1 : k + 1]
-                completion_mask = batch.completion_mask[index, :k]
-            if splittable:
-                sub_cache = _cache_rows(cache, index // g)
-            else:  # the one forward that uses the prompts' cache: a rank whose completions are one token long
-                sub_cache = cache
-                cache.batch_select_indices(index // g)
-            pos = start[index, None] + torch.arange(k, device=start.device)[None]
-            attn = torch.cat([prompt_mask[index], completion_mask], dim=1)
-            lp, ent = _completion_pass(
-                model,
-                sub_cache,
-                batch.completion_ids[index, :k],
-                attn,
-                pos,
-                targets,
-                with_entropy and rows is not None,
-                chunk_tokens,
-            )
-            if rows is None:
-                uncounted = uncounted + 0.0 * lp.sum()
-                continue
-            lps[index, :k] = lp.float()
-            if ents is not None:
-                ents[index, :k] = ent.float()
+        if rows is None:
+            uncounted = uncounted + 0.0 * lp.sum()
+            continue
+        lps[index, :k] = lp.float()
+        if ents is not None:
+            ents[index, :k] = ent.float()
     logprobs = torch.cat([lp0[:, None], lps], dim=1) + uncounted
     entropy = torch.cat([ent0[:, None], ents], dim=1) if with_entropy else None
     return CompletionLogprobs(logprobs, entropy)
