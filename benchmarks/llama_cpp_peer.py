@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import tempfile
@@ -67,7 +68,7 @@ def start_llama_server(binary: str, gguf: str, threads: int, slots: int, ctx: in
         if proc.poll() is not None:
             tail = log.read_text(errors="replace")[-3000:]
             log.unlink(missing_ok=True)
-            raise SystemExit(f"llama-server exited with {proc.returncode}: {shlex.join(cmd)}\n{tail}")
+            raise SystemExit(f"llama-server {_exit_reason(proc.returncode)}: {shlex.join(cmd)}\n{tail}")
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return proc, url, log
@@ -76,6 +77,21 @@ def start_llama_server(binary: str, gguf: str, threads: int, slots: int, ctx: in
         time.sleep(0.25)
     stop_llama_server(proc)
     raise SystemExit(f"llama-server did not become healthy in 300 s; see {log}")
+
+
+def _exit_reason(returncode: int) -> str:
+    if returncode >= 0:
+        return f"exited with status {returncode}"
+    name = signal.Signals(-returncode).name
+    reason = f"was killed by {name}"
+    if name in ("SIGILL", "SIGSEGV"):
+        # seen on a VM exposing AMX: ggml's AMX matmul faults at its first tile configuration
+        reason += (
+            " (an instruction the CPU or VM refused? if the log stops at the first matmul on an AMX machine, build"
+            " llama-server with -DGGML_NATIVE=OFF and the AVX-512 options but not the AMX ones, or pass"
+            " --llama-server-args=--no-repack to keep ggml off its AMX buffers)"
+        )
+    return reason
 
 
 def llama_server_version(binary: str) -> str:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from tests.engine.conftest import ENGINE_TEST_OPTIONS, tiny_model
 from vriksha import LLM, SamplingParams
-from vriksha.engine.native import kernels
+from vriksha.engine.native import isa, kernels
 
 BF16 = torch.bfloat16
 
@@ -44,6 +44,20 @@ def test_bf16_decode_attention_is_close_to_torchs_bf16_sdpa(lib):
         torch.testing.assert_close(got[b], exact.reshape(heads, d), rtol=1e-4, atol=1e-4)
 
 
+@pytest.fixture(params=["avx512_bf16", "amx"])
+def lanes(request, lib):
+    """The attention lanes' instruction set: AVX512-BF16 pairs, or AMX tiles (where this CPU and the OS allow
+    them); restored to the library's default after."""
+    want_amx = request.param == "amx"
+    if want_amx and not lib.attention_amx():
+        missing = sorted({"amx_bf16", "amx_tile"} - isa.cpu_flags())
+        why = f"this CPU lacks {', '.join(missing)}" if missing else "the OS did not grant the tile state"
+        pytest.skip(f"the AMX attention lanes need amx_bf16 and amx_tile: {why}")
+    assert lib.attention_amx(want_amx) == want_amx
+    yield request.param
+    lib.attention_amx(True)
+
+
 def _shared_prefix_slots(lens, prefixes, pool_size, gen):
     """[B, max(lens)] slot rows: row b starts with prefixes[b] (shared slots, or None) then slots of its own."""
     own = (torch.randperm(pool_size - 1, generator=gen) + 1).tolist()
@@ -59,7 +73,7 @@ def _shared_prefix_slots(lens, prefixes, pool_size, gen):
     "heads,kv_heads,d",
     [(9, 3, 64), (8, 2, 128), (4, 4, 64), (32, 2, 64)],  # groups of 3, 4, 1 and 16 query heads per KV head
 )
-def test_bf16_decode_attention_over_shared_prefixes(lib, heads, kv_heads, d):
+def test_bf16_decode_attention_over_shared_prefixes(lib, lanes, heads, kv_heads, d):
     """Rows sharing a long run of prefix slots (the radix cache's layout for a shared prompt) attend to it
     together, then to their own slots, merging the two softmaxes: the result must be the one softmax over all
     of a row's slots, in float32 math within 4e-3 (the shared pass weighs the bf16 values by probabilities
@@ -104,7 +118,9 @@ def test_bf16_decode_attention_over_shared_prefixes(lib, heads, kv_heads, d):
     "tokens,prefix,heads,kv_heads,d",
     [(32, 512, 9, 3, 64), (300, 0, 9, 3, 64), (7, 3, 8, 2, 128), (1, 0, 4, 4, 64), (40, 100, 32, 2, 64)],
 )
-def test_bf16_prefill_attention_is_causal_softmax_over_the_pool(lib, tokens, prefix, heads, kv_heads, d):
+def test_bf16_prefill_attention_is_causal_softmax_over_the_pool(
+    lib, lanes, tokens, prefix, heads, kv_heads, d
+):
     """A prompt chunk's queries over its slots in the pool (a cached prefix, then its own K/V): token t sees
     the prefix and its chunk up to itself, within 4e-3 of float32 math on the query rounded to bf16 (the
     probabilities weigh the bf16 values in bf16, with float32 sums); where the build cannot (no AVX-512 BF16)

@@ -31,7 +31,7 @@ logger = logging.getLogger(__name__)
 
 HERE = Path(__file__).parent
 SOURCES = (HERE / "kernels.c", HERE / "kernels_bf16.c", HERE / "attention_f32.c")
-HEADERS = (HERE / "simd.h", HERE / "tiles.h")
+HEADERS = (HERE / "simd.h", HERE / "tiles.h", HERE / "amx.h")
 DTYPES = (torch.float32, torch.bfloat16)
 _I64, _F32, _PTR, _INT = ctypes.c_int64, ctypes.c_float, ctypes.c_void_p, ctypes.c_int
 
@@ -106,6 +106,9 @@ class Kernels:
             fn.argtypes = [_PTR] * 4 + [_I64, _I64, _PTR] + [_I64] * 4 + [_F32, _INT]
             fn.restype = ctypes.c_int
             self._prefill[dtype] = fn
+        self._attention_amx = lib.attention_amx
+        self._attention_amx.argtypes = [_INT]
+        self._attention_amx.restype = _INT
         self._greedy = lib.greedy_pick_f32
         self._greedy.argtypes = [_PTR, _I64, _I64, _PTR, _PTR, _INT]
         self._greedy.restype = None
@@ -231,7 +234,12 @@ class Kernels:
         tokens, heads, d = q.shape
         kv_heads, dv = v_pool.shape[1], v_pool.shape[2]
         fn = self._prefill.get(k_pool.dtype)
-        if fn is None or q.dtype != torch.float32 or slots.dtype != torch.int64 or v_pool.dtype != k_pool.dtype:
+        if (
+            fn is None
+            or q.dtype != torch.float32
+            or slots.dtype != torch.int64
+            or v_pool.dtype != k_pool.dtype
+        ):
             return None
         slots = slots.contiguous()
         out = torch.empty(tokens, heads, dv, dtype=torch.float32)
@@ -242,6 +250,12 @@ class Kernels:
             torch.get_num_threads(),
         )  # fmt: skip
         return out if done == 0 else None
+
+    def attention_amx(self, use: bool | None = None) -> bool:
+        """Whether the bf16 pool's attention lanes (shared prefixes in decode, prompt chunks) run on AMX tiles:
+        by default wherever the CPU has AMX-BF16 and the OS grants this process the tile state; `use=False`
+        keeps them on AVX512-BF16 instructions (`True` restores the default). Process-wide."""
+        return bool(self._attention_amx(-1 if use is None else int(use)))
 
 
 def load_variant(

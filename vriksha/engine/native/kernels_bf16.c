@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include "simd.h"
+#include "amx.h"
 
 #define TILE_T bf16
 #define TILE_LOAD8 load8_bf16
@@ -192,57 +193,34 @@ static inline __attribute__((always_inline)) void weigh_values(const uint32_t* p
     for (int t = 0; t < 4; t++) _mm512_storeu_ps(o[u0 + c] + e0 + 16 * t, a[c][t]);
 }
 
-/* Up to sixteen query vectors ("lanes": q[u], d bf16 values, of KV head h's group) against the key and value
- * rows of slots row[0..n), lane u seeing the first visible[u] of them (visible NULL: all n; at least one):
- * leaves per lane its maximum score m[u], its sum of exponentials l[u] and its unnormalised output o[u]
- * (dv floats). The queries are transposed into bf16 pairs sixteen to a vector and each key pair broadcast
- * against them, so one instruction advances sixteen scores with no horizontal sum; the softmax runs down the
- * key axis; each probability is rounded to bf16 (the precision of the values it weighs) and paired with the
- * next key's, so that one bf16-pair instruction against the value rows interleaved in pairs advances sixteen
- * outputs by two keys, in float32 sums, up to six lanes at a time; l sums the rounded probabilities, so the
- * weights stay normalised. Lanes past `lanes` are padding: their scores are computed, never stored. Scratch:
- * qt of d / 2 * 16 pairs, s of n * 16 floats, vi of (n + 1) / 2 * 2 * dv bf16. d % 32 == 0, dv % 64 == 0. */
-static void attend_lanes(const bf16* const* q, int lanes, const int64_t* visible, const bf16* k_pool,
-                         const bf16* v_pool, const int64_t* row, int64_t n, int64_t kv_heads, int64_t h, int64_t d,
-                         int64_t dv, float scale, uint32_t* qt, float* s, bf16* vi, float* m, float* l,
-                         float* const* o) {
-  const __m512 scale16 = _mm512_set1_ps(scale);
-  int32_t seen[16];
+/* Keys of scratch the attention lanes need for n slots: the AMX version works in chunks of 32 keys. */
+#define LANE_SCRATCH_KEYS(n) (((n) + 31) / 32 * 32)
+
+/* The lanes' common set-up: seen[u], how many keys lane u sees (lanes past `lanes` copy lane 0), the most any
+ * lane sees (returned), and qt[i][u], element pair i of lane u's query. */
+static inline int64_t lanes_setup(const bf16* const* q, int lanes, const int64_t* visible, int64_t n, int64_t d,
+                                  uint32_t* qt, int32_t* seen) {
   for (int u = 0; u < 16; u++) seen[u] = (int32_t)(visible ? visible[u < lanes ? u : 0] : n);
   int64_t keys = 0;
   for (int u = 0; u < lanes; u++) keys = seen[u] > keys ? seen[u] : keys;
-  const __m512i seen16 = _mm512_loadu_si512((const void*)seen);
-  for (int64_t i = 0; i < d / 2; i++) /* qt[i][u]: element pair i of lane u's query */
+  for (int64_t i = 0; i < d / 2; i++)
     for (int u = 0; u < 16; u++) memcpy(qt + i * 16 + u, q[u < lanes ? u : 0] + 2 * i, 4);
-  __m512 mx = _mm512_set1_ps(-INFINITY);
-  for (int64_t j = 0; j < keys; j += 8) {
-    int real = keys - j < 8 ? (int)(keys - j) : 8;
-    const bf16* k[8];
-    for (int t = 0; t < 8; t++) k[t] = k_pool + (row[t < real ? j + t : j] * kv_heads + h) * d;
-    for (int64_t t = j + 16; t < keys && t < j + 24; t++) {
-      const char* p = (const char*)(k_pool + (row[t] * kv_heads + h) * d);
-      __builtin_prefetch(p);
-      __builtin_prefetch(p + 64);
-    }
-    __m512 acc[8];
-    for (int t = 0; t < 8; t++) acc[t] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < d / 2; i++) {
-      __m512bh x = (__m512bh)_mm512_loadu_si512((const void*)(qt + i * 16));
-      for (int t = 0; t < 8; t++) {
-        int32_t pair;
-        memcpy(&pair, k[t] + 2 * i, 4);
-        acc[t] = _mm512_dpbf16_ps(acc[t], x, (__m512bh)_mm512_set1_epi32(pair));
-      }
-    }
-    for (int t = 0; t < real; t++) {
-      __mmask16 sees = _mm512_cmpgt_epi32_mask(seen16, _mm512_set1_epi32((int32_t)(j + t)));
-      __m512 v = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), sees, acc[t], scale16);
-      _mm512_storeu_ps(s + (j + t) * 16, v);
-      mx = _mm512_max_ps(mx, v);
-    }
-  }
-  /* pp[jp * 16 + u]: lane u's probabilities of keys 2jp and 2jp + 1 in bf16, written over s (row jp is
-   * written after rows 2jp and 2jp + 1 are read) */
+  return keys;
+}
+
+/* The scaled raw scores of key j's row of sixteen lanes, masked to the keys each lane sees, stored at s[j * 16];
+ * returns the running maximum. */
+static inline __m512 lanes_store_scores(__m512 raw, int64_t j, __m512i seen16, __m512 scale16, float* s, __m512 mx) {
+  __mmask16 sees = _mm512_cmpgt_epi32_mask(seen16, _mm512_set1_epi32((int32_t)j));
+  __m512 v = _mm512_mask_mul_ps(_mm512_set1_ps(-INFINITY), sees, raw, scale16);
+  _mm512_storeu_ps(s + j * 16, v);
+  return _mm512_max_ps(mx, v);
+}
+
+/* The softmax down the key axis of the scores s [keys][16 lanes]: pp[jp * 16 + u], lane u's probabilities of
+ * keys 2jp and 2jp + 1 rounded to bf16, written over s (row jp is written after rows 2jp and 2jp + 1 are read);
+ * m[u] and l[u] the maximum and the sum of the rounded probabilities. Returns the number of pairs. */
+static inline int64_t lanes_softmax(float* s, int64_t keys, __m512i seen16, __m512 mx, float* m, float* l) {
   uint32_t* pp = (uint32_t*)s;
   int64_t pairs = (keys + 1) / 2;
   __m512 sum = _mm512_setzero_ps();
@@ -263,6 +241,52 @@ static void attend_lanes(const bf16* const* q, int lanes, const int64_t* visible
   }
   _mm512_storeu_ps(m, mx);
   _mm512_storeu_ps(l, sum);
+  return pairs;
+}
+
+/* Up to sixteen query vectors ("lanes": q[u], d bf16 values, of KV head h's group) against the key and value
+ * rows of slots row[0..n), lane u seeing the first visible[u] of them (visible NULL: all n; at least one):
+ * leaves per lane its maximum score m[u], its sum of exponentials l[u] and its unnormalised output o[u]
+ * (dv floats). The queries are transposed into bf16 pairs sixteen to a vector and each key pair broadcast
+ * against them, so one instruction advances sixteen scores with no horizontal sum; the softmax runs down the
+ * key axis; each probability is rounded to bf16 (the precision of the values it weighs) and paired with the
+ * next key's, so that one bf16-pair instruction against the value rows interleaved in pairs advances sixteen
+ * outputs by two keys, in float32 sums, up to six lanes at a time; l sums the rounded probabilities, so the
+ * weights stay normalised. Lanes past `lanes` are padding: their scores are computed, never stored. Scratch
+ * (LANE_SCRATCH_KEYS(n) keys, for either this or the AMX version): qt of d / 2 * 16 pairs, s of 16 floats a key,
+ * vi of dv bf16 a key. d % 32 == 0, dv % 64 == 0. */
+static void attend_lanes_pairs(const bf16* const* q, int lanes, const int64_t* visible, const bf16* k_pool,
+                               const bf16* v_pool, const int64_t* row, int64_t n, int64_t kv_heads, int64_t h,
+                               int64_t d, int64_t dv, float scale, uint32_t* qt, float* s, bf16* vi, float* m,
+                               float* l, float* const* o) {
+  const __m512 scale16 = _mm512_set1_ps(scale);
+  int32_t seen[16];
+  int64_t keys = lanes_setup(q, lanes, visible, n, d, qt, seen);
+  const __m512i seen16 = _mm512_loadu_si512((const void*)seen);
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  for (int64_t j = 0; j < keys; j += 8) {
+    int real = keys - j < 8 ? (int)(keys - j) : 8;
+    const bf16* k[8];
+    for (int t = 0; t < 8; t++) k[t] = k_pool + (row[t < real ? j + t : j] * kv_heads + h) * d;
+    for (int64_t t = j + 16; t < keys && t < j + 24; t++) {
+      const char* p = (const char*)(k_pool + (row[t] * kv_heads + h) * d);
+      __builtin_prefetch(p);
+      __builtin_prefetch(p + 64);
+    }
+    __m512 acc[8];
+    for (int t = 0; t < 8; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < d / 2; i++) {
+      __m512bh x = (__m512bh)_mm512_loadu_si512((const void*)(qt + i * 16));
+      for (int t = 0; t < 8; t++) {
+        int32_t pair;
+        memcpy(&pair, k[t] + 2 * i, 4);
+        acc[t] = _mm512_dpbf16_ps(acc[t], x, (__m512bh)_mm512_set1_epi32(pair));
+      }
+    }
+    for (int t = 0; t < real; t++) mx = lanes_store_scores(acc[t], j + t, seen16, scale16, s, mx);
+  }
+  uint32_t* pp = (uint32_t*)s;
+  int64_t pairs = lanes_softmax(s, keys, seen16, mx, m, l);
   interleave_value_pairs(v_pool, row, keys, kv_heads, h, dv, vi);
   for (int64_t e0 = 0; e0 < dv; e0 += 64)
     for (int u0 = 0; u0 < lanes; u0 += 6) {
@@ -275,6 +299,150 @@ static void attend_lanes(const bf16* const* q, int lanes, const int64_t* visible
         default: weigh_values(pp, vi, pairs, dv, e0, u0, 1, o);
       }
     }
+}
+
+#ifdef VRIKSHA_AMX
+/* m [16][16] uint32, transposed in place. */
+static inline void transpose16_epi32(uint32_t* m) {
+  __m512i r[16], t[16];
+  for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_si512((const void*)(m + 16 * i));
+  for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; i++) {
+    r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int i = 0; i < 4; i++) {
+    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 4; i++) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 4] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    r[i + 12] = _mm512_shuffle_i32x4(t[i + 4], t[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 16; i++) _mm512_storeu_si512((void*)(m + 16 * i), r[i]);
+}
+
+#define AMX_LANES_MAX_D 256
+#define AMX_VALUE_TILE(T, B)                                                                                  \
+  do {                                                                                                        \
+    _tile_loadd(B, vi + c * 32 * dv + 2 * (e0 + 16 * (T)), 4 * dv);                                            \
+    _tile_dpbf16ps(T, 4, B);                                                                                  \
+  } while (0)
+
+/* attend_lanes_pairs on AMX tiles, the same arithmetic (bf16 products, float32 sums; the tiles sum in
+ * another order): the scores of sixteen keys at a time are one tile product per 32 query elements, the key
+ * rows (A: 16 keys x 32 values, read in place where the sixteen slots are consecutive, else gathered) against
+ * the transposed queries (B: qt as it is), giving the scores tile keys x lanes as the softmax reads them; the
+ * values of 32 keys are one tile product per 16 output values, the probabilities (A: lanes x 32 keys, pp's
+ * 16 x 16 pair blocks transposed) against the value rows interleaved in pairs (B: vi as it is), summed into
+ * four output tiles (64 values) across all the keys. Scratch as attend_lanes_pairs; d <= AMX_LANES_MAX_D. */
+AMX_TARGET static void attend_lanes_amx(const bf16* const* q, int lanes, const int64_t* visible,
+                                        const bf16* k_pool, const bf16* v_pool, const int64_t* row, int64_t n,
+                                        int64_t kv_heads, int64_t h, int64_t d, int64_t dv, float scale,
+                                        uint32_t* qt, float* s, bf16* vi, float* m, float* l, float* const* o) {
+  const __m512 scale16 = _mm512_set1_ps(scale);
+  int32_t seen[16];
+  int64_t keys = lanes_setup(q, lanes, visible, n, d, qt, seen);
+  const __m512i seen16 = _mm512_loadu_si512((const void*)seen);
+  _Alignas(64) bf16 kb[16 * AMX_LANES_MAX_D];
+  amx_configure();
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  const int64_t pool_stride = kv_heads * d * (int64_t)sizeof(bf16);
+  for (int64_t j = 0; j < keys; j += 16) {
+    int real = keys - j < 16 ? (int)(keys - j) : 16;
+    int consecutive = real == 16;
+    for (int t = 1; t < 16 && consecutive; t++) consecutive = row[j + t] == row[j] + t;
+    for (int64_t t = j + 16; t < keys && t < j + 32; t++) {
+      const char* p = (const char*)(k_pool + (row[t] * kv_heads + h) * d);
+      for (int64_t b = 0; b < d * (int64_t)sizeof(bf16); b += 64) __builtin_prefetch(p + b);
+    }
+    const bf16* base = kb;
+    int64_t stride = d * (int64_t)sizeof(bf16);
+    if (consecutive) {
+      base = k_pool + (row[j] * kv_heads + h) * d;
+      stride = pool_stride;
+    } else {
+      for (int t = 0; t < 16; t++)
+        memcpy(kb + t * d, k_pool + (row[t < real ? j + t : j] * kv_heads + h) * d, (size_t)d * sizeof(bf16));
+    }
+    _tile_zero(6);
+    for (int64_t c = 0; c < d / 32; c++) {
+      _tile_loadd(4, base + 32 * c, stride);
+      _tile_loadd(5, qt + c * 16 * 16, 64);
+      _tile_dpbf16ps(6, 4, 5);
+    }
+    _Alignas(64) float st[16 * 16];
+    _tile_stored(6, st, 64);
+    for (int t = 0; t < real; t++) mx = lanes_store_scores(_mm512_load_ps(st + 16 * t), j + t, seen16, scale16, s, mx);
+  }
+  uint32_t* pp = (uint32_t*)s;
+  int64_t pairs = lanes_softmax(s, keys, seen16, mx, m, l);
+  int64_t chunks = (pairs + 15) / 16; /* of 16 pairs (32 keys); past `pairs`, zero probabilities and values */
+  memset(pp + pairs * 16, 0, (size_t)(chunks * 16 - pairs) * 16 * sizeof(uint32_t));
+  interleave_value_pairs(v_pool, row, keys, kv_heads, h, dv, vi);
+  memset(vi + pairs * 2 * dv, 0, (size_t)(chunks * 16 - pairs) * 2 * dv * sizeof(bf16));
+  for (int64_t c = 0; c < chunks; c++) transpose16_epi32(pp + c * 256); /* now [lane][pair] per chunk */
+  _Alignas(64) float ot[4][16 * 16];
+  for (int64_t e0 = 0; e0 < dv; e0 += 64) {
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t c = 0; c < chunks; c++) {
+      _tile_loadd(4, pp + c * 256, 64);
+      AMX_VALUE_TILE(0, 5);
+      AMX_VALUE_TILE(1, 7);
+      AMX_VALUE_TILE(2, 5);
+      AMX_VALUE_TILE(3, 7);
+    }
+    _tile_stored(0, ot[0], 64);
+    _tile_stored(1, ot[1], 64);
+    _tile_stored(2, ot[2], 64);
+    _tile_stored(3, ot[3], 64);
+    for (int u = 0; u < lanes; u++)
+      for (int t = 0; t < 4; t++) _mm512_storeu_ps(o[u] + e0 + 16 * t, _mm512_load_ps(ot[t] + 16 * u));
+  }
+  _tile_release();
+}
+#endif
+
+/* Whether attend_lanes runs on AMX tiles: -1 until first asked, then 1 where this library may use them; set
+ * with attention_amx(). */
+static int lanes_on_amx = -1;
+
+/* request 1: use AMX tiles for the attention lanes where this process may (0: never); -1 asks. Returns
+ * whether they are used. Called outside the kernels' parallel regions. */
+int attention_amx(int request) {
+#ifdef VRIKSHA_AMX
+  if (request >= 0 || lanes_on_amx < 0) lanes_on_amx = request != 0 && amx_usable();
+#else
+  (void)request;
+  lanes_on_amx = 0;
+#endif
+  return lanes_on_amx;
+}
+
+/* attend_lanes_pairs, or its AMX version where attention_amx() allows (decided before the parallel region). */
+static void attend_lanes(const bf16* const* q, int lanes, const int64_t* visible, const bf16* k_pool,
+                         const bf16* v_pool, const int64_t* row, int64_t n, int64_t kv_heads, int64_t h, int64_t d,
+                         int64_t dv, float scale, uint32_t* qt, float* s, bf16* vi, float* m, float* l,
+                         float* const* o) {
+#ifdef VRIKSHA_AMX
+  if (lanes_on_amx > 0 && d <= AMX_LANES_MAX_D) {
+    attend_lanes_amx(q, lanes, visible, k_pool, v_pool, row, n, kv_heads, h, d, dv, scale, qt, s, vi, m, l, o);
+    return;
+  }
+#endif
+  attend_lanes_pairs(q, lanes, visible, k_pool, v_pool, row, n, kv_heads, h, d, dv, scale, qt, s, vi, m, l, o);
 }
 
 /* One group's shared slots `row` [n] (n >= 1), KV head h: for its `rows` members' query heads (q [B, H, D],
@@ -301,6 +469,11 @@ static void attend_prefix(const bf16* q, const bf16* k_pool, const bf16* v_pool,
       l[at[u]] = ls[u];
     }
   }
+}
+#else
+int attention_amx(int request) {
+  (void)request;
+  return 0;
 }
 #endif
 
@@ -427,6 +600,7 @@ static void attend_bf16_pool(const bf16* q16, const float* q32, const bf16* k_po
     find_prefix_groups(slots, lens, batch, max_len, &pg);
   }
   if (pg.groups > 0) {
+    attention_amx(-1);
     pm = (float*)malloc(sizeof(float) * batch * heads * (2 + dv));
     pl = pm + batch * heads;
     po = pl + batch * heads;
@@ -441,8 +615,8 @@ static void attend_bf16_pool(const bf16* q16, const float* q32, const bf16* k_po
 #ifdef VRIKSHA_AVX512_BF16
     if (pg.groups > 0) {
       uint32_t* qt = (uint32_t*)malloc(sizeof(uint32_t) * 16 * (d / 2));
-      float* s = (float*)malloc(sizeof(float) * 16 * max_len);
-      bf16* vi = (bf16*)malloc(sizeof(bf16) * 2 * dv * ((max_len + 1) / 2));
+      float* s = (float*)malloc(sizeof(float) * 16 * LANE_SCRATCH_KEYS(max_len));
+      bf16* vi = (bf16*)malloc(sizeof(bf16) * dv * LANE_SCRATCH_KEYS(max_len));
 #pragma omp for schedule(dynamic, 1) collapse(2)
       for (int64_t i = 0; i < pg.groups; i++)
         for (int64_t h = 0; h < kv_heads; h++) {
@@ -521,13 +695,14 @@ int prefill_attention_bf16(const float* q, const bf16* k_pool, const bf16* v_poo
   int64_t blocks = (lanes_per_head + 15) / 16;
   bf16* qb = (bf16*)malloc(sizeof(bf16) * tokens * heads * d);
   if (qb == NULL) return -1;
+  attention_amx(-1);
 #pragma omp parallel num_threads(threads)
   {
 #pragma omp for schedule(static)
     for (int64_t e = 0; e < tokens * heads * d; e++) qb[e] = f32_to_bf16(q[e]);
     uint32_t* qt = (uint32_t*)malloc(sizeof(uint32_t) * 16 * (d / 2));
-    float* s = (float*)malloc(sizeof(float) * 16 * n);
-    bf16* vi = (bf16*)malloc(sizeof(bf16) * 2 * dv * ((n + 1) / 2));
+    float* s = (float*)malloc(sizeof(float) * 16 * LANE_SCRATCH_KEYS(n));
+    bf16* vi = (bf16*)malloc(sizeof(bf16) * dv * LANE_SCRATCH_KEYS(n));
 #pragma omp for schedule(dynamic, 1) collapse(2)
     for (int64_t h = 0; h < kv_heads; h++)
       for (int64_t blk = blocks - 1; blk >= 0; blk--) { /* the longest (latest tokens) first */

@@ -199,7 +199,9 @@ def _extra(variant: isa.Variant) -> dict[str, str]:
 
 def build_variant(compiler: str, variant: isa.Variant) -> Path:
     """The quantized kernels' library of `variant` (compiles whether or not this CPU runs it)."""
-    return build(compiler, variant, (SOURCE,), (), "quant_kernels", tuple(_extra(variant)))
+    return build(
+        compiler, variant, (SOURCE,), (SOURCE.with_name("amx.h"),), "quant_kernels", tuple(_extra(variant))
+    )
 
 
 def missing_flags(variant: isa.Variant) -> list[str]:

@@ -717,41 +717,8 @@ DEFINE_LINEAR_TILED_ENTRY(avx512_vnni_i8, 16, 8)
  * B tile. Linux grants a process the AMX tile state on request (arch_prctl); `vq_variants` asks once and
  * lists the path only where that succeeded. */
 #if defined(HAVE_AVX512) && defined(__AVX512BF16__) && defined(__x86_64__) && defined(__linux__)
-#include <sys/syscall.h>
-#include <unistd.h>
+#include "amx.h"
 #define HAVE_AMX_BF16 1
-#define AMX_TARGET __attribute__((target("amx-tile,amx-bf16")))
-#define ARCH_REQ_XCOMP_PERM 0x1023
-#define XFEATURE_XTILEDATA 18
-
-static int amx_usable(void) {
-  static int usable = -1;
-  if (usable < 0) {
-    unsigned int eax, ebx, ecx, edx;
-    __asm__ volatile("cpuid" : "=a"(eax), "=b"(ebx), "=c"(ecx), "=d"(edx) : "a"(7), "c"(0));
-    int has = (edx >> 22) & 1 && (edx >> 24) & 1; /* AMX-BF16, AMX-TILE */
-    usable = has && syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
-  }
-  return usable;
-}
-
-typedef struct {
-  uint8_t palette, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} AmxConfig;
-
-/* tiles 0-3: C (16 x 16 fp32), 4: B (the decoded weights), 5: A (16 activation rows of one block) */
-AMX_TARGET static void amx_configure(void) {
-  AmxConfig cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.palette = 1;
-  for (int t = 0; t < 6; t++) {
-    cfg.colsb[t] = 64;
-    cfg.rows[t] = 16;
-  }
-  _tile_loadconfig(&cfg);
-}
 
 /* One block of 16 output rows decoded to the B tile layout in `bt` (16 rows of 32 bf16). */
 static inline __attribute__((always_inline)) void amx_decode_block(int kind, const uint8_t* tile, uint16_t* bt) {
@@ -794,7 +761,8 @@ static inline __attribute__((always_inline)) void amx_decode_block(int kind, con
   } while (0)
 #define AMX_TILE_STORE(T) _tile_stored(T, yt + 16 * 16 * (T), 16 * (int64_t)sizeof(float))
 
-/* xb: the activations in bf16, [mp, in] with mp a multiple of 16 (padding rows zero); y [m, out] fp32. */
+/* xb: the activations in bf16, [mp, in] with mp a multiple of 16 (padding rows zero); y [m, out] fp32.
+ * Tiles 0-3: C (16 x 16 fp32), 4: B (the decoded weights), 5: A (16 activation rows of one block). */
 AMX_TARGET static void linear_amx_groups(int kind, const uint8_t* w, const float* bias, const uint16_t* xb, float* y,
                                          int64_t out, int64_t in, int64_t m, int64_t mp, int threads) {
   int64_t nb = in / QK, tb = tile_bytes(kind, 16), group_bytes = nb * tb;
