@@ -82,7 +82,10 @@ def start_llama_server(binary: str, gguf: str, threads: int, slots: int, ctx: in
 def _exit_reason(returncode: int) -> str:
     if returncode >= 0:
         return f"exited with status {returncode}"
-    name = signal.Signals(-returncode).name
+    try:
+        name = signal.Signals(-returncode).name
+    except ValueError:
+        name = f"signal {-returncode}"
     reason = f"was killed by {name}"
     if name in ("SIGILL", "SIGSEGV"):
         # seen on a VM exposing AMX: ggml's AMX matmul faults at its first tile configuration

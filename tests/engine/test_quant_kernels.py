@@ -234,8 +234,7 @@ def test_the_amx_and_int8_paths_are_listed_where_the_cpu_has_them_and_only_timed
     assert "amx_bf16" not in candidate_paths(k, "int8", bf16=True)
     if not has_amx:
         pytest.skip("needs amx_bf16 and amx_tile for the rest")
-    # 20 rows: one pass of tiles, each block decoded as it goes; 150: three passes (the last partial) over
-    # blocks decoded once per group of 16 output rows
+    # 20 rows: one pass of up to four row tiles; 150 and 70: more than one pass of 64 rows, the last partial
     for qtype, out, rows in (("q4_1", 32, 20), ("q4_1", 48, 150), ("q8_0", 32, 150), ("q4_0", 16, 70)):
         p = packed_random(qtype, out, 96)
         x = torch.randn(rows, 96)

@@ -380,9 +380,9 @@ AMX_TARGET static void attend_lanes_amx(const bf16* const* q, int lanes, const i
       _tile_loadd(5, qt + c * 16 * 16, 64);
       _tile_dpbf16ps(6, 4, 5);
     }
-    _Alignas(64) float st[16 * 16];
-    _tile_stored(6, st, 64);
-    for (int t = 0; t < real; t++) mx = lanes_store_scores(_mm512_load_ps(st + 16 * t), j + t, seen16, scale16, s, mx);
+    _tile_stored(6, s + j * 16, 64); /* raw scores, masked and scaled in place (rows past `real` unread) */
+    for (int t = 0; t < real; t++)
+      mx = lanes_store_scores(_mm512_loadu_ps(s + (j + t) * 16), j + t, seen16, scale16, s, mx);
   }
   uint32_t* pp = (uint32_t*)s;
   int64_t pairs = lanes_softmax(s, keys, seen16, mx, m, l);
