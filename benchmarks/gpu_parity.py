@@ -3,8 +3,9 @@ beside Transformers' generate() on the same device, per dtype and kernel set; pr
 docs/models.md and exits 1 if an fp32 cell differs.
 
 A cell is `=` when the engine's tokens equal generate()'s, else `@k`: the first of the new tokens where they
-part (in bf16 that is expected at a near-tie of the logits, so only fp32 cells fail the run). Run by
-benchmarks/gpu_check.sh:
+part (in bf16 that is expected at a near-tie of the logits, so only fp32 cells fail the run); `(graphs)` when
+its decode steps replayed CUDA graphs (`--cuda-graphs`, auto by default: the lean-forward families on the
+triton set). Run by benchmarks/gpu_check.sh:
 
     python benchmarks/gpu_parity.py --kernels triton,torch --dtypes float32,bfloat16
 """
@@ -45,7 +46,7 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
 
 
-def cell(family: str, dtype: torch.dtype, kernels: str, device, tokenizer) -> str:
+def cell(family: str, dtype: torch.dtype, kernels: str, device, tokenizer, cuda_graphs: str = "auto") -> str:
     from transformers import AutoModelForCausalLM
 
     from vriksha import LLM, SamplingParams
@@ -58,7 +59,12 @@ def cell(family: str, dtype: torch.dtype, kernels: str, device, tokenizer) -> st
     model = AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
     want = [hf_greedy(model, p, device) for p in PROMPTS]
     llm = LLM.from_module(
-        copy.deepcopy(model), tokenizer, kernels=kernels, kv_cache_memory_gb=0.05, max_model_len=256
+        copy.deepcopy(model),
+        tokenizer,
+        kernels=kernels,
+        cuda_graphs=cuda_graphs,
+        kv_cache_memory_gb=0.05,
+        max_model_len=256,
     )
     try:
         params = SamplingParams(temperature=0, max_tokens=NEW_TOKENS, ignore_eos=True)
@@ -66,10 +72,12 @@ def cell(family: str, dtype: torch.dtype, kernels: str, device, tokenizer) -> st
             o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
         ]
         bound = llm.engine.runner.kernels.name
+        graphs = llm.engine.runner.decode_graphs is not None
     finally:
         llm.close()
     parts = [first_difference(list(g), w) for g, w in zip(got, want, strict=True)]
     mark = "=" if all(p is None for p in parts) else "@" + str(min(p for p in parts if p is not None))
+    mark += " (graphs)" if graphs else ""
     return mark if bound == kernels else f"{mark} ({bound})"
 
 
@@ -81,6 +89,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--families", default=",".join(sorted(FAMILY_CONFIGS)))
     parser.add_argument("--device", default=None, help="default: the accelerator if there is one")
+    parser.add_argument("--cuda-graphs", default="auto", choices=["auto", "on", "off"])
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
@@ -97,7 +106,7 @@ def main() -> None:
         row = []
         for kernels, dtype in columns:
             try:
-                mark = cell(family, getattr(torch, dtype), kernels, device, tokenizer)
+                mark = cell(family, getattr(torch, dtype), kernels, device, tokenizer, args.cuda_graphs)
             except Exception as exc:  # one family's failure is a cell, not the end of the run
                 mark = f"error: {type(exc).__name__}: {str(exc)[:80]}"
             row.append(mark)

@@ -1,12 +1,16 @@
-"""Decode tokens/s of the engine with each kernel set (`--kernels`), same random model, same requests.
+"""Decode tokens/s of the engine with each kernel set (`--kernels`) and CUDA-graph setting (`--cuda-graphs`),
+same random model, same requests.
 
 A random Llama-shaped model (GQA, 4 query heads per KV head) is built on the device in the dtype asked for;
 for each batch size, every request has a random prompt of --prompt-len ids and asks for --new-tokens
 tokens (ignore_eos). Decode tok/s = (new tokens - one per request) / (time of the whole run - time of the
 same prompts with one new token), so prefill is left out. Meant for a GPU (benchmarks/gpu_check.sh), where
-`triton` and `torch` are the sets to compare; it runs anywhere at a tiny --scale:
+`triton` and `torch` are the sets to compare, each with decode steps eager and replayed from CUDA graphs
+(`--cuda-graphs off,on`; the torch set's graphs gather every context column, so `on` there is for
+comparison only); it runs anywhere at a tiny --scale:
 
     python benchmarks/kernel_decode_speed.py                                  # triton vs torch, bf16
+    python benchmarks/kernel_decode_speed.py --kernels triton --cuda-graphs off,auto
     python benchmarks/kernel_decode_speed.py --kernels native,torch --dtype float32 --scale tiny  # CPU smoke
 """
 
@@ -62,6 +66,11 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--kernels", default="triton,torch", help="kernel sets to compare, comma-separated")
+    parser.add_argument(
+        "--cuda-graphs",
+        default="off,auto",
+        help="--cuda-graphs settings to compare (off, auto, on), comma-separated",
+    )
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--device", default=None, help="default: the accelerator if there is one")
     parser.add_argument("--scale", default="1b", choices=sorted(SIZES))
@@ -84,12 +93,16 @@ def main() -> None:
     g = torch.Generator().manual_seed(1)
     rows = []
     print(f"{devices.describe(device)}, {args.dtype}, model {args.scale} {SIZES[args.scale]}", flush=True)
-    print(f"{'kernels':<10} {'batch':>5} {'decode tok/s':>13} {'run s':>8}", flush=True)
-    for name in args.kernels.split(","):
+    print(f"{'kernels':<10} {'graphs':<6} {'batch':>5} {'decode tok/s':>13} {'run s':>8}", flush=True)
+    settings = [(k, g) for k in args.kernels.split(",") for g in args.cuda_graphs.split(",")]
+    if devices.is_host(device):
+        settings = [(k, "off") for k in dict.fromkeys(k for k, _ in settings)]  # graphs need a CUDA device
+    for name, graphs in settings:
         llm = LLM.from_module(
             model,
             tokenizer,
             kernels=name,
+            cuda_graphs=graphs,
             max_model_len=args.prompt_len + args.new_tokens + 8,
             max_num_seqs=max(batch_sizes),
             kv_cache_memory_gb=None,
@@ -97,6 +110,8 @@ def main() -> None:
         )
         try:
             described = llm.engine.runner.kernels.describe()
+            graphs_choice = llm.engine.runner.decode_graphs_choice
+            print(f"{name}, --cuda-graphs {graphs}: {graphs_choice}", flush=True)
             for batch in batch_sizes:
                 prompts = [
                     {
@@ -113,9 +128,10 @@ def main() -> None:
                 run_s = timed(llm, prompts, full)
                 decode_tok_s = batch * (args.new_tokens - 1) / max(run_s - prefill_s, 1e-9)
                 rows.append(
-                    dict(kernels=name, set=described, batch=batch, decode_tok_s=decode_tok_s, run_s=run_s)
-                )
-                print(f"{name:<10} {batch:>5} {decode_tok_s:>13.1f} {run_s:>8.2f}", flush=True)
+                    dict(kernels=name, set=described, cuda_graphs=graphs, graphs_choice=graphs_choice, batch=batch,
+                         decode_tok_s=decode_tok_s, run_s=run_s)
+                )  # fmt: skip
+                print(f"{name:<10} {graphs:<6} {batch:>5} {decode_tok_s:>13.1f} {run_s:>8.2f}", flush=True)
         finally:
             llm.close()
     if args.json is not None:

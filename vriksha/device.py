@@ -5,6 +5,8 @@ accelerator), chosen through `torch.accelerator`.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import torch
 import torch.distributed as dist
 
@@ -23,6 +25,17 @@ TRITON_BACKEND_TYPES = {"nvidia": "cuda", "amd": "cuda", "intel": "xpu"}
 def triton_device_types(backends: list[str]) -> set[str]:
     """The torch device types of Triton's installed `backends` (`triton.backends.backends`)."""
     return {TRITON_BACKEND_TYPES[b] for b in backends if b in TRITON_BACKEND_TYPES}
+
+
+# device types whose torch module captures launches into graphs and replays them (ROCm's devices are cuda too)
+GRAPH_TYPES = ("cuda",)
+
+
+def graph_module(device: torch.device | str) -> ModuleType | None:
+    """The torch device module that captures and replays graphs of `device`'s kernel launches (its
+    `CUDAGraph`, `graph` and `graph_pool_handle`), or None where the device has none."""
+    device = torch.device(device)
+    return torch.get_device_module(device.type) if device.type in GRAPH_TYPES else None
 
 
 def is_host(device: torch.device | str) -> bool:

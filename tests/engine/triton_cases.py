@@ -180,3 +180,46 @@ def test_engine_greedy_tokens_equal_the_torch_set(default_tokenizer):
         assert a.outputs[0].token_ids == b.outputs[0].token_ids
         assert len(a.outputs[0].token_ids) == 4
         assert a.outputs[0].token_logprobs == pytest.approx(b.outputs[0].token_logprobs, abs=1e-4)
+
+
+def test_engine_decode_graphs_over_the_triton_decode_attention(default_tokenizer):
+    """Decode-only steps through the CUDA-graph path's static buffers (captured on a GPU, eager under the
+    interpreter): padded rows, each row's slots read up to its length from a buffer as wide as the context."""
+    from vriksha import LLM, SamplingParams
+    from vriksha.engine.decode_graphs import DecodeGraphs
+
+    model = tiny_model("llama", 512).to(DEVICE)
+    prompts = [{"prompt_token_ids": list(range(3, 3 + n))} for n in (11, 3, 17)]
+    params = [
+        SamplingParams(temperature=0, max_tokens=4 + 3 * i, ignore_eos=True, logprobs=0) for i in range(3)
+    ]
+    outs = {}
+    for graphs in (True, False):
+        llm = LLM.from_module(
+            model,
+            default_tokenizer,
+            kernels="triton",
+            cuda_graphs="auto" if graphs else "off",
+            **ENGINE_TEST_OPTIONS,
+        )
+        try:
+            runner = llm.engine.runner
+            if graphs and INTERPRETED:
+                runner.decode_graphs = DecodeGraphs(
+                    runner.run,
+                    runner.model,
+                    runner.pool,
+                    runner.table.table,
+                    runner.decode_kernel,
+                    8,
+                    capture=False,
+                )
+            if graphs:
+                assert runner.decode_graphs is not None, runner.decode_graphs_choice
+                assert INTERPRETED or runner.decode_graphs.graphs
+            outs[graphs] = llm.generate(prompts, params)
+        finally:
+            llm.close()
+    for a, b in zip(outs[True], outs[False], strict=True):
+        assert a.outputs[0].token_ids == b.outputs[0].token_ids
+        assert a.outputs[0].token_logprobs == pytest.approx(b.outputs[0].token_logprobs, abs=1e-4)

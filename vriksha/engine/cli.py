@@ -72,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
         )
         print(f"engine: {engine.quantization.describe()}", file=sys.stderr)
         print(f"engine: native decode {engine.runner.native_decode_choice}", file=sys.stderr)
+        print(f"engine: CUDA graphs {engine.runner.decode_graphs_choice}", file=sys.stderr)
         print(f"engine: matmuls {engine.runner.matmul_choice}", file=sys.stderr)
         if engine.host_malloc is not None:
             print(f"engine: {engine.host_malloc.describe()}", file=sys.stderr)

@@ -22,6 +22,7 @@ PACKED_ACTIVATIONS = ("auto", "int16", "int8")
 NATIVE_DECODE = ("auto", "on", "off")
 GRAMMAR_OVERLAP = ("auto", "on", "off")
 FRONT_END_CORE = ("auto", "on", "off")
+CUDA_GRAPHS = ("auto", "on", "off")
 
 
 def option(
@@ -72,6 +73,14 @@ class EngineConfig:
         "32 MiB, trim threshold 1 GiB) instead of faulting in fresh pages every step; left alone where MALLOC_* "
         "variables or a preloaded tcmalloc/jemalloc/mimalloc say otherwise (docs/engine.md)"
     )  # fmt: skip
+    cuda_graphs: str = option(
+        "auto", "on a CUDA device: decode-only steps replayed from CUDA graphs captured at load, one per batch "
+        "size up to --cuda-graph-max-batch (a step is padded to the next size); auto: where the lean forward and "
+        "a decode attention reading the KV pool in place (the triton kernel set) run; on: any model (a forward "
+        "that cannot be captured falls back to eager, with the reason logged); off: every step eager",
+        choices=CUDA_GRAPHS,
+    )  # fmt: skip
+    cuda_graph_max_batch: int = option(64, "largest decode batch replayed from a CUDA graph (--cuda-graphs)")
     native_kernels: bool = option(
         True, "compile and use the engine's C kernels (CPU fp32/bf16 decode attention over the KV pool in "
         "place, bandwidth-bound linear layers, fused norms); off: torch's kernels only"
@@ -154,6 +163,7 @@ class EngineConfig:
             "num_speculative_tokens": self.num_speculative_tokens,
             "ngram_min": self.ngram_min,
             "ngram_max": self.ngram_max,
+            "cuda_graph_max_batch": self.cuda_graph_max_batch,
         }
         for name, value in positive.items():
             if not isinstance(value, int) or value < 1:
@@ -184,6 +194,10 @@ class EngineConfig:
         if self.native_decode not in NATIVE_DECODE:
             raise ConfigError(
                 f"engine option native_decode must be one of {', '.join(NATIVE_DECODE)}, got {self.native_decode!r}"
+            )
+        if self.cuda_graphs not in CUDA_GRAPHS:
+            raise ConfigError(
+                f"engine option cuda_graphs must be one of {', '.join(CUDA_GRAPHS)}, got {self.cuda_graphs!r}"
             )
         if self.speculative not in SPECULATIVE_METHODS:
             raise ConfigError(

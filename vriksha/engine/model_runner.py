@@ -15,6 +15,7 @@ from vriksha.engine import native as native_lib
 from vriksha.engine.attention import AttentionBatch, PrefillSegment, forward_context, register_attention
 from vriksha.engine.batch import ForwardBatch
 from vriksha.engine.config import EngineConfig
+from vriksha.engine.decode_graphs import DecodeGraphs
 from vriksha.engine.fast_forward import FastForward
 from vriksha.engine.installation import ModuleInstallation
 from vriksha.engine.kv_pool import KVPool, ReqToTokenTable
@@ -91,6 +92,8 @@ class ModelRunner:
         self.native_decode_choice = "off"  # what decode steps run natively, and why (logs, --verbose)
         if config.native_decode != "off":
             self._set_up_native_decode(model, config)
+        self.decode_graphs: DecodeGraphs | None = None
+        self.decode_graphs_choice = self._set_up_decode_graphs(config)  # logs, --verbose
 
     def _describe_matmuls(self) -> str:
         """Which fp32 matmuls run in bf16 arithmetic (logs, --verbose)."""
@@ -139,6 +142,33 @@ class ModelRunner:
         )
         logger.info("native decode %s", self.native_decode_choice)
 
+    def _set_up_decode_graphs(self, config: EngineConfig) -> str:
+        mode = config.cuda_graphs
+        if mode == "off":
+            return "off"
+        if devices.graph_module(self.device) is None:
+            return "off: CUDA graphs need a CUDA device"
+        if config.tensor_parallel_size > 1:
+            return "off: tensor parallel"
+        if mode == "auto" and self.fast_forward is None:
+            return "off: the model runs the Transformers forward (--cuda-graphs on captures it anyway)"
+        if mode == "auto" and self.decode_kernel is None:
+            return (
+                "off: the kernel set's decode attention gathers K/V (the triton set reads the pool in place)"
+            )
+        max_batch = min(config.cuda_graph_max_batch, config.max_num_seqs, config.max_num_batched_tokens)
+        try:
+            self.decode_graphs = DecodeGraphs(
+                self.run, self.model, self.pool, self.table.table, self.decode_kernel, max_batch
+            )
+        except Exception as exc:  # a forward that cannot be captured, e.g. one that reads a device value
+            devices.synchronize(self.device)
+            logger.warning("decode steps stay eager: capturing them as CUDA graphs failed: %s", exc)
+            return f"off: capture failed ({type(exc).__name__}: {exc})"
+        choice = f"{mode}: {self.decode_graphs.describe()}"
+        logger.info("CUDA graphs %s", choice)
+        return choice
+
     def _measure_native_decode(self, model: torch.nn.Module) -> tuple[int, list[str]]:
         """The largest measured decode batch size up to which the native step was faster, and the timings."""
         vocab = model.model.embed_tokens.weight.shape[0]
@@ -167,6 +197,7 @@ class ModelRunner:
         self.quant = None
         self.fast_forward = None
         self.native_decode = None
+        self.decode_graphs = None
 
     def _build_linear_layouts(self) -> None:
         """The fast-linear router's derived weight copies, made now for the layers whose calls may take them;
@@ -190,6 +221,8 @@ class ModelRunner:
         self._build_linear_layouts()
         if self.native_decode is not None:
             self.native_decode.refresh()
+        if self.decode_graphs is not None:
+            self.decode_graphs.weights_updated()
 
     def _chunks_as_decode_rows(self, batch: ForwardBatch) -> bool:
         """Whether this step's prefill chunks are short enough to run as decode rows: then the step takes the
@@ -285,6 +318,10 @@ class ModelRunner:
         """Logits [num_sampled, vocab] for the requests that sample a token this step, followed by the rows of
         prompt positions whose log-probabilities were asked for (`prompt_logprobs.extra_rows`), then every
         position of the draft runs."""
+        graphs = self.decode_graphs
+        if graphs is not None and self.tensor_parallel is None and graphs.accepts(batch):
+            with phase("engine.forward"):
+                return graphs.forward(batch)
         with phase("engine.prepare_batch"):
             input_ids, position_ids, attn, sample_index = self._build(batch)
         if self.tensor_parallel is not None:
