@@ -6,8 +6,8 @@ for each batch size, every request has a random prompt of --prompt-len ids and a
 tokens (ignore_eos). Decode tok/s = (new tokens - one per request) / (time of the whole run - time of the
 same prompts with one new token), so prefill is left out. Meant for a GPU (benchmarks/gpu_check.sh), where
 `triton` and `torch` are the sets to compare, each with decode steps eager and replayed from CUDA graphs
-(`--cuda-graphs off,on`; the torch set's graphs gather every context column, so `on` there is for
-comparison only); it runs anywhere at a tiny --scale:
+where `auto` captures them (`--cuda-graphs off,auto`, the default; `on` also captures the torch set, whose
+decode attention then gathers every context column); it runs anywhere at a tiny --scale:
 
     python benchmarks/kernel_decode_speed.py                                  # triton vs torch, bf16
     python benchmarks/kernel_decode_speed.py --kernels triton --cuda-graphs off,auto
