@@ -81,6 +81,23 @@ def test_padded_static_steps_equal_ordinary_steps(family, native_decode, default
     assert {3, 5} <= set(taken) and 1 in taken, taken  # padded sizes and the shrinking tail took the path
 
 
+def test_a_gathering_decode_attention_masks_the_stale_columns(default_tokenizer):
+    """The torch set gathers every column of the slot buffer (what `--cuda-graphs on` captures with it):
+    columns past a row's length, left by longer requests before, are masked out."""
+    model = tiny_model("llama", VOCAB)
+    plain = LLM.from_module(copy.deepcopy(model), default_tokenizer, **OPTIONS, kernels="torch")
+    padded = LLM.from_module(copy.deepcopy(model), default_tokenizer, **OPTIONS, kernels="torch")
+    assert padded.engine.runner.decode_kernel is None
+    taken = _with_eager_graphs(padded, max_batch=8)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
+    for count, seed in ((4, 6), (2, 7)):  # long rows first, then short ones over their stale columns
+        prompts = _prompts(count, seed)
+        for x, y in zip(plain.generate(prompts, params), padded.generate(prompts, params), strict=True):
+            assert x.outputs[0].token_ids == y.outputs[0].token_ids
+            assert x.outputs[0].token_logprobs == pytest.approx(y.outputs[0].token_logprobs, abs=1e-4)
+    assert {4, 2} <= set(taken), taken
+
+
 def test_seeded_sampling_and_batches_past_the_largest_size(default_tokenizer):
     model = tiny_model("llama", VOCAB)
     plain = LLM.from_module(copy.deepcopy(model), default_tokenizer, **OPTIONS)
