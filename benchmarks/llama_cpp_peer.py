@@ -8,13 +8,14 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
+
+from vriksha.net.launch import free_port
 
 if TYPE_CHECKING:
     from engine_throughput import Workload
@@ -38,12 +39,6 @@ def run_llama_cpp(gguf: str, wl: Workload, threads: int, parallel: int) -> dict 
     return {"seconds": time.perf_counter() - start}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _slot_context(wl: Workload) -> int:
     """Context one server slot needs for the longest request of the workload, rounded up to 256."""
     need = max(len(p) + n for p, n in zip(wl.prompts, wl.new_tokens, strict=True)) + 16
@@ -54,7 +49,7 @@ def start_llama_server(binary: str, gguf: str, threads: int, slots: int, ctx: in
     """Start llama-server on a free loopback port; returns (process, base url, log path) once /health is ok."""
     import httpx
 
-    port = _free_port()
+    port = free_port()
     cmd = [binary, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "-t", str(threads)]
     cmd += ["-tb", str(threads), "-np", str(slots), "-c", str(slots * ctx), "--cont-batching", "--no-webui"]
     cmd += extra

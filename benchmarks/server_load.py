@@ -18,7 +18,6 @@ import json
 import os
 import random
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from vriksha.engine.stats import StepTimes
+from vriksha.net.launch import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
@@ -255,14 +255,8 @@ def table(rows: list[dict], peak_rss: float | None) -> str:
     return "\n".join(lines)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def launch(args: argparse.Namespace) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
+    port = free_port()
     cmd = [
         sys.executable,
         "-m",

@@ -13,7 +13,8 @@ import pytest
 from vriksha.envs.client import AsyncEnvClient, EnvClient
 from vriksha.envs.core import Environment, Observation, State, StepResult, Tool, ToolSpec
 from vriksha.envs.protocol import EnvConnectionError, RemoteEnvError
-from vriksha.envs.server import ServerConfig, ServerThread, create_app, free_port
+from vriksha.envs.server import ServerConfig, ServerThread, create_app
+from vriksha.net.launch import free_port
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -18,7 +18,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from vriksha.envs.core import Environment, Observation, StepResult, Tool
-from vriksha.envs.server import ServerConfig, ServerThread, create_app, free_port
+from vriksha.envs.server import ServerConfig, ServerThread, create_app
+from vriksha.net.launch import free_port
 
 pytestmark = pytest.mark.timeout(120)
 

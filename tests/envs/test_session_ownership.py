@@ -18,7 +18,8 @@ from websockets.sync.client import connect
 from tests.envs.test_server import WS, CounterEnv
 from vriksha.envs.client import EnvClient
 from vriksha.envs.protocol import EnvConnectionError
-from vriksha.envs.server import ServerConfig, ServerThread, create_app, free_port
+from vriksha.envs.server import ServerConfig, ServerThread, create_app
+from vriksha.net.launch import free_port
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -88,3 +88,15 @@ def test_stop_all_kills_a_child_that_ignores_sigterm(tmp_path) -> None:
         time.sleep(0.05)
     stop_all([deaf], timeout_s=0.5)
     assert deaf.proc is not None and deaf.proc.returncode == -9
+
+
+def test_free_ports_lie_below_the_ephemeral_range_and_never_repeat():
+    """Outgoing connections take their source ports from the ephemeral range, so a port picked there could be
+    taken before the server binds it; and two picks in one process must differ."""
+    from vriksha.net import launch
+
+    start = launch._ephemeral_start()
+    ports = [free_port() for _ in range(100)]
+    assert len(set(ports)) == len(ports)
+    if start > launch._PORTS_FROM + 1000:
+        assert all(launch._PORTS_FROM <= p < start for p in ports), (start, sorted(ports)[-3:])

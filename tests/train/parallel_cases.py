@@ -10,11 +10,12 @@ A case can save a checkpoint after a step, or start from one written on another 
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from vriksha.net.launch import free_port
 
 VOCAB = 101  # odd: a vocabulary split over 2 or 4 ranks is uneven (51 + 50, 26 x 3 + 23)
 
@@ -151,12 +152,6 @@ def _worker(rank: int, world: int, port: int, cases: list[Case], out_dir: str) -
         shutdown_distributed()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # what every worker imports, loaded once by the fork server: a fresh interpreter spends about 9 s of a Zen 1
 # core importing them, so spawning 7 workers would cost a minute of CPU before the first step
 PRELOAD = [
@@ -182,7 +177,7 @@ def run_world(world: int, cases: list[Case], out_dir: Path, timeout_s: float = 5
     mp.get_context("forkserver").set_forkserver_preload(PRELOAD)
     ctx = mp.start_processes(
         _worker,
-        args=(world, _free_port(), cases, str(out_dir)),
+        args=(world, free_port(), cases, str(out_dir)),
         nprocs=world,
         join=False,
         start_method="forkserver",

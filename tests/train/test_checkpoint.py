@@ -240,7 +240,7 @@ def _two_rank_worker(rank: int, port: int, out: str, results: str) -> None:
 def test_two_ranks_hash_in_parallel_and_agree_on_the_fallback(tmp_path):
     import torch.multiprocessing as mp
 
-    from vriksha.envs.server import free_port
+    from vriksha.net.launch import free_port
 
     results = tmp_path / "results"
     results.mkdir()

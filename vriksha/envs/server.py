@@ -457,9 +457,3 @@ class ServerThread:
         self.stop()
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]

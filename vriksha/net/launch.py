@@ -6,6 +6,7 @@ their servers through it."""
 from __future__ import annotations
 
 import logging
+import random
 import signal
 import socket
 import subprocess
@@ -28,9 +29,39 @@ class StartupError(VrikshaError):
     """A child server exited during startup, or was not healthy in time."""
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nothing listens on now (the kernel's pick; bind it soon, another process may take it)."""
+# ports below the kernel's ephemeral range: the kernel's own pick (binding port 0) comes from that range, where
+# any process's next outgoing connection may take the same number before the server binds it
+_PORTS_FROM = 10000
+_handed_out: set[int] = set()
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _bindable(host: str, port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on now, below the ephemeral range where outgoing connections take theirs,
+    never the same twice in this process (bind it soon: another process may still take it)."""
+    end = _ephemeral_start()
+    rng = random.SystemRandom()
+    for _ in range(200 if end > _PORTS_FROM + 1000 else 0):
+        port = rng.randrange(_PORTS_FROM, end)
+        if port not in _handed_out and _bindable(host, port):
+            _handed_out.add(port)
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # no room below the range: the kernel's pick
         s.bind((host, 0))
         return s.getsockname()[1]
 

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from vriksha.engine.config import EngineConfig
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
 from vriksha.errors import VrikshaError
+from vriksha.net.launch import free_port
 from vriksha.train.config import ModelConfig, RolloutConfig
 from vriksha.weights import WeightSyncClient, digest
 
@@ -58,17 +59,11 @@ class WeightVersionError(VrikshaError):
     """A server answered under another weight version than the trainer's and could not be re-synced."""
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LocalServer:
     """One `vriksha serve` subprocess on a free loopback port, stopped with the trainer."""
 
     def __init__(self, model_path: str | None, flags: list[str], log_path: Path) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "vriksha.cli", "serve", "--port", str(self.port)]
         if model_path:
