@@ -80,3 +80,27 @@ def _write_trace(path: Path, events: list[dict], **top) -> Path:
 def write_trace():
     """Write a hand-made Chrome trace: write_trace(path, events, **top_level_keys) -> path."""
     return _write_trace
+
+
+def native_linears(steps: int = 8, rows: int = 64, n: int = 512) -> callable:
+    """Each step one native linear kernel call, as the engine's steps are a few native calls."""
+    from vriksha.engine import native
+
+    lib = native.kernels()
+    if lib is None:
+        pytest.skip("the native kernels did not build here (no C compiler, or VRIKSHA_NATIVE=0)")
+    x, w = torch.randn(rows, n), torch.randn(n, n)
+
+    def run(prof: profile) -> None:
+        for _ in range(steps):
+            with record_function("engine.forward"):
+                for _ in range(4):
+                    lib.linear(x, w)
+            prof.step()
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def native_trace(tmp_path_factory) -> Path:
+    return record(tmp_path_factory.mktemp("native") / "native.json", native_linears())

@@ -8,6 +8,9 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from vriksha.profiling import phase, profiler_active
+from vriksha.profiling.annotate import native_call
+from vriksha.profiling.operators import is_compute_op
+from vriksha.profiling.trace import HOST_OP, load_trace
 
 
 def _annotations(prof: profile) -> list[str]:
@@ -86,3 +89,24 @@ def test_decorated_coroutine_is_annotated_for_its_whole_run():
         <= ops[0].time_range.end
         <= region.time_range.end
     )
+
+
+def test_native_call_is_the_kernel_itself_without_a_profiler():
+    def kernel(a, b):
+        return a + b
+
+    assert not profiler_active()
+    assert native_call(kernel, "linear") is kernel
+
+
+def test_native_call_is_recorded_as_a_compute_operator(tmp_path):
+    def kernel(a, b):
+        return a + b
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        assert native_call(kernel, "decode_layers")(2, 3) == 5
+    path = tmp_path / "trace.json"
+    prof.export_chrome_trace(str(path))
+    ops = [e for e in load_trace(path).events if e.name == "vriksha::decode_layers"]
+    assert len(ops) == 1
+    assert ops[0].cat == HOST_OP and is_compute_op(ops[0].name)

@@ -182,3 +182,16 @@ def test_cpu_trace_of_tiny_calls_gets_the_dispatch_note(tmp_path, write_trace):
     assert "calls shorter than 20 µs" in format_report(a)
     big = build([write_trace(tmp_path / "mm.json", [_x("aten::mm", "cpu_op", 0, 5000)])])
     assert "calls shorter than" not in format_report(big)
+
+
+def test_steps_spent_in_native_kernels_read_as_compute(native_trace):
+    """torch's profiler sees no operator inside a ctypes call: the engine's kernels record themselves as
+    `vriksha::<kernel>` and the report counts them as compute, else a native decode step reads as overhead."""
+    a = build([native_trace])
+    linear = next(o for o in a.ops if o.name == "vriksha::linear")
+    assert linear.compute and linear.calls == 4 * 5
+    assert a.verdict == "compute-bound", format_report(a)
+    assert a.compute_share > 0.8
+    forward = next(p for p in a.phases if p.name == "engine.forward")
+    assert forward.compute_share > 0.8  # the phase holds the kernel's time as compute
+    assert all(p.name != "vriksha::linear" for p in a.phases)  # an operator, not a phase

@@ -39,6 +39,7 @@ from vriksha.engine.native import isa
 from vriksha.engine.native.quant import KINDS, PATHS
 from vriksha.engine.quant_linear import BUCKETS, QuantLinear, bucket_index
 from vriksha.engine.quant_linear import source_digest as quant_source_digest
+from vriksha.profiling.annotate import native_call
 
 logger = logging.getLogger(__name__)
 
@@ -290,7 +291,7 @@ class NativeDecode:
         rows = h.shape[0]
         plan = self._plan(rows)
         slots = batch.decode_kv_slots
-        done = self.lib.vl_decode(
+        done = native_call(self.lib.vl_decode, "decode_layers")(
             ctypes.byref(plan),
             h.data_ptr(),
             rows,

@@ -1,4 +1,5 @@
-"""`phase`: a named region that shows up in torch.profiler traces and costs next to nothing otherwise."""
+"""`phase`: a named region that shows up in torch.profiler traces and costs next to nothing otherwise;
+`native_call`: the same for a native kernel's call, recorded as an operator."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from typing import Any, TypeVar
 import torch.autograd.profiler as _autograd_profiler
 from torch.profiler import record_function
 
+from vriksha.profiling.operators import NATIVE_PREFIX
+
 F = TypeVar("F", bound=Callable[..., Any])
+R = TypeVar("R")
 
 
 def profiler_active() -> bool:
@@ -97,3 +101,19 @@ def phase(name: str) -> _IdlePhase | _RecordingPhase:
     if p is None:
         p = _idle[name] = _IdlePhase(name)
     return p
+
+
+def native_call(fn: Callable[..., R], kernel: str) -> Callable[..., R]:
+    """`fn`, a native kernel's entry point (a ctypes function), to be called now: `fn` itself while no
+    profiler records, else `fn` wrapped so that its call shows up in the trace as `vriksha::<kernel>`, which
+    the report reads as a compute operator (torch's profiler records only its own operators, so a step spent
+    in one native call would otherwise read as all overhead)."""
+    if not _autograd_profiler._is_profiler_enabled:
+        return fn
+    name = NATIVE_PREFIX + kernel
+
+    def recorded(*args: Any) -> R:
+        with record_function(name):
+            return fn(*args)
+
+    return recorded

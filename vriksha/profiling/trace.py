@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from vriksha.errors import VrikshaError
+from vriksha.profiling.operators import NATIVE_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -123,9 +124,12 @@ def _event(raw: Any) -> Event | None:
         return None
     cat = str(raw.get("cat", "")).lower()
     cat = _CATEGORY_ALIASES.get(cat, cat)
+    name = str(raw.get("name", ""))
+    if cat == USER_ANNOTATION and name.startswith(NATIVE_PREFIX):
+        cat = HOST_OP  # a native kernel's call (`annotate.native_call`): an operator, not a phase
     args = raw.get("args")
     return Event(
-        name=str(raw.get("name", "")),
+        name=name,
         cat=cat,
         ts=float(ts),
         dur=max(float(dur), 0.0),

@@ -26,6 +26,7 @@ import torch
 
 from vriksha.cache import announce_first_load, cache_dir
 from vriksha.engine.native import isa
+from vriksha.profiling.annotate import native_call
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ class Kernels:
 
     def _fn(self, name: str, dtype: torch.dtype):
         try:
-            return self._fns[name, dtype]
+            return native_call(self._fns[name, dtype], name)
         except KeyError:
             raise TypeError(f"native {name} takes float32 or bfloat16 tensors, got {dtype}") from None
 
@@ -213,7 +214,7 @@ class Kernels:
         rows, vocab = logits.shape
         ids = torch.empty(rows, dtype=torch.int64)
         logprobs = torch.empty(rows, dtype=torch.float32)
-        self._greedy(
+        native_call(self._greedy, "greedy_pick")(
             logits.data_ptr(), rows, vocab, ids.data_ptr(), logprobs.data_ptr(), torch.get_num_threads()
         )
         picked = ids.tolist()
@@ -245,7 +246,7 @@ class Kernels:
         out = torch.empty(tokens, heads, dv, dtype=torch.float32)
         pointers = (q, k_pool, v_pool, slots)
         prefix = slots.shape[0] - tokens
-        done = fn(
+        done = native_call(fn, "prefill_attention")(
             *(t.data_ptr() for t in pointers), prefix, tokens, out.data_ptr(), heads, kv_heads, d, dv, scale,
             torch.get_num_threads(),
         )  # fmt: skip

@@ -15,6 +15,7 @@ import torch
 
 from vriksha.device import is_host
 from vriksha.engine.native import HEADERS, build, isa, load_variant
+from vriksha.profiling.annotate import native_call
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class BitmaskKernel:
             index = torch.tensor(rows, dtype=torch.int64)
         elif n > logits.shape[0]:
             raise IndexError(f"{n} masks for {logits.shape[0]} logits rows")
-        self._lib.vb_apply_bitmask_f32(
+        native_call(self._lib.vb_apply_bitmask_f32, "apply_bitmask")(
             logits.data_ptr(),
             logits.stride(0),
             index.data_ptr() if index is not None else None,

@@ -26,6 +26,7 @@ import torch
 from vriksha.engine.native import build, isa, load_variant
 from vriksha.errors import VrikshaError
 from vriksha.loading.packed import PackedWeight
+from vriksha.profiling.annotate import native_call
 
 logger = logging.getLogger(__name__)
 
@@ -112,10 +113,10 @@ class QuantKernels:
         )
         shape = (weight.out_features, weight.in_features, rows, torch.get_num_threads())
         if x.dtype == torch.float32:
-            done = self._lib.vq_linear(*head, *shape)
+            done = native_call(self._lib.vq_linear, "packed_linear")(*head, *shape)
         else:
             work = torch.empty(rows * (weight.in_features + weight.out_features), dtype=torch.float32)
-            done = self._lib.vq_linear_bf16(*head, work.data_ptr(), *shape)
+            done = native_call(self._lib.vq_linear_bf16, "packed_linear")(*head, work.data_ptr(), *shape)
         if done != 0:
             raise QuantKernelError(
                 f"the {path} kernel cannot run a {weight.qtype} weight "
