@@ -171,6 +171,19 @@ static inline void interleave_value_pairs(const bf16* v_pool, const int64_t* row
   }
 }
 
+/* Keys of scratch the attention lanes need for n slots: the AMX version works in chunks of 32 keys. */
+#define LANE_SCRATCH_KEYS(n) (((n) + 31) / 32 * 32)
+
+/* The value rows of all n slots for the attention lanes (interleave_value_pairs), zeros past them up to
+ * LANE_SCRATCH_KEYS(n) keys: interleaved once and read by every pass of lanes over these slots, whatever
+ * number of them a pass sees (its probabilities past them are zero, and the values there finite). */
+static inline void lane_values(const bf16* v_pool, const int64_t* row, int64_t n, int64_t kv_heads, int64_t h,
+                               int64_t dv, bf16* vi) {
+  interleave_value_pairs(v_pool, row, n, kv_heads, h, dv, vi);
+  int64_t written = (n + 1) / 2 * 2;
+  memset(vi + written * dv, 0, (size_t)(LANE_SCRATCH_KEYS(n) - written) * dv * sizeof(bf16));
+}
+
 /* o[u0 + c][e0 .. e0 + 64) = sum over key pairs of lane u0 + c's probability pair against the value pair, for
  * c < C (a constant where inlined: C x 4 float32 accumulators). */
 static inline __attribute__((always_inline)) void weigh_values(const uint32_t* pp, const bf16* vi, int64_t pairs,
@@ -192,9 +205,6 @@ static inline __attribute__((always_inline)) void weigh_values(const uint32_t* p
   for (int c = 0; c < C; c++)
     for (int t = 0; t < 4; t++) _mm512_storeu_ps(o[u0 + c] + e0 + 16 * t, a[c][t]);
 }
-
-/* Keys of scratch the attention lanes need for n slots: the AMX version works in chunks of 32 keys. */
-#define LANE_SCRATCH_KEYS(n) (((n) + 31) / 32 * 32)
 
 /* The lanes' common set-up: seen[u], how many keys lane u sees (lanes past `lanes` copy lane 0), the most any
  * lane sees (returned), and qt[i][u], element pair i of lane u's query. */
@@ -252,13 +262,14 @@ static inline int64_t lanes_softmax(float* s, int64_t keys, __m512i seen16, __m5
  * key axis; each probability is rounded to bf16 (the precision of the values it weighs) and paired with the
  * next key's, so that one bf16-pair instruction against the value rows interleaved in pairs advances sixteen
  * outputs by two keys, in float32 sums, up to six lanes at a time; l sums the rounded probabilities, so the
- * weights stay normalised. Lanes past `lanes` are padding: their scores are computed, never stored. Scratch
- * (LANE_SCRATCH_KEYS(n) keys, for either this or the AMX version): qt of d / 2 * 16 pairs, s of 16 floats a key,
- * vi of dv bf16 a key. d % 32 == 0, dv % 64 == 0. */
+ * weights stay normalised. Lanes past `lanes` are padding: their scores are computed, never stored. vi: the
+ * value rows of the n slots as lane_values leaves them (shared by every pass over these slots). Scratch
+ * (LANE_SCRATCH_KEYS(n) keys, for either this or the AMX version): qt of d / 2 * 16 pairs, s of 16 floats a key.
+ * d % 32 == 0, dv % 64 == 0. */
 static void attend_lanes_pairs(const bf16* const* q, int lanes, const int64_t* visible, const bf16* k_pool,
-                               const bf16* v_pool, const int64_t* row, int64_t n, int64_t kv_heads, int64_t h,
-                               int64_t d, int64_t dv, float scale, uint32_t* qt, float* s, bf16* vi, float* m,
-                               float* l, float* const* o) {
+                               const int64_t* row, int64_t n, int64_t kv_heads, int64_t h, int64_t d, int64_t dv,
+                               float scale, uint32_t* qt, float* s, const bf16* vi, float* m, float* l,
+                               float* const* o) {
   const __m512 scale16 = _mm512_set1_ps(scale);
   int32_t seen[16];
   int64_t keys = lanes_setup(q, lanes, visible, n, d, qt, seen);
@@ -287,7 +298,6 @@ static void attend_lanes_pairs(const bf16* const* q, int lanes, const int64_t* v
   }
   uint32_t* pp = (uint32_t*)s;
   int64_t pairs = lanes_softmax(s, keys, seen16, mx, m, l);
-  interleave_value_pairs(v_pool, row, keys, kv_heads, h, dv, vi);
   for (int64_t e0 = 0; e0 < dv; e0 += 64)
     for (int u0 = 0; u0 < lanes; u0 += 6) {
       switch (lanes - u0 < 6 ? lanes - u0 : 6) {
@@ -346,9 +356,9 @@ static inline void transpose16_epi32(uint32_t* m) {
  * 16 x 16 pair blocks transposed) against the value rows interleaved in pairs (B: vi as it is), summed into
  * four output tiles (64 values) across all the keys. Scratch as attend_lanes_pairs; d <= AMX_LANES_MAX_D. */
 AMX_TARGET static void attend_lanes_amx(const bf16* const* q, int lanes, const int64_t* visible,
-                                        const bf16* k_pool, const bf16* v_pool, const int64_t* row, int64_t n,
-                                        int64_t kv_heads, int64_t h, int64_t d, int64_t dv, float scale,
-                                        uint32_t* qt, float* s, bf16* vi, float* m, float* l, float* const* o) {
+                                        const bf16* k_pool, const int64_t* row, int64_t n, int64_t kv_heads,
+                                        int64_t h, int64_t d, int64_t dv, float scale, uint32_t* qt, float* s,
+                                        const bf16* vi, float* m, float* l, float* const* o) {
   const __m512 scale16 = _mm512_set1_ps(scale);
   int32_t seen[16];
   int64_t keys = lanes_setup(q, lanes, visible, n, d, qt, seen);
@@ -386,10 +396,8 @@ AMX_TARGET static void attend_lanes_amx(const bf16* const* q, int lanes, const i
   }
   uint32_t* pp = (uint32_t*)s;
   int64_t pairs = lanes_softmax(s, keys, seen16, mx, m, l);
-  int64_t chunks = (pairs + 15) / 16; /* of 16 pairs (32 keys); past `pairs`, zero probabilities and values */
+  int64_t chunks = (pairs + 15) / 16; /* of 16 pairs (32 keys); past `pairs`, zero probabilities */
   memset(pp + pairs * 16, 0, (size_t)(chunks * 16 - pairs) * 16 * sizeof(uint32_t));
-  interleave_value_pairs(v_pool, row, keys, kv_heads, h, dv, vi);
-  memset(vi + pairs * 2 * dv, 0, (size_t)(chunks * 16 - pairs) * 2 * dv * sizeof(bf16));
   for (int64_t c = 0; c < chunks; c++) transpose16_epi32(pp + c * 256); /* now [lane][pair] per chunk */
   _Alignas(64) float ot[4][16 * 16];
   for (int64_t e0 = 0; e0 < dv; e0 += 64) {
@@ -433,16 +441,15 @@ int attention_amx(int request) {
 
 /* attend_lanes_pairs, or its AMX version where attention_amx() allows (decided before the parallel region). */
 static void attend_lanes(const bf16* const* q, int lanes, const int64_t* visible, const bf16* k_pool,
-                         const bf16* v_pool, const int64_t* row, int64_t n, int64_t kv_heads, int64_t h, int64_t d,
-                         int64_t dv, float scale, uint32_t* qt, float* s, bf16* vi, float* m, float* l,
-                         float* const* o) {
+                         const int64_t* row, int64_t n, int64_t kv_heads, int64_t h, int64_t d, int64_t dv,
+                         float scale, uint32_t* qt, float* s, const bf16* vi, float* m, float* l, float* const* o) {
 #ifdef VRIKSHA_AMX
   if (lanes_on_amx > 0 && d <= AMX_LANES_MAX_D) {
-    attend_lanes_amx(q, lanes, visible, k_pool, v_pool, row, n, kv_heads, h, d, dv, scale, qt, s, vi, m, l, o);
+    attend_lanes_amx(q, lanes, visible, k_pool, row, n, kv_heads, h, d, dv, scale, qt, s, vi, m, l, o);
     return;
   }
 #endif
-  attend_lanes_pairs(q, lanes, visible, k_pool, v_pool, row, n, kv_heads, h, d, dv, scale, qt, s, vi, m, l, o);
+  attend_lanes_pairs(q, lanes, visible, k_pool, row, n, kv_heads, h, d, dv, scale, qt, s, vi, m, l, o);
 }
 
 /* One group's shared slots `row` [n] (n >= 1), KV head h: for its `rows` members' query heads (q [B, H, D],
@@ -452,6 +459,7 @@ static void attend_prefix(const bf16* q, const bf16* k_pool, const bf16* v_pool,
                           int64_t d, int64_t dv, int64_t group, float scale, uint32_t* qt, float* s, bf16* vi, float* m,
                           float* l, float* o) {
   int64_t queries = rows * group;
+  lane_values(v_pool, row, n, kv_heads, h, dv, vi);
   for (int64_t q0 = 0; q0 < queries; q0 += 16) {
     int lanes = queries - q0 < 16 ? (int)(queries - q0) : 16;
     const bf16* qs[16];
@@ -463,7 +471,7 @@ static void attend_prefix(const bf16* q, const bf16* k_pool, const bf16* v_pool,
       qs[u] = q + at[u] * d;
       os[u] = o + at[u] * dv;
     }
-    attend_lanes(qs, lanes, NULL, k_pool, v_pool, row, n, kv_heads, h, d, dv, scale, qt, s, vi, ms, ls, os);
+    attend_lanes(qs, lanes, NULL, k_pool, row, n, kv_heads, h, d, dv, scale, qt, s, vi, ms, ls, os);
     for (int u = 0; u < lanes; u++) {
       m[at[u]] = ms[u];
       l[at[u]] = ls[u];
@@ -693,16 +701,30 @@ int prefill_attention_bf16(const float* q, const bf16* k_pool, const bf16* v_poo
   if (d % 32 != 0 || dv % 64 != 0 || tokens < 1) return -1;
   int64_t group = heads / kv_heads, n = prefix + tokens, lanes_per_head = tokens * group;
   int64_t blocks = (lanes_per_head + 15) / 16;
+  int64_t per_head = LANE_SCRATCH_KEYS(n) * dv; /* each KV head's interleaved values, read by all its passes */
   bf16* qb = (bf16*)malloc(sizeof(bf16) * tokens * heads * d);
-  if (qb == NULL) return -1;
+  bf16* vi = (bf16*)malloc(sizeof(bf16) * kv_heads * per_head);
+  if (qb == NULL || vi == NULL) {
+    free(qb);
+    free(vi);
+    return -1;
+  }
   attention_amx(-1);
 #pragma omp parallel num_threads(threads)
   {
 #pragma omp for schedule(static)
     for (int64_t e = 0; e < tokens * heads * d; e++) qb[e] = f32_to_bf16(q[e]);
+#pragma omp for schedule(static) collapse(2)
+    for (int64_t h = 0; h < kv_heads; h++)
+      for (int64_t j0 = 0; j0 < LANE_SCRATCH_KEYS(n); j0 += 32) {
+        bf16* at = vi + h * per_head + j0 * dv;
+        if (j0 + 32 < n)
+          interleave_value_pairs(v_pool, slots + j0, 32, kv_heads, h, dv, at);
+        else
+          lane_values(v_pool, slots + j0, n - j0, kv_heads, h, dv, at); /* the last 32, zeros past n */
+      }
     uint32_t* qt = (uint32_t*)malloc(sizeof(uint32_t) * 16 * (d / 2));
     float* s = (float*)malloc(sizeof(float) * 16 * LANE_SCRATCH_KEYS(n));
-    bf16* vi = (bf16*)malloc(sizeof(bf16) * dv * LANE_SCRATCH_KEYS(n));
 #pragma omp for schedule(dynamic, 1) collapse(2)
     for (int64_t h = 0; h < kv_heads; h++)
       for (int64_t blk = blocks - 1; blk >= 0; blk--) { /* the longest (latest tokens) first */
@@ -718,8 +740,8 @@ int prefill_attention_bf16(const float* q, const bf16* k_pool, const bf16* v_poo
           os[u] = out + (t * heads + head) * dv;
           visible[u] = prefix + t + 1;
         }
-        attend_lanes(qs, lanes, visible, k_pool, v_pool, slots, n, kv_heads, h, d, dv, scale, qt, s, vi, m, l,
-                     os);
+        attend_lanes(qs, lanes, visible, k_pool, slots, n, kv_heads, h, d, dv, scale, qt, s, vi + h * per_head, m,
+                     l, os);
         for (int u = 0; u < lanes; u++) {
           float inv = 1.f / l[u];
           for (int64_t e = 0; e < dv; e++) os[u][e] *= inv;
@@ -727,9 +749,9 @@ int prefill_attention_bf16(const float* q, const bf16* k_pool, const bf16* v_poo
       }
     free(qt);
     free(s);
-    free(vi);
   }
   free(qb);
+  free(vi);
   return 0;
 #else
   (void)q, (void)k_pool, (void)v_pool, (void)slots, (void)prefix, (void)tokens, (void)out, (void)heads;
