@@ -192,14 +192,6 @@ def start_server(kind: str, port: int, max_sessions: int, heartbeat_s: float) ->
     raise RuntimeError(f"the {kind} server did not come up on port {port}")
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process (Linux), to report the server's CPU cost per step."""
     try:
@@ -239,6 +231,9 @@ def main() -> int:
         serve_openenv(args.port, args.max_sessions)
         return 0
 
+    sys.path.insert(0, ROOT)
+    from vriksha.net.launch import free_port
+
     cap = max(args.sessions)
     kinds = ("vriksha", "openenv")
     procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -271,13 +266,18 @@ def main() -> int:
     print(f"{'sessions':>8} | vriksha {head} | openenv-core {head} | {'ratio':>6} {'cpu ratio':>9}")
     for v, o in zip(results["vriksha"], results["openenv"], strict=True):
         ratio = v["steps_per_s"] / o["steps_per_s"]
-        cpu_ratio = o["server_cpu_us_per_step"] / v["server_cpu_us_per_step"]
+        # a run shorter than the kernel's CPU clock tick (10 ms) can read no CPU time at all
+        cpu_ratio = (
+            f"{o['server_cpu_us_per_step'] / v['server_cpu_us_per_step']:>8.2f}x"
+            if v["server_cpu_us_per_step"] > 0 and o["server_cpu_us_per_step"] > 0
+            else f"{'-':>9}"
+        )
         cells = [
             f"{r['steps_per_s']:>9,.0f} {r['p50_ms']:>7.2f} {r['p99_ms']:>7.2f} {r['server_cpu_us_per_step']:>7.0f}"
             for r in (v, o)
         ]
         print(
-            f"{v['sessions']:>8} | vriksha {cells[0]} | openenv-core {cells[1]} | {ratio:>5.2f}x {cpu_ratio:>8.2f}x"
+            f"{v['sessions']:>8} | vriksha {cells[0]} | openenv-core {cells[1]} | {ratio:>5.2f}x {cpu_ratio}"
         )
     print(
         f"steps/s: all sessions' steps over the step phase's wall time (best of {args.rounds} alternating rounds); "
