@@ -17,9 +17,9 @@ import time
 
 import torch
 
-from vriksha.engine.grammar import GrammarEngine
-from vriksha.engine.logits_processing import apply_bitmask, apply_bitmask_unpacked
-from vriksha.engine.structured_outputs import StructuredOutputsParams
+from vriksha.engine.core.grammar import GrammarEngine
+from vriksha.engine.core.logits_processing import apply_bitmask, apply_bitmask_unpacked
+from vriksha.engine.core.structured_outputs import StructuredOutputsParams
 from vriksha.loading import load_tokenizer, resolve_model_path
 
 try:

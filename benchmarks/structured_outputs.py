@@ -22,7 +22,7 @@ import time
 import jsonschema
 
 from vriksha import LLM, SamplingParams
-from vriksha.engine.structured_outputs import StructuredOutputsParams
+from vriksha.engine.core.structured_outputs import StructuredOutputsParams
 from vriksha.toolcalls import get_parser, parser_for_template
 
 SCHEMA = {

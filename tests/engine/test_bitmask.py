@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from vriksha.engine import native
-from vriksha.engine.logits_processing import NEG_INF, apply_bitmask, apply_bitmask_unpacked
+from vriksha.engine.core.logits_processing import NEG_INF, apply_bitmask, apply_bitmask_unpacked
 from vriksha.engine.native import isa
 from vriksha.engine.native.bitmask import SOURCE, bitmask_kernel
 

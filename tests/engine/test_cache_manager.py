@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from vriksha.engine.cache_manager import NullCacheManager, RadixCacheManager, make_cache_manager
-from vriksha.engine.kv_pool import ReqToTokenTable, SlotAllocator
-from vriksha.engine.request import Request
-from vriksha.engine.sampling_params import SamplingParams
+from vriksha.engine.core.cache_manager import NullCacheManager, RadixCacheManager, make_cache_manager
+from vriksha.engine.core.kv_pool import ReqToTokenTable, SlotAllocator
+from vriksha.engine.core.request import Request
+from vriksha.engine.core.sampling_params import SamplingParams
 
 NUM_SLOTS = 64
 

@@ -6,9 +6,9 @@ import torch
 
 from tests.engine.conftest import ENGINE_TEST_OPTIONS, tiny_model
 from vriksha import LLM, SamplingParams
-from vriksha.engine.batch import ForwardBatch, PrefillChunk
-from vriksha.engine.model_runner import CHUNK_DECODE_ROWS_MAX_READS, ModelRunner
-from vriksha.engine.request import Request
+from vriksha.engine.core.batch import ForwardBatch, PrefillChunk
+from vriksha.engine.core.request import Request
+from vriksha.engine.runner.model_runner import CHUNK_DECODE_ROWS_MAX_READS, ModelRunner
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,8 @@ import torch
 
 from tests.engine.conftest import ENGINE_TEST_OPTIONS, tiny_model
 from vriksha import LLM, EngineConfig, SamplingParams
-from vriksha.engine.batch import ForwardBatch
-from vriksha.engine.decode_graphs import DecodeGraphs, capture_sizes
+from vriksha.engine.core.batch import ForwardBatch
+from vriksha.engine.runner.decode_graphs import DecodeGraphs, capture_sizes
 from vriksha.errors import ConfigError
 
 VOCAB = 512

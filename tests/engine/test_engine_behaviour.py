@@ -7,8 +7,8 @@ import torch
 
 from tests.engine.conftest import tiny_model
 from vriksha import LLM, SamplingParams
-from vriksha.engine.async_engine import AsyncEngine
-from vriksha.engine.llm_engine import LLMEngine
+from vriksha.engine.core.async_engine import AsyncEngine
+from vriksha.engine.core.llm_engine import LLMEngine
 from vriksha.errors import InvalidRequestError, ModelLoadError, PromptTooLongError
 
 VOCAB = 512

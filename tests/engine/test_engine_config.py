@@ -86,7 +86,7 @@ def test_to_dict_round_trips_and_lists_only_changes():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kv_cache_tokens_sizes_the_pool_in_tokens_whatever_the_dtype(dtype):
     from tests.tiny_llama import embedded_tokenizer, tiny_llama
-    from vriksha.engine.llm_engine import LLMEngine
+    from vriksha.engine.core.llm_engine import LLMEngine
 
     tok = embedded_tokenizer()
     model = tiny_llama(tok, max_position_embeddings=128).to(dtype).eval()

@@ -5,7 +5,7 @@ import pytest
 
 from tests.engine.conftest import assert_same_samples, engines_over, tiny_model
 from vriksha import LLM, SamplingParams
-from vriksha.engine.fast_forward import unsupported_reason
+from vriksha.engine.runner.lean_forward import unsupported_reason
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "qwen2-sliding"])

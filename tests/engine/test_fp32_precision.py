@@ -102,7 +102,7 @@ def test_an_engine_decides_by_how_its_dtype_was_chosen(default_tokenizer):
 
 
 def test_the_kv_cache_dtype_follows_bf16_arithmetic_under_auto():
-    from vriksha.engine.kv_pool import kv_cache_dtype
+    from vriksha.engine.core.kv_pool import kv_cache_dtype
 
     assert kv_cache_dtype("auto", torch.float32, True, False) == torch.bfloat16
     assert kv_cache_dtype("auto", torch.float32, False, False) == torch.float32

@@ -4,8 +4,8 @@ spec are independent, and a batch's masks computed together on llguidance's thre
 import pytest
 import torch
 
-from vriksha.engine.grammar import GrammarEngine
-from vriksha.engine.structured_outputs import StructuredOutputsParams
+from vriksha.engine.core.grammar import GrammarEngine
+from vriksha.engine.core.structured_outputs import StructuredOutputsParams
 
 SCHEMA = {
     "type": "object",

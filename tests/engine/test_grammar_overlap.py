@@ -12,8 +12,8 @@ import torch
 from tests.tiny_llama import embedded_tokenizer, tiny_llama
 from vriksha import LLM, SamplingParams
 from vriksha.engine.config import EngineConfig
-from vriksha.engine.grammar import CPU_OVERLAP_MIN_BATCH, GrammarEngine, overlap_plan
-from vriksha.engine.structured_outputs import StructuredOutputsParams
+from vriksha.engine.core.grammar import CPU_OVERLAP_MIN_BATCH, GrammarEngine, overlap_plan
+from vriksha.engine.core.structured_outputs import StructuredOutputsParams
 from vriksha.errors import ConfigError
 
 SCHEMA = {

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from vriksha.engine.core.request import Request
+from vriksha.engine.core.sampler import Sampler
+from vriksha.engine.core.sampling_params import SamplingParams
 from vriksha.engine.native import kernels
-from vriksha.engine.request import Request
-from vriksha.engine.sampler import Sampler
-from vriksha.engine.sampling_params import SamplingParams
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import torch
 
 from tests.engine.conftest import tiny_model
 from vriksha import LLM, SamplingParams
-from vriksha.engine.llm_engine import EngineClosedError
+from vriksha.engine.core.llm_engine import EngineClosedError
 
 VOCAB = 512
 
@@ -68,7 +68,7 @@ def test_a_wrapped_module_is_returned_as_it_came(default_tokenizer, family, how)
 
 
 def test_an_engine_given_to_llm_is_not_closed_with_it(default_tokenizer):
-    from vriksha.engine.llm_engine import LLMEngine
+    from vriksha.engine.core.llm_engine import LLMEngine
 
     model = tiny_model("llama", VOCAB)
     engine = LLMEngine.from_module(model, default_tokenizer, kv_cache_memory_gb=0.01, max_model_len=128)

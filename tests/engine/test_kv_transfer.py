@@ -12,8 +12,10 @@ import pytest
 import torch
 
 from tests.tiny_llama import embedded_tokenizer, tiny_llama
-from vriksha.engine.async_engine import AsyncEngine
 from vriksha.engine.config import EngineConfig
+from vriksha.engine.core.async_engine import AsyncEngine
+from vriksha.engine.core.llm_engine import LLMEngine
+from vriksha.engine.core.sampling_params import SamplingParams
 from vriksha.engine.kv_transfer import (
     DecodeSide,
     Descriptor,
@@ -24,8 +26,6 @@ from vriksha.engine.kv_transfer import (
 )
 from vriksha.engine.kv_transfer.shm import ShmSink, ShmSource
 from vriksha.engine.kv_transfer.stream import StreamSink, StreamSource
-from vriksha.engine.llm_engine import LLMEngine
-from vriksha.engine.sampling_params import SamplingParams
 
 OPTS = dict(chunked_prefill_size=16, max_num_batched_tokens=64, kv_cache_memory_gb=0.002, max_model_len=256)
 

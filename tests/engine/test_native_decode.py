@@ -9,7 +9,7 @@ import torch
 from tests.engine.conftest import ENGINE_TEST_OPTIONS, assert_same_samples, tiny_model
 from vriksha import LLM, EngineConfig, SamplingParams
 from vriksha.engine import native
-from vriksha.engine.native_decode import synthetic_decode
+from vriksha.engine.runner.native_decode import synthetic_decode
 from vriksha.errors import ConfigError
 
 pytestmark = pytest.mark.skipif(native.kernels() is None, reason="no C compiler: no native kernels")

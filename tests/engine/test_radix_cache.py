@@ -6,8 +6,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from vriksha.engine.kv_pool import SlotAllocator
-from vriksha.engine.radix_cache import RadixCache, RadixCacheError, TreeNode
+from vriksha.engine.core.kv_pool import SlotAllocator
+from vriksha.engine.core.radix_cache import RadixCache, RadixCacheError, TreeNode
 from vriksha.errors import VrikshaError
 
 

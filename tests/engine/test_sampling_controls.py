@@ -11,7 +11,7 @@ import torch
 
 from tests.tiny_llama import embedded_tokenizer, tiny_llama
 from vriksha import LLM, SamplingParams
-from vriksha.engine.structured_outputs import StructuredOutputsParams
+from vriksha.engine.core.structured_outputs import StructuredOutputsParams
 from vriksha.errors import InvalidRequestError
 
 

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from tests.engine.conftest import ENGINE_TEST_OPTIONS, tiny_config
 from vriksha import LLM, SamplingParams
 from vriksha.engine.config import EngineConfig
-from vriksha.engine.ngram_proposer import NgramProposer
+from vriksha.engine.speculative.ngram_proposer import NgramProposer
 from vriksha.errors import ConfigError
 
 VOCAB = 512

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from tests.engine.conftest import assert_same_samples, engines_over, tiny_model
-from vriksha.engine.async_engine import AsyncEngine
 from vriksha.engine.config import EngineConfig
+from vriksha.engine.core.async_engine import AsyncEngine
 from vriksha.engine.step_threads import SMALL_STEP_TOKENS, StepThreads
 from vriksha.errors import ConfigError
 

@@ -6,7 +6,7 @@ import pytest
 
 from tests.engine.conftest import ENGINE_TEST_OPTIONS, tiny_model
 from vriksha import LLM, SamplingParams
-from vriksha.engine.stats import STEP_BUCKETS, StepTimes
+from vriksha.engine.core.stats import STEP_BUCKETS, StepTimes
 
 
 def test_step_times_bucket_and_quantile():

@@ -31,7 +31,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
 
 from tests.engine.conftest import ENGINE_TEST_OPTIONS, tiny_model  # noqa: E402
 from vriksha.engine import kernel_sets, triton_kernels  # noqa: E402
-from vriksha.engine.attention import AttentionBatch  # noqa: E402
+from vriksha.engine.attention.paged import AttentionBatch  # noqa: E402
 from vriksha.engine.kernel_sets import TorchKernels  # noqa: E402
 
 TORCH = TorchKernels()
@@ -186,7 +186,7 @@ def test_engine_decode_graphs_over_the_triton_decode_attention(default_tokenizer
     """Decode-only steps through the CUDA-graph path's static buffers (captured on a GPU, eager under the
     interpreter): padded rows, each row's slots read up to its length from a buffer as wide as the context."""
     from vriksha import LLM, SamplingParams
-    from vriksha.engine.decode_graphs import DecodeGraphs
+    from vriksha.engine.runner.decode_graphs import DecodeGraphs
 
     model = tiny_model("llama", 512).to(DEVICE)
     prompts = [{"prompt_token_ids": list(range(3, 3 + n))} for n in (11, 3, 17)]

@@ -49,8 +49,8 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from vriksha.engine.llm import LLM
-    from vriksha.engine.sampling_params import SamplingParams
+    from vriksha.engine.core.llm import LLM
+    from vriksha.engine.core.sampling_params import SamplingParams
     from vriksha.profiling import ProfileConfig, StepProfiler
 
     params = SamplingParams(

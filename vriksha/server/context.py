@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vriksha.engine.sampling_params import SamplingParams
+from vriksha.engine.core.sampling_params import SamplingParams
 from vriksha.server.errors import BadRequestError
 
 

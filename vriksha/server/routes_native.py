@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from vriksha.engine.outputs import CompletionOutput, RequestOutput
+from vriksha.engine.core.outputs import CompletionOutput, RequestOutput
 from vriksha.server.deltas import DeltaTracker
 from vriksha.server.engine_client import RequestStream, merge, start_all
 from vriksha.server.errors import BadRequestError, ConflictError, to_response

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from vriksha.engine.outputs import CompletionOutput, RequestOutput
+from vriksha.engine.core.outputs import CompletionOutput, RequestOutput
 from vriksha.profiling import phase
 from vriksha.server.deltas import DeltaTracker
 from vriksha.server.engine_client import RequestStream

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from vriksha.engine.config import EngineConfig
-from vriksha.engine.outputs import CompletionOutput, RequestOutput
+from vriksha.engine.core.outputs import CompletionOutput, RequestOutput
 from vriksha.errors import VrikshaError
 from vriksha.net.launch import free_port
 from vriksha.train.config import ModelConfig, RolloutConfig
@@ -146,7 +146,7 @@ _NATIVE_FIELDS = (
 
 def native_sampling(params: Any) -> dict[str, Any]:
     """The native /generate `sampling_params` for engine `SamplingParams` (fields at their defaults left out)."""
-    from vriksha.engine.sampling_params import SamplingParams
+    from vriksha.engine.core.sampling_params import SamplingParams
 
     default = SamplingParams()
     out = {}

@@ -62,7 +62,7 @@ def episode_seed(*parts: int) -> int:
 
 def build_engine(module: nn.Module, tokenizer: Any, engine_config: EngineConfig) -> Any:
     """The colocated engine over `module` (parameters are read in place, never copied)."""
-    from vriksha.engine.llm import LLM
+    from vriksha.engine.core.llm import LLM
 
     return LLM.from_module(module, tokenizer, engine_config)
 

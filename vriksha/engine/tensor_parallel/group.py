@@ -25,7 +25,7 @@ from torch import nn
 
 import vriksha.device as devices
 from vriksha import fast_dtype
-from vriksha.engine.attention import AttentionBatch
+from vriksha.engine.attention.paged import AttentionBatch
 from vriksha.engine.config import EngineConfig
 from vriksha.engine.tensor_parallel import worker
 from vriksha.engine.tensor_parallel.comm import Collectives, check_no_group

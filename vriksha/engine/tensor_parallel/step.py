@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
-from vriksha.engine.attention import AttentionBatch, PrefillSegment
-from vriksha.engine.kv_pool import KVPool
+from vriksha.engine.attention.paged import AttentionBatch, PrefillSegment
+from vriksha.engine.core.kv_pool import KVPool
 
 HEADER = 6
 FORWARD, STOP = 1, 2

@@ -62,10 +62,10 @@ def _seconds(s: float):
 def _serve(
     rank: int, size: int, config: EngineConfig, store: dist.Store, threads: int, timeout_s: float
 ) -> None:
-    from vriksha.engine.kv_layout import probe_kv_layout
-    from vriksha.engine.kv_pool import KVPool, ReqToTokenTable
-    from vriksha.engine.llm_engine import kv_slots
-    from vriksha.engine.model_runner import ModelRunner
+    from vriksha.engine.core.kv_layout import probe_kv_layout
+    from vriksha.engine.core.kv_pool import KVPool, ReqToTokenTable
+    from vriksha.engine.core.llm_engine import kv_slots
+    from vriksha.engine.runner.model_runner import ModelRunner
     from vriksha.loading import load_model
 
     device = devices.local_device(rank, config.device)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from vriksha.engine.attention import paged_attention
+from vriksha.engine.attention.paged import paged_attention
 from vriksha.engine.kernel_sets import TorchKernels
 
 SUPPORTED_LAYERS = frozenset({"LlamaDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer"})
@@ -42,7 +42,7 @@ def unsupported_reason(model: nn.Module) -> str | None:
     return None
 
 
-class FastForward:
+class LeanForward:
     """Callable (input_ids [1, T], position_ids [1, T], sample_index [S]) -> logits [S, vocab].
 
     The norms (with the residual adds fused into them), rotary embedding and SiLU gating run through the

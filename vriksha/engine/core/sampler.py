@@ -17,13 +17,13 @@ from dataclasses import dataclass
 import torch
 
 from vriksha.device import is_host
-from vriksha.engine.logits_processing import (
+from vriksha.engine.core.logits_processing import (
     apply_bitmask,
     apply_penalties,
     apply_restrictions,
     bitmask_in_place,
 )
-from vriksha.engine.request import Request
+from vriksha.engine.core.request import Request
 
 
 @dataclass(slots=True)

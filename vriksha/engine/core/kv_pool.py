@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import vriksha.device as devices
-from vriksha.engine.kv_layout import KVLayout
+from vriksha.engine.core.kv_layout import KVLayout
 from vriksha.errors import ConfigError
 
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 import logging
 from collections import deque
 
-from vriksha.engine.batch import ForwardBatch, PrefillChunk
-from vriksha.engine.cache_manager import CacheManager
 from vriksha.engine.config import EngineConfig
-from vriksha.engine.request import Request, Status
-from vriksha.engine.speculative import Speculator, settle
+from vriksha.engine.core.batch import ForwardBatch, PrefillChunk
+from vriksha.engine.core.cache_manager import CacheManager
+from vriksha.engine.core.request import Request, Status
+from vriksha.engine.speculative.speculator import Speculator, settle
 from vriksha.profiling import phase
 
 logger = logging.getLogger(__name__)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vriksha.engine.sampling_params import SamplingParams
+from vriksha.engine.core.sampling_params import SamplingParams
 from vriksha.errors import InvalidRequestError, PromptTooLongError
 
 Prompt = str | list[int] | dict  # text, token ids, or {"prompt": ...} / {"prompt_token_ids": ...}

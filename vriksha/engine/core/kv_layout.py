@@ -47,7 +47,7 @@ class LayoutProbe:
 
 
 def probe_kv_layout(model: torch.nn.Module) -> KVLayout:
-    from vriksha.engine.attention import forward_context, register_attention
+    from vriksha.engine.attention.paged import forward_context, register_attention
 
     config = model.config
     original = getattr(config, "_attn_implementation", None)

@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, runtime_checkable
 
-from vriksha.engine.outputs import RequestOutput
-from vriksha.engine.sampling_params import SamplingParams
-from vriksha.engine.stats import EngineStats
-from vriksha.engine.validation import Prompt
+from vriksha.engine.core.outputs import RequestOutput
+from vriksha.engine.core.sampling_params import SamplingParams
+from vriksha.engine.core.stats import EngineStats
+from vriksha.engine.core.validation import Prompt
 
 
 @runtime_checkable

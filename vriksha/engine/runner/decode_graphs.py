@@ -23,9 +23,9 @@ from dataclasses import dataclass
 import torch
 
 import vriksha.device as devices
-from vriksha.engine.attention import AttentionBatch
-from vriksha.engine.batch import ForwardBatch
-from vriksha.engine.kv_pool import KVPool
+from vriksha.engine.attention.paged import AttentionBatch
+from vriksha.engine.core.batch import ForwardBatch
+from vriksha.engine.core.kv_pool import KVPool
 
 logger = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from vriksha.device import is_host
+from vriksha.engine.core.request import Request
 from vriksha.engine.native.bitmask import BitmaskKernel, bitmask_kernel
-from vriksha.engine.request import Request
 
 NEG_INF = float("-inf")
 

@@ -14,11 +14,11 @@ from collections.abc import Sequence
 
 import torch
 
-from vriksha.engine.cache_events import CacheEventSink
-from vriksha.engine.kv_pool import ReqToTokenTable, SlotAllocator
-from vriksha.engine.prompt_logprobs import wants_prompt_logprobs
-from vriksha.engine.radix_cache import RadixCache, TreeNode
-from vriksha.engine.request import Request
+from vriksha.engine.core.cache_events import CacheEventSink
+from vriksha.engine.core.kv_pool import ReqToTokenTable, SlotAllocator
+from vriksha.engine.core.prompt_logprobs import wants_prompt_logprobs
+from vriksha.engine.core.radix_cache import RadixCache, TreeNode
+from vriksha.engine.core.request import Request
 from vriksha.profiling import phase
 
 # (first uncached position, tokens) of each prompt computed this step

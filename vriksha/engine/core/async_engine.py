@@ -16,10 +16,10 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from vriksha.engine.config import EngineConfig
-from vriksha.engine.llm_engine import LLMEngine
-from vriksha.engine.outputs import RequestOutput
-from vriksha.engine.sampling_params import SamplingParams
-from vriksha.engine.stats import EngineStats
+from vriksha.engine.core.llm_engine import LLMEngine
+from vriksha.engine.core.outputs import RequestOutput
+from vriksha.engine.core.sampling_params import SamplingParams
+from vriksha.engine.core.stats import EngineStats
 from vriksha.errors import EngineFailedError, VrikshaError
 
 logger = logging.getLogger(__name__)

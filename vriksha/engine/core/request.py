@@ -7,10 +7,10 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from vriksha.engine.sampling_params import SamplingParams
+from vriksha.engine.core.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from vriksha.engine.radix_cache import TreeNode
+    from vriksha.engine.core.radix_cache import TreeNode
 
 
 class Status(enum.Enum):
@@ -45,7 +45,7 @@ class Request:
     admitted_once: bool = False
     seed: int | None = None  # the sequence's own seed: its draws depend on (seed, position) only
     bad_word_ids: list[list[int]] = field(default_factory=list)  # token sequences never to complete
-    grammar: Any = None  # a structured-output matcher (vriksha.engine.grammar.Matcher) when constrained
+    grammar: Any = None  # a structured-output matcher (vriksha.engine.core.grammar.Matcher) when constrained
     prompt_logprobs: dict[int, dict[int, float]] = field(default_factory=dict)  # position -> {token: lp}
     first_token_time: float | None = None
     # detokenisation state

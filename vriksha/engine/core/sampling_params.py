@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from vriksha.engine.structured_outputs import StructuredOutputsParams
+from vriksha.engine.core.structured_outputs import StructuredOutputsParams
 from vriksha.errors import InvalidRequestError
 
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vriksha.engine.cache_events import CacheEventSink
-from vriksha.engine.kv_pool import SlotAllocator
+from vriksha.engine.core.cache_events import CacheEventSink
+from vriksha.engine.core.kv_pool import SlotAllocator
 from vriksha.errors import VrikshaError
 from vriksha.prefix_tree import subtree, walk
 

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 
 import torch
 
-from vriksha.engine.batch import DraftRun
-from vriksha.engine.cache_manager import CacheManager
 from vriksha.engine.config import EngineConfig
-from vriksha.engine.ngram_proposer import NgramProposer
-from vriksha.engine.request import Request
-from vriksha.engine.sampler import Sampler
+from vriksha.engine.core.batch import DraftRun
+from vriksha.engine.core.cache_manager import CacheManager
+from vriksha.engine.core.request import Request
+from vriksha.engine.core.sampler import Sampler
+from vriksha.engine.speculative.ngram_proposer import NgramProposer
 
 # (request, token, its log-probability, its top log-probabilities or None) -> the request finished
 Append = Callable[[Request, int, float, "dict[int, float] | None"], bool]

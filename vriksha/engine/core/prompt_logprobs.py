@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from vriksha.engine.request import Request
+from vriksha.engine.core.request import Request
 
 
 def wants_prompt_logprobs(req: Request) -> bool:

@@ -14,23 +14,23 @@ import torch
 import vriksha.device as devices
 from vriksha import fast_dtype
 from vriksha.engine import fp32_precision, host_memory
-from vriksha.engine.cache_events import CacheEventSink
-from vriksha.engine.cache_manager import make_cache_manager
 from vriksha.engine.config import EngineConfig
-from vriksha.engine.kv_layout import probe_kv_layout
-from vriksha.engine.kv_pool import KVPool, ReqToTokenTable, SlotAllocator, kv_cache_dtype
-from vriksha.engine.model_runner import ModelRunner
-from vriksha.engine.outputs import CompletionOutput, RequestOutput
-from vriksha.engine.prompt_logprobs import prompt_logprobs_list, record_prompt_logprobs
+from vriksha.engine.core.cache_events import CacheEventSink
+from vriksha.engine.core.cache_manager import make_cache_manager
+from vriksha.engine.core.kv_layout import probe_kv_layout
+from vriksha.engine.core.kv_pool import KVPool, ReqToTokenTable, SlotAllocator, kv_cache_dtype
+from vriksha.engine.core.outputs import CompletionOutput, RequestOutput
+from vriksha.engine.core.prompt_logprobs import prompt_logprobs_list, record_prompt_logprobs
+from vriksha.engine.core.request import Request
+from vriksha.engine.core.sampler import Sampler
+from vriksha.engine.core.sampling_params import SamplingParams
+from vriksha.engine.core.scheduler import Scheduler
+from vriksha.engine.core.stats import EngineStats, StepTimes
+from vriksha.engine.core.validation import Prompt, check_request, tokenize_prompt
 from vriksha.engine.quantization import int8_activations, packed_dtype
-from vriksha.engine.request import Request
-from vriksha.engine.sampler import Sampler
-from vriksha.engine.sampling_params import SamplingParams
-from vriksha.engine.scheduler import Scheduler
-from vriksha.engine.speculative import Speculator
-from vriksha.engine.stats import EngineStats, StepTimes
+from vriksha.engine.runner.model_runner import ModelRunner
+from vriksha.engine.speculative.speculator import Speculator
 from vriksha.engine.step_threads import StepThreads
-from vriksha.engine.validation import Prompt, check_request, tokenize_prompt
 from vriksha.errors import InvalidRequestError, VrikshaError
 from vriksha.profiling import phase
 
@@ -330,7 +330,7 @@ class LLMEngine:
     def grammar_engine(self):
         """The structured-output engine (llguidance over this tokenizer), built on first use."""
         if self._grammar is None:
-            from vriksha.engine.grammar import GrammarEngine, overlap_plan
+            from vriksha.engine.core.grammar import GrammarEngine, overlap_plan
 
             overlap, threads, min_batch = overlap_plan(
                 self.config.grammar_overlap, devices.is_host(self.device)

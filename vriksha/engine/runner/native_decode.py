@@ -1,6 +1,6 @@
 """Decode steps with every decoder layer in one native call (`native/layers.c`), for Llama/Qwen2/Qwen3 on the CPU.
 
-At small decode batches the lean forward (`fast_forward.py`) spends more time around its kernels than in them:
+At small decode batches the lean forward (`runner/lean_forward.py`) spends more time around its kernels than in them:
 a dozen ctypes calls, views and allocations per layer, a Python attention function with its own bookkeeping.
 Here the same kernels run in the same order from one C loop over the layers, with each layer's weight, norm
 and KV-pool pointers prepared once: the embedding, the rotary table, the final norm and the LM head stay in
@@ -32,13 +32,13 @@ import vriksha.device as devices
 from vriksha.cache import read_json, write_json
 from vriksha.cpu_features import cpu_features
 from vriksha.engine import native
-from vriksha.engine.attention import AttentionBatch
-from vriksha.engine.fast_forward import FastForward, unsupported_reason
-from vriksha.engine.kv_pool import KVPool
+from vriksha.engine.attention.paged import AttentionBatch
+from vriksha.engine.core.kv_pool import KVPool
 from vriksha.engine.native import isa
 from vriksha.engine.native.quant import KINDS, PATHS
 from vriksha.engine.quant_linear import BUCKETS, QuantLinear, bucket_index
 from vriksha.engine.quant_linear import source_digest as quant_source_digest
+from vriksha.engine.runner.lean_forward import LeanForward, unsupported_reason
 from vriksha.profiling.annotate import native_call
 
 logger = logging.getLogger(__name__)
@@ -155,7 +155,7 @@ def unsupported(model: nn.Module, kernels, pool: KVPool) -> str | None:
     reason = unsupported_reason(model)
     if reason is not None:
         return reason
-    for layer in FastForward(model).layers:
+    for layer in LeanForward(model).layers:
         attn, mlp = layer.self_attn, layer.mlp
         for m in (
             attn.q_proj,
@@ -184,7 +184,7 @@ def unsupported(model: nn.Module, kernels, pool: KVPool) -> str | None:
 
 
 class NativeDecode:
-    """Callable like `FastForward` on decode-only batches; `accepts(batch)` says which batches it takes."""
+    """Callable like `LeanForward` on decode-only batches; `accepts(batch)` says which batches it takes."""
 
     def __init__(self, model: nn.Module, kernels, pool: KVPool, quant: QuantLinear | None) -> None:
         reason = unsupported(model, kernels, pool)
@@ -195,7 +195,7 @@ class NativeDecode:
         self.quant = quant
         self.lib = _library()
         self.kernels = kernels
-        self.layers = FastForward(model).layers
+        self.layers = LeanForward(model).layers
         self.max_batch = MAX_BATCH
         self._fns = {
             n: _address(kernels.lib._lib, f"{n}_f32") for n in ("linear", "rms_norm", "rope", "silu_mul")

@@ -30,7 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from vriksha.engine.structured_outputs import StructuredOutputsParams
+from vriksha.engine.core.structured_outputs import StructuredOutputsParams
 from vriksha.errors import InvalidRequestError
 
 logger = logging.getLogger(__name__)

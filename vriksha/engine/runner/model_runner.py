@@ -10,16 +10,17 @@ import torch
 
 import vriksha.device as devices
 from vriksha.cache import announce_first_load
-from vriksha.engine import fast_linear, fp32_precision, hub_layers, kernel_sets, native_decode, quantization
+from vriksha.engine import fast_linear, fp32_precision, hub_layers, kernel_sets, quantization
 from vriksha.engine import native as native_lib
-from vriksha.engine.attention import AttentionBatch, PrefillSegment, forward_context, register_attention
-from vriksha.engine.batch import ForwardBatch
+from vriksha.engine.attention.paged import AttentionBatch, PrefillSegment, forward_context, register_attention
 from vriksha.engine.config import EngineConfig
-from vriksha.engine.decode_graphs import DecodeGraphs
-from vriksha.engine.fast_forward import FastForward
+from vriksha.engine.core.batch import ForwardBatch
+from vriksha.engine.core.kv_pool import KVPool, ReqToTokenTable
+from vriksha.engine.core.prompt_logprobs import extra_rows
 from vriksha.engine.installation import ModuleInstallation
-from vriksha.engine.kv_pool import KVPool, ReqToTokenTable
-from vriksha.engine.prompt_logprobs import extra_rows
+from vriksha.engine.runner import native_decode
+from vriksha.engine.runner.decode_graphs import DecodeGraphs
+from vriksha.engine.runner.lean_forward import LeanForward
 from vriksha.profiling import phase
 
 logger = logging.getLogger(__name__)
@@ -82,10 +83,10 @@ class ModelRunner:
         )
         self._build_linear_layouts()
         self.matmul_choice = self._describe_matmuls()
-        self.fast_forward: FastForward | None = None
+        self.fast_forward: LeanForward | None = None
         if config.fast_forward:
             try:
-                self.fast_forward = FastForward(model, self.kernels)
+                self.fast_forward = LeanForward(model, self.kernels)
             except ValueError as exc:
                 logger.info("Transformers forward for every step: %s", exc)
         self.native_decode: native_decode.NativeDecode | None = None

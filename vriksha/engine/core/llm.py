@@ -8,11 +8,11 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from vriksha.engine.config import EngineConfig
-from vriksha.engine.llm_engine import LLMEngine
-from vriksha.engine.outputs import RequestOutput
-from vriksha.engine.sampling_params import SamplingParams
-from vriksha.engine.stats import EngineStats
-from vriksha.engine.validation import Prompt
+from vriksha.engine.core.llm_engine import LLMEngine
+from vriksha.engine.core.outputs import RequestOutput
+from vriksha.engine.core.sampling_params import SamplingParams
+from vriksha.engine.core.stats import EngineStats
+from vriksha.engine.core.validation import Prompt
 from vriksha.errors import InvalidRequestError
 
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from vriksha.engine.kv_layout import LayoutProbe
-from vriksha.engine.kv_pool import KVPool
+from vriksha.engine.core.kv_layout import LayoutProbe
+from vriksha.engine.core.kv_pool import KVPool
 
 ATTENTION_NAME = "vriksha_paged"
 
