@@ -9,8 +9,8 @@ import threading
 import torch
 
 from tests.tiny_llama import embedded_tokenizer, tiny_llama
+from vriksha.engine.attention.batch import LayoutProbe
 from vriksha.engine.attention.paged import forward_context, register_attention
-from vriksha.engine.core.kv_layout import LayoutProbe
 
 
 def test_forward_in_another_thread_does_not_see_the_engine_batch():

@@ -8,7 +8,8 @@ from tests.engine.conftest import ENGINE_TEST_OPTIONS, tiny_model
 from vriksha import LLM, SamplingParams
 from vriksha.engine.core.batch import ForwardBatch, PrefillChunk
 from vriksha.engine.core.request import Request
-from vriksha.engine.runner.model_runner import CHUNK_DECODE_ROWS_MAX_READS, ModelRunner
+from vriksha.engine.runner.native_decode import NativeDecode
+from vriksha.engine.runner.step_builder import CHUNK_DECODE_ROWS_MAX_READS, StepBuilder
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +41,7 @@ def test_decode_rows_equal_the_prefill_path(default_tokenizer, kernels, monkeypa
     params = SamplingParams(temperature=1.0, max_tokens=8, ignore_eos=True, seed=3, logprobs=1)
     converted = [_outputs(llm, prompts, params) for _ in range(2)]
     llm.engine.flush_cache()
-    monkeypatch.setattr(ModelRunner, "_chunks_as_decode_rows", lambda self, batch: False)
+    monkeypatch.setattr(StepBuilder, "chunks_as_decode_rows", lambda self, batch: False)
     plain = [_outputs(llm, prompts, params) for _ in range(2)]
     for got, want in zip(converted, plain, strict=True):
         for (ids, lps), (ids2, lps2) in zip(got, want, strict=True):
@@ -58,11 +59,12 @@ def _batch(decodes: int, chunks: list[tuple[int, int]], drafts: bool = False) ->
 
 def test_which_chunks_qualify(engine):
     runner = engine.engine.runner
-    as_rows = runner._chunks_as_decode_rows
+    as_rows = runner.builder.chunks_as_decode_rows
     assert not as_rows(_batch(4, []))  # nothing to convert
     assert as_rows(_batch(4, [(4999, 5000)]))  # a cached prompt's last token, however long the prompt
     assert as_rows(_batch(0, [(0, 13), (20, 33)]))  # short turns over short histories
-    limit = runner.native_decode.max_batch if runner.native_decode is not None else 64
+    native = runner.path(NativeDecode)
+    limit = native.max_batch if native is not None else 64
     assert not as_rows(_batch(limit, [(10, 11)]))  # one row more than a native step takes
     assert not as_rows(_batch(0, [(300, 316)]))  # 16 rows over 300 cached positions each
     n = 40  # a fresh prompt of n tokens reads n (n + 1) / 2 positions

@@ -13,6 +13,7 @@ from tests.engine.conftest import ENGINE_TEST_OPTIONS, tiny_model
 from vriksha import LLM, EngineConfig, SamplingParams
 from vriksha.engine.core.batch import ForwardBatch
 from vriksha.engine.runner.decode_graphs import DecodeGraphs, capture_sizes
+from vriksha.engine.runner.step import ForwardStep
 from vriksha.errors import ConfigError
 
 VOCAB = 512
@@ -36,7 +37,7 @@ def _with_eager_graphs(llm: LLM, max_batch: int) -> list[int]:
         runner.model,
         runner.pool,
         runner.table.table,
-        runner.decode_kernel,
+        runner.attention,
         max_batch,
         capture=False,
     )
@@ -48,7 +49,7 @@ def _with_eager_graphs(llm: LLM, max_batch: int) -> list[int]:
         return forward(batch)
 
     graphs.forward = counted
-    runner.decode_graphs = graphs
+    runner.paths.insert(0, graphs)
     return taken
 
 
@@ -87,7 +88,7 @@ def test_a_gathering_decode_attention_masks_the_stale_columns(default_tokenizer)
     model = tiny_model("llama", VOCAB)
     plain = LLM.from_module(copy.deepcopy(model), default_tokenizer, **OPTIONS, kernels="torch")
     padded = LLM.from_module(copy.deepcopy(model), default_tokenizer, **OPTIONS, kernels="torch")
-    assert padded.engine.runner.decode_kernel is None
+    assert padded.engine.runner.attention.decode_kernel is None
     taken = _with_eager_graphs(padded, max_batch=8)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, logprobs=1)
     for count, seed in ((4, 6), (2, 7)):  # long rows first, then short ones over their stale columns
@@ -118,7 +119,7 @@ def test_padding_rows_write_only_the_scratch_slot(default_tokenizer):
     llm = LLM.from_module(tiny_model("llama", VOCAB), default_tokenizer, **OPTIONS)
     _with_eager_graphs(llm, max_batch=8)
     runner = llm.engine.runner
-    graphs, pool = runner.decode_graphs, runner.pool
+    graphs, pool = runner.path(DecodeGraphs), runner.pool
     context = 10
     for row in range(1, 6):
         runner.table.table[row, :context] = torch.arange(context) + 1 + row * context
@@ -148,13 +149,17 @@ def test_padding_rows_write_only_the_scratch_slot(default_tokenizer):
 def test_only_decode_only_batches_within_the_largest_size_take_the_path(default_tokenizer):
     llm = LLM.from_module(tiny_model("llama", VOCAB), default_tokenizer, **OPTIONS)
     _with_eager_graphs(llm, max_batch=8)
-    graphs = llm.engine.runner.decode_graphs
+    graphs = llm.engine.runner.path(DecodeGraphs)
     request = object()  # `accepts` looks at the batch's shape only
-    assert graphs.accepts(ForwardBatch(decodes=[request] * 8, prefills=[]))
-    assert not graphs.accepts(ForwardBatch(decodes=[request] * 9, prefills=[]))
-    assert not graphs.accepts(ForwardBatch(decodes=[], prefills=[]))
-    assert not graphs.accepts(ForwardBatch(decodes=[request], prefills=[request]))
-    assert not graphs.accepts(ForwardBatch(decodes=[request], prefills=[], drafts=[request]))
+
+    def step(**batch) -> ForwardStep:
+        return ForwardStep(ForwardBatch(**batch), build=lambda b: None)  # never built
+
+    assert graphs.accepts(step(decodes=[request] * 8, prefills=[]))
+    assert not graphs.accepts(step(decodes=[request] * 9, prefills=[]))
+    assert not graphs.accepts(step(decodes=[], prefills=[]))
+    assert not graphs.accepts(step(decodes=[request], prefills=[request]))
+    assert not graphs.accepts(step(decodes=[request], prefills=[], drafts=[request]))
 
 
 def test_speculative_steps_mixed_with_padded_ones(default_tokenizer):
@@ -174,7 +179,7 @@ def test_speculative_steps_mixed_with_padded_ones(default_tokenizer):
 def test_choice_on_the_cpu_and_bad_values(default_tokenizer):
     llm = LLM.from_module(tiny_model("llama", VOCAB), default_tokenizer, **OPTIONS)
     runner = llm.engine.runner
-    assert runner.decode_graphs is None
+    assert runner.path(DecodeGraphs) is None
     assert runner.decode_graphs_choice == "off: CUDA graphs need a CUDA device"
     off = LLM.from_module(tiny_model("llama", VOCAB), default_tokenizer, **OPTIONS, cuda_graphs="off")
     assert off.engine.runner.decode_graphs_choice == "off"
@@ -200,7 +205,7 @@ def _cuda_pair(family: str, **options):
 def test_cuda_graphs_replay_the_eager_steps(family):
     graphs, eager = _cuda_pair(family)
     runner = graphs.engine.runner
-    assert runner.decode_graphs is not None and runner.decode_graphs.graphs, runner.decode_graphs_choice
+    assert runner.path(DecodeGraphs) is not None and runner.path(DecodeGraphs).graphs, runner.decode_graphs_choice
     for count, seed in ((1, 1), (3, 2), (7, 3)):
         prompts = _prompts(count, seed)
         params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -213,13 +218,13 @@ def test_cuda_graphs_replay_the_eager_steps(family):
 def test_cuda_graphs_follow_weights_moved_to_new_memory():
     graphs, eager = _cuda_pair("llama")
     runner = graphs.engine.runner
-    captured = dict(runner.decode_graphs.graphs)
+    captured = dict(runner.path(DecodeGraphs).graphs)
     with torch.no_grad():
         for llm in (graphs, eager):
             for p in llm.engine.runner.model.parameters():
                 p.data = p.data * 1.5  # new storage: the captured graphs would read the old weights
             llm.engine.weights_updated()
-    assert all(runner.decode_graphs.graphs[b] is not captured[b] for b in captured)
+    assert all(runner.path(DecodeGraphs).graphs[b] is not captured[b] for b in captured)
     prompts = _prompts(3, 4)
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     a = [o.outputs[0].token_ids for o in graphs.generate(prompts, params)]

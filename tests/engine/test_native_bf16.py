@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from tests.engine.conftest import ENGINE_TEST_OPTIONS, tiny_model
 from vriksha import LLM, SamplingParams
 from vriksha.engine.native import isa, kernels
+from vriksha.engine.runner.lean_forward import LeanForward
 
 BF16 = torch.bfloat16
 
@@ -201,8 +202,9 @@ def test_engine_in_bf16_with_native_kernels_is_as_close_to_float32_as_torchs_bf1
         )
         runner = llm.engine.runner
         assert runner.pool.dtype == dtype
-        assert (runner.decode_kernel is not None) == (kernels_name == "native")
-        assert runner.fast_forward is not None and runner.fast_forward.kernels.name == kernels_name
+        assert (runner.attention.decode_kernel is not None) == (kernels_name == "native")
+        lean = runner.path(LeanForward)
+        assert lean is not None and lean.kernels.name == kernels_name
         runs[label] = llm.generate(prompts, params)
         llm.close()
     native = _agreement_with(runs["float32"], runs["native"])

@@ -9,7 +9,10 @@ import torch
 from tests.engine.conftest import ENGINE_TEST_OPTIONS, assert_same_samples, tiny_model
 from vriksha import LLM, EngineConfig, SamplingParams
 from vriksha.engine import native
-from vriksha.engine.runner.native_decode import synthetic_decode
+from vriksha.engine.runner.lean_forward import LeanForward
+from vriksha.engine.runner.native_decode import NativeDecode
+from vriksha.engine.runner.native_decode_choice import synthetic_decode
+from vriksha.engine.runner.step import ForwardStep
 from vriksha.errors import ConfigError
 
 pytestmark = pytest.mark.skipif(native.kernels() is None, reason="no C compiler: no native kernels")
@@ -34,13 +37,13 @@ def test_one_decode_step_equals_the_lean_forward(name, kv, default_tokenizer):
     model = tiny_model(name, 512)
     on, _ = _pair(model, default_tokenizer, kv_cache_dtype=kv)
     runner = on.engine.runner
-    assert runner.native_decode is not None, runner.native_decode_choice
+    assert runner.path(NativeDecode) is not None, runner.native_decode_choice
     assert runner.pool.dtype == getattr(torch, kv) and next(model.parameters()).dtype == torch.float32
     for batch in (1, 3):
-        inputs = synthetic_decode(runner.pool, runner.decode_kernel, batch, 12, 512)
-        fused = runner.run(*inputs, native=True)
+        step = ForwardStep(inputs=synthetic_decode(runner.pool, runner.attention, batch, 12, 512))
+        fused = runner.path(NativeDecode)(step)
         k_fused = [k.clone() for k in runner.pool.k]
-        lean = runner.run(*inputs, native=False)
+        lean = runner.path(LeanForward)(step)
         assert fused.shape == lean.shape == (batch, 512)
         torch.testing.assert_close(fused, lean, rtol=1e-5, atol=1e-5)
         for a, b in zip(k_fused, runner.pool.k, strict=True):  # the same K written to the same slots
@@ -53,7 +56,7 @@ def test_greedy_and_seeded_generation_unchanged(name, kv, default_tokenizer):
     vocab = 512
     model = tiny_model(name, vocab)
     on, off = _pair(model, default_tokenizer, kv_cache_dtype=kv)
-    assert on.engine.runner.native_decode is not None and off.engine.runner.native_decode is None
+    assert on.engine.runner.path(NativeDecode) is not None and off.engine.runner.path(NativeDecode) is None
     # the two forwards agree to ~1e-6 in fp32; rounded to a bf16 pool, such a difference can move a stored K/V
     # value by one bf16 step (2^-8 of it), and over 16 steps of these tiny models those steps moved a log-prob
     # by 4e-6 to 7e-3 (eight seeds, an AVX2-only EPYC; 4e-5 on an AVX-512 one, where torch's fp32 matmuls sum in
@@ -68,7 +71,7 @@ def test_greedy_and_seeded_generation_unchanged(name, kv, default_tokenizer):
 def test_packed_int8_weights_take_the_packed_kernel(default_tokenizer):
     model = tiny_model("qwen2", 512)
     on, off = _pair(model, default_tokenizer, quantization="int8")
-    nd = on.engine.runner.native_decode
+    nd = on.engine.runner.path(NativeDecode)
     assert nd is not None and nd.quant is not None
     plan = nd._plan(1)
     layers = nd._plans[0][1]
@@ -83,13 +86,13 @@ def test_embedded_model_default_prompts_greedy_unchanged():
 
     llm = LLM(native_decode="on")
     runner = llm.engine.runner
-    fused = runner.native_decode
+    fused = runner.path(NativeDecode)
     assert fused is not None, runner.native_decode_choice
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     prompts = RAW[:6]
     a = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     llm.flush_cache()
-    runner.native_decode = None
+    runner.paths.remove(runner.path(NativeDecode))
     b = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     assert a == b
 
@@ -103,14 +106,14 @@ def test_int8_activations_run_in_the_native_step_as_in_the_lean_forward():
 
     llm = LLM(quantization="gguf", packed_activations="int8", native_decode="on")
     runner = llm.engine.runner
-    assert runner.native_decode is not None, runner.native_decode_choice
+    assert runner.path(NativeDecode) is not None, runner.native_decode_choice
     native_paths = {p for _, _, native in runner.quant.installed.values() for p in native}
     if not native_paths & set(INT8_PATHS):
         pytest.skip(f"no int8-activation path measured faster here (paths: {runner.quant.kernels.paths})")
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     a = [o.outputs[0].token_ids for o in llm.generate(RAW[:4], params)]
     llm.flush_cache()
-    runner.native_decode = None
+    runner.paths.remove(runner.path(NativeDecode))
     b = [o.outputs[0].token_ids for o in llm.generate(RAW[:4], params)]
     assert a == b
 
@@ -123,13 +126,13 @@ def test_off_switch_auto_and_fallbacks(default_tokenizer):
     assert "batch 1:" in choice
     lean = LLM.from_module(copy.deepcopy(model), default_tokenizer, **ENGINE_TEST_OPTIONS, fast_forward=False)
     assert (
-        lean.engine.runner.native_decode is None
+        lean.engine.runner.path(NativeDecode) is None
         and "Transformers forward" in lean.engine.runner.native_decode_choice
     )
     torch_set = LLM.from_module(
         copy.deepcopy(model), default_tokenizer, **ENGINE_TEST_OPTIONS, native_decode="on", kernels="torch"
     )
-    assert torch_set.engine.runner.native_decode is None
+    assert torch_set.engine.runner.path(NativeDecode) is None
     assert "not a native one" in torch_set.engine.runner.native_decode_choice
     with pytest.raises(ConfigError, match="native_decode must be one of auto, on, off"):
         EngineConfig(native_decode="yes")
@@ -140,18 +143,18 @@ def test_long_prefill_chunks_keep_the_lean_forward_short_ones_run_as_decode_rows
     on = LLM.from_module(tiny_model("qwen3", 512), default_tokenizer, **options, native_decode="on")
     runner = on.engine.runner
     calls = []
-    fused = runner.native_decode
+    fused = runner.path(NativeDecode)
     original = fused.__call__
 
     class Counting:
         def __getattr__(self, name):
             return getattr(fused, name)
 
-        def __call__(self, *args):
-            calls.append(args[0].shape[1])
-            return original(*args)
+        def __call__(self, step):
+            calls.append(step.inputs.input_ids.shape[1])
+            return original(step)
 
-    runner.native_decode = Counting()
+    runner.paths[runner.paths.index(fused)] = Counting()
     greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     on.generate([{"prompt_token_ids": list(range(1, 1 + k))} for k in (3, 30)], greedy)
     assert calls == [33] + [2] * 5  # both prompts in the first step, as decode rows, then their decodes

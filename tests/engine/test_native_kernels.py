@@ -137,7 +137,7 @@ def test_engine_in_a_dtype_without_native_kernels_keeps_torchs(default_tokenizer
     model = tiny_model("llama", 512).to(torch.float16)
     llm = LLM.from_module(model, default_tokenizer, kv_cache_memory_gb=0.01, max_model_len=128)
     runner = llm.engine.runner
-    assert runner.native is None and runner.kernels.name == "torch" and runner.decode_kernel is None
+    assert runner.native is None and runner.kernels.name == "torch" and runner.attention.decode_kernel is None
     out = llm.generate(
         [{"prompt_token_ids": [1, 2, 3]}], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     )

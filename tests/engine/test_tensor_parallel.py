@@ -13,6 +13,7 @@ from tests.engine.conftest import tiny_model
 from tests.tiny_llama import embedded_tokenizer, save_model_dir
 from vriksha import LLM, SamplingParams
 from vriksha.engine.tensor_parallel import TensorParallelError
+from vriksha.engine.tensor_parallel.forward_path import TensorParallelPath
 from vriksha.errors import ConfigError, InvalidRequestError
 
 VOCAB = 512
@@ -120,11 +121,17 @@ def test_a_failure_in_rank_0s_forward_stops_every_rank(model_dirs):
     llm = LLM(str(model_dirs["llama"]), tensor_parallel_size=2, **OPTIONS)
     worker = llm.engine.tensor_parallel.procs[0]
 
-    def broken(*args):
-        raise RuntimeError("out of memory (simulated)")
+    class Broken:
+        name = "broken"
+
+        def accepts(self, step):
+            return True
+
+        def __call__(self, step):
+            raise RuntimeError("out of memory (simulated)")
 
     try:
-        llm.engine.runner.run = broken
+        llm.engine.runner.paths = [TensorParallelPath(Broken(), llm.engine.tensor_parallel)]
         started = time.monotonic()
         with pytest.raises(TensorParallelError, match=r"rank 0 failed .*out of memory \(simulated\)"):
             llm.generate(PROMPTS[:1], SamplingParams(max_tokens=4))

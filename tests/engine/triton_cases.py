@@ -31,7 +31,8 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm  # noqa: E402
 
 from tests.engine.conftest import ENGINE_TEST_OPTIONS, tiny_model  # noqa: E402
 from vriksha.engine import kernel_sets, triton_kernels  # noqa: E402
-from vriksha.engine.attention.paged import AttentionBatch  # noqa: E402
+from vriksha.engine.attention.batch import AttentionBatch  # noqa: E402
+from vriksha.engine.attention.gathering import GatheringAttention  # noqa: E402
 from vriksha.engine.kernel_sets import TorchKernels  # noqa: E402
 
 TORCH = TorchKernels()
@@ -57,7 +58,7 @@ def _pool_batch(lens: list[int], kv_heads: int, d: int, dv: int, dtype, seed: in
 
 def _reference_decode(q, k_pool, v_pool, table, lens, scale, window):
     """float32 SDPA over the gathered K/V of the pool's values, masked as the engine's torch path masks."""
-    batch = AttentionBatch(pool=None, slot_mapping=None, num_decode=len(lens))
+    batch = AttentionBatch(pool=None, slot_mapping=None, num_decode=len(lens), backend=GatheringAttention())
     batch.decode_kv_slots, batch.decode_kv_lens = table, lens
     b, heads, d = q.shape
     kv_heads = k_pool.shape[1]
@@ -172,7 +173,8 @@ def test_engine_greedy_tokens_equal_the_torch_set(default_tokenizer):
         llm = LLM.from_module(model, default_tokenizer, kernels=name, **ENGINE_TEST_OPTIONS)
         try:
             assert llm.engine.runner.kernels.name == name
-            assert (llm.engine.runner.decode_kernel is triton_kernels.decode_attention) == (name == "triton")
+            decode_kernel = llm.engine.runner.attention.decode_kernel
+            assert (decode_kernel is triton_kernels.decode_attention) == (name == "triton")
             outs[name] = llm.generate(prompts, params)
         finally:
             llm.close()
@@ -205,18 +207,21 @@ def test_engine_decode_graphs_over_the_triton_decode_attention(default_tokenizer
         try:
             runner = llm.engine.runner
             if graphs and INTERPRETED:
-                runner.decode_graphs = DecodeGraphs(
-                    runner.run,
-                    runner.model,
-                    runner.pool,
-                    runner.table.table,
-                    runner.decode_kernel,
-                    8,
-                    capture=False,
+                runner.paths.insert(
+                    0,
+                    DecodeGraphs(
+                        runner.run,
+                        runner.model,
+                        runner.pool,
+                        runner.table.table,
+                        runner.attention,
+                        8,
+                        capture=False,
+                    ),
                 )
             if graphs:
-                assert runner.decode_graphs is not None, runner.decode_graphs_choice
-                assert INTERPRETED or runner.decode_graphs.graphs
+                assert runner.path(DecodeGraphs) is not None, runner.decode_graphs_choice
+                assert INTERPRETED or runner.path(DecodeGraphs).graphs
             outs[graphs] = llm.generate(prompts, params)
         finally:
             llm.close()

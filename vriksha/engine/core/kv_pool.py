@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 import vriksha.device as devices
 from vriksha.engine.core.kv_layout import KVLayout
 from vriksha.errors import ConfigError
+
+if TYPE_CHECKING:
+    from vriksha.engine.config import EngineConfig
+
+DEFAULT_CPU_KV_GB = 1.0
+DEFAULT_ACCEL_KV_FRACTION = 0.4
 
 
 class SlotAllocator:
@@ -116,6 +124,24 @@ class ReqToTokenTable:
 
     def read(self, row: int, length: int) -> torch.Tensor:
         return self.table[row, :length]
+
+
+def kv_slots(config: EngineConfig, device: torch.device, layout: KVLayout, dtype: torch.dtype) -> int:
+    """The KV pool's token slots on `device` (per rank under tensor parallel): `kv_cache_tokens` when given,
+    else as many as the memory budget holds in `dtype`."""
+    if config.kv_cache_tokens is not None:
+        return config.kv_cache_tokens
+    return KVPool.slots_for_budget(kv_budget_bytes(config, device), layout, dtype)
+
+
+def kv_budget_bytes(config: EngineConfig, device: torch.device) -> int:
+    """The KV pool's bytes on `device` (per rank under tensor parallel)."""
+    if config.kv_cache_memory_gb is not None:
+        return int(config.kv_cache_memory_gb * 2**30)
+    if devices.is_host(device):
+        return int(DEFAULT_CPU_KV_GB * 2**30)
+    free = devices.free_memory_bytes(device)
+    return int((free if free is not None else 2 * 2**30) * DEFAULT_ACCEL_KV_FRACTION)
 
 
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")

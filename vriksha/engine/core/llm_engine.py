@@ -12,13 +12,10 @@ from dataclasses import dataclass, field
 import torch
 
 import vriksha.device as devices
-from vriksha import fast_dtype
-from vriksha.engine import fp32_precision, host_memory
 from vriksha.engine.config import EngineConfig
 from vriksha.engine.core.cache_events import CacheEventSink
 from vriksha.engine.core.cache_manager import make_cache_manager
-from vriksha.engine.core.kv_layout import probe_kv_layout
-from vriksha.engine.core.kv_pool import KVPool, ReqToTokenTable, SlotAllocator, kv_cache_dtype
+from vriksha.engine.core.kv_pool import SlotAllocator
 from vriksha.engine.core.outputs import CompletionOutput, RequestOutput
 from vriksha.engine.core.prompt_logprobs import prompt_logprobs_list, record_prompt_logprobs
 from vriksha.engine.core.request import Request
@@ -27,18 +24,12 @@ from vriksha.engine.core.sampling_params import SamplingParams
 from vriksha.engine.core.scheduler import Scheduler
 from vriksha.engine.core.stats import EngineStats, StepTimes
 from vriksha.engine.core.validation import Prompt, check_request, tokenize_prompt
-from vriksha.engine.quantization import int8_activations, packed_dtype
-from vriksha.engine.runner.model_runner import ModelRunner
+from vriksha.engine.runner.load import LoadedModel, load
 from vriksha.engine.speculative.speculator import Speculator
-from vriksha.engine.step_threads import StepThreads
 from vriksha.errors import InvalidRequestError, VrikshaError
 from vriksha.profiling import phase
 
 logger = logging.getLogger(__name__)
-
-_DEFAULT_CPU_KV_GB = 1.0
-_DEFAULT_ACCEL_KV_FRACTION = 0.4
-
 
 class EngineClosedError(VrikshaError):
     """The engine was closed (its model handed back); it takes no more requests."""
@@ -61,28 +52,6 @@ class _Group:
         return all(s.is_finished for s in self.sequences)
 
 
-def pick_device(device: str | None) -> torch.device:
-    return devices.resolve(device)
-
-
-def kv_slots(config: EngineConfig, device: torch.device, layout, dtype: torch.dtype) -> int:
-    """The KV pool's token slots on `device` (per rank under tensor parallel): `kv_cache_tokens` when given,
-    else as many as the memory budget holds in `dtype`."""
-    if config.kv_cache_tokens is not None:
-        return config.kv_cache_tokens
-    return KVPool.slots_for_budget(kv_budget_bytes(config, device), layout, dtype)
-
-
-def kv_budget_bytes(config: EngineConfig, device: torch.device) -> int:
-    """The KV pool's bytes on `device` (per rank under tensor parallel)."""
-    if config.kv_cache_memory_gb is not None:
-        return int(config.kv_cache_memory_gb * 2**30)
-    if devices.is_host(device):
-        return int(_DEFAULT_CPU_KV_GB * 2**30)
-    free = devices.free_memory_bytes(device)
-    return int((free if free is not None else 2 * 2**30) * _DEFAULT_ACCEL_KV_FRACTION)
-
-
 class LLMEngine:
     def __init__(
         self,
@@ -92,105 +61,34 @@ class LLMEngine:
         cache_events: CacheEventSink | None = None,
     ) -> None:
         self.config = config = config or EngineConfig()
-        self.tensor_parallel = None  # a TensorParallelGroup when the engine runs on several ranks
-        if config.tensor_parallel_size > 1:
-            if model is not None:
-                raise InvalidRequestError(
-                    "tensor_parallel_size > 1 loads the model on every rank: give a model path, not a module"
-                )
-            from vriksha.engine.tensor_parallel import TensorParallelGroup
-
-            self.tensor_parallel = TensorParallelGroup(config)
+        loaded = load(config, model, tokenizer)
         try:
-            self._build(config, model, tokenizer, cache_events)
+            self._build(config, loaded, cache_events)
         except BaseException:
-            if self.tensor_parallel is not None:
-                self.tensor_parallel.close()
+            loaded.close()
             raise
 
-    def _build(self, config: EngineConfig, model, tokenizer, cache_events: CacheEventSink | None) -> None:
-        tp = self.tensor_parallel
-        gguf = None
-        if model is None:
-            from vriksha.loading import load_model
-            from vriksha.loading.loader import gguf_source
-
-            device = tp.device if tp is not None else pick_device(config.device)
-            # every rank computes in the dtype rank 0 chose (before it started them)
-            if tp is not None:
-                self.dtype_choice = tp.dtype_choice
-            else:
-                dense = fast_dtype.resolve(config.dtype, config.model, device)
-                packed = packed_dtype(dense, config, device)
-                self.dtype_choice = packed or dense
-            loaded = load_model(config.model, dtype=self.dtype_choice.dtype, device=device)
-            model, tokenizer = loaded.model, loaded.tokenizer
-            self.model_name = loaded.name
-            gguf = gguf_source(config.model) if tp is None else None  # ranks hold shards, not the file's rows
-        else:
-            param = next(model.parameters())
-            self.dtype_choice = fast_dtype.given(
-                param.dtype, param.device, how="the module's own", requested=config.dtype
-            )
-            self.model_name = getattr(model.config, "_name_or_path", None) or type(model).__name__
-            if config.model is not None:  # a module converted from this file: its GGUF blocks may be served
-                from vriksha.loading.loader import gguf_source
-
-                gguf = gguf_source(config.model)
-        if tokenizer is None:
-            raise InvalidRequestError("an engine built around a module needs its tokenizer")
-        self.model = model
-        self.tokenizer = tokenizer
-        self.device = next(model.parameters()).device
-        self.dtype = next(model.parameters()).dtype
-        text_config = model.config.get_text_config()
-        self.max_model_len = config.max_model_len or int(
-            getattr(text_config, "max_position_embeddings", 4096)
-        )
-        self.vocab_size = int(text_config.vocab_size)
+    def _build(self, config: EngineConfig, loaded: LoadedModel, cache_events: CacheEventSink | None) -> None:
+        self.model = loaded.model
+        self.tokenizer = loaded.tokenizer
+        self.model_name = loaded.name
+        self.dtype_choice = loaded.dtype_choice
+        self.tensor_parallel = loaded.tensor_parallel  # a TensorParallelGroup when the engine runs on several ranks
+        self.device = next(self.model.parameters()).device
+        self.dtype = next(self.model.parameters()).dtype
+        self.max_model_len = loaded.max_model_len
+        self.vocab_size = int(self.model.config.get_text_config().vocab_size)
         self.eos_token_ids = self._eos_ids()
-
-        host = devices.is_host(self.device)
-        self.host_malloc = host_memory.keep_freed_memory(config.host_malloc_tuning) if host else None
-        if tp is not None:
-            tp.join(model)  # every rank keeps its shard of the heads and MLP columns
-        # every tensor-parallel rank runs the same arithmetic: strict fp32 there
-        measured = tp is None and self.dtype_choice.how.startswith(("measured", "cached"))
-        self.bf16_arithmetic = fp32_precision.resolve(
-            config.fp32_precision,
-            self.dtype,
-            measured,
-            host,
-        )
-        self.kv_dtype = kv_cache_dtype(
-            config.kv_cache_dtype, self.dtype, self.bf16_arithmetic, tp is not None
-        )
-        layout = probe_kv_layout(model)
-        num_slots = kv_slots(config, self.device, layout, self.kv_dtype)
-        if tp is not None:
-            num_slots = tp.min_slots(num_slots)
-        self.allocator = SlotAllocator(num_slots, self.device)
-        self.pool = KVPool(layout, num_slots, self.kv_dtype, self.device)
-        self.table = ReqToTokenTable(config.max_num_seqs + 1, self.max_model_len + 1, self.device)
-        self.cache = make_cache_manager(
-            config.enable_prefix_caching, self.allocator, self.table, cache_events
-        )
-        self.scheduler = Scheduler(config, self.cache)
-        self.step_threads = StepThreads(config.front_end_core, host and tp is None)
-        if config.speculative != "none":
-            self.scheduler.speculator = Speculator(config, self.max_model_len)
-        self.runner = ModelRunner(
-            model,
-            self.pool,
-            self.table,
-            config,
-            gguf=gguf,
-            bf16_matmuls=self.bf16_arithmetic,
-            int8_activations=int8_activations(config.packed_activations, config.fp32_precision, measured),
-        )
+        self.host_malloc = loaded.host_malloc
+        self.bf16_arithmetic = loaded.bf16_arithmetic
+        self.step_threads = loaded.step_threads
+        self.pool, self.table, self.runner = loaded.pool, loaded.table, loaded.runner
+        self.kv_dtype = self.pool.dtype
         self.quantization = self.runner.quantization
-        if tp is not None:
-            self.runner.tensor_parallel = tp
+        self.allocator = SlotAllocator(self.pool.num_slots, self.device)
+        self.cache = make_cache_manager(config.enable_prefix_caching, self.allocator, self.table, cache_events)
+        speculator = Speculator(config, self.max_model_len) if config.speculative != "none" else None
+        self.scheduler = Scheduler(config, self.cache, speculator)
         native = self.runner.native
         self.sampler = Sampler(config.seed, native.greedy_pick if native is not None else None)
         self._grammar = None  # GrammarEngine, built on the first constrained request

@@ -13,25 +13,29 @@ from __future__ import annotations
 
 import logging
 from collections import deque
+from typing import TYPE_CHECKING
 
 from vriksha.engine.config import EngineConfig
 from vriksha.engine.core.batch import ForwardBatch, PrefillChunk
 from vriksha.engine.core.cache_manager import CacheManager
 from vriksha.engine.core.request import Request, Status
-from vriksha.engine.speculative.speculator import Speculator, settle
 from vriksha.profiling import phase
+
+if TYPE_CHECKING:
+    from vriksha.engine.speculative.speculator import Speculator
 
 logger = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, cache: CacheManager) -> None:
+    def __init__(self, config: EngineConfig, cache: CacheManager, speculator: Speculator | None = None) -> None:
+        """`speculator`: proposes draft tokens for decoding requests (speculative decoding), or None."""
         self.config = config
         self.cache = cache
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.num_retracted = 0
-        self.speculator: Speculator | None = None  # set by the engine when speculative decoding is on
+        self.speculator = speculator
 
     # ---- queue -------------------------------------------------------------------------------------
     def add(self, req: Request) -> None:
@@ -73,7 +77,7 @@ class Scheduler:
         for req in batch.decodes:
             req.num_computed += 1
         for run in batch.drafts:
-            settle(run, self.cache)
+            self.speculator.settle(run, self.cache)
         for chunk in batch.prefills:
             chunk.request.num_computed = chunk.end
             self.cache.cache_req(chunk.request, finished=False)

@@ -23,14 +23,17 @@ from dataclasses import dataclass
 import torch
 
 import vriksha.device as devices
-from vriksha.engine.attention.paged import AttentionBatch
+from vriksha.engine.attention.backend import AttentionBackend
+from vriksha.engine.attention.batch import AttentionBatch
 from vriksha.engine.core.batch import ForwardBatch
 from vriksha.engine.core.kv_pool import KVPool
+from vriksha.engine.runner.step import ForwardStep, StepInputs
+from vriksha.profiling import phase
 
 logger = logging.getLogger(__name__)
 
-# the run of a built batch: (input_ids [1, B], position_ids [1, B], attention batch, sample_index [B]) -> logits
-RunStep = Callable[[torch.Tensor, torch.Tensor, AttentionBatch, torch.Tensor], torch.Tensor]
+# the forward of a built step (the runner's chain of paths, which these graphs capture) -> logits
+RunStep = Callable[[ForwardStep], torch.Tensor]
 
 
 def capture_sizes(max_batch: int) -> list[int]:
@@ -68,8 +71,10 @@ class StaticInputs:
 
 
 class DecodeGraphs:
-    """Decode steps of up to `max_batch` requests through captured graphs (or, without capture, through the
-    same static buffers eagerly)."""
+    """A forward path (`forward_path.py`): decode steps of up to `max_batch` requests through captured graphs
+    (or, without capture, through the same static buffers eagerly)."""
+
+    name = "decode graphs"
 
     def __init__(
         self,
@@ -77,7 +82,7 @@ class DecodeGraphs:
         model: torch.nn.Module,
         pool: KVPool,
         table: torch.Tensor,  # the request-to-token table [rows, context]
-        decode_kernel: Callable | None,
+        attention: AttentionBackend,
         max_batch: int,
         capture: bool = True,
     ) -> None:
@@ -85,7 +90,7 @@ class DecodeGraphs:
         self.model = model
         self.pool = pool
         self.table = table
-        self.decode_kernel = decode_kernel
+        self.attention = attention
         self.sizes = capture_sizes(max_batch)
         self.max_batch = max_batch
         self.capture = capture
@@ -96,8 +101,19 @@ class DecodeGraphs:
         if capture:
             self.capture_all()
 
-    def accepts(self, batch: ForwardBatch) -> bool:
-        return not batch.prefills and not batch.drafts and 0 < len(batch.decodes) <= self.max_batch
+    def accepts(self, step: ForwardStep) -> bool:
+        """Decode-only steps the scheduler made (a step built elsewhere, such as a capture's, has no batch)."""
+        batch = step.batch
+        return (
+            batch is not None
+            and not batch.prefills
+            and not batch.drafts
+            and 0 < len(batch.decodes) <= self.max_batch
+        )
+
+    def __call__(self, step: ForwardStep) -> torch.Tensor:
+        with phase("engine.forward"):
+            return self.forward(step.batch)
 
     def _weight_pointers(self) -> list[int]:
         return [t.data_ptr() for t in (*self.model.parameters(), *self.model.buffers())]
@@ -108,17 +124,18 @@ class DecodeGraphs:
             pool=self.pool,
             slot_mapping=s.slot_mapping[:size],
             num_decode=size,
+            backend=self.attention,
             decode_kv_slots=s.kv_slots[:size],
             decode_kv_lens=s.kv_lens[:size],
-            decode_kernel=self.decode_kernel,
         )
 
     def _step(self, size: int) -> None:
         """One decode step of `size` rows from the static buffers, its logits into `inputs.logits`."""
         s = self.inputs
-        logits = self.run(
+        inputs = StepInputs(
             s.input_ids[:, :size], s.position_ids[:, :size], self._attention(size), s.sample_index[:size]
         )
+        logits = self.run(ForwardStep(inputs=inputs))
         if s.logits is None:
             s.logits = logits.new_empty(self.max_batch, logits.shape[1])
         s.logits[:size].copy_(logits)

@@ -16,6 +16,8 @@ from torch import nn
 
 from vriksha.engine.attention.paged import paged_attention
 from vriksha.engine.kernel_sets import TorchKernels
+from vriksha.engine.runner.forward_path import ForwardScope
+from vriksha.engine.runner.step import ForwardStep
 
 SUPPORTED_LAYERS = frozenset({"LlamaDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer"})
 
@@ -42,23 +44,42 @@ def unsupported_reason(model: nn.Module) -> str | None:
     return None
 
 
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The decoder layers the lean forward (and the native decode step) loop over."""
+    return list(model.model.layers[: _text_config(model).num_hidden_layers])
+
+
 class LeanForward:
-    """Callable (input_ids [1, T], position_ids [1, T], sample_index [S]) -> logits [S, vocab].
+    """A forward path (`forward_path.py`) that takes every step: `logits(input_ids [1, T], position_ids [1, T],
+    sample_index [S]) -> [S, vocab]` inside the runner's forward scope.
 
     The norms (with the residual adds fused into them), rotary embedding and SiLU gating run through the
     engine's kernel set (`kernel_sets.py`): with the native one (CPU, float32 or bfloat16) as C loops in
     place, which at decode batch sizes removes most of the per-layer operator overhead.
     """
 
-    def __init__(self, model: nn.Module, kernels: TorchKernels | None = None) -> None:
+    name = "lean forward"
+
+    def __init__(
+        self, model: nn.Module, kernels: TorchKernels | None = None, scope: ForwardScope | None = None
+    ) -> None:
         reason = unsupported_reason(model)
         if reason is not None:
             raise ValueError(f"the lean forward does not support this model: {reason}")
         self.model = model
-        self.layers = list(model.model.layers[: _text_config(model).num_hidden_layers])
+        self.layers = decoder_layers(model)
         self.kernels = kernels if kernels is not None else TorchKernels()
+        self.scope = scope if scope is not None else ForwardScope()
 
-    def __call__(
+    def accepts(self, step: ForwardStep) -> bool:
+        return True
+
+    def __call__(self, step: ForwardStep) -> torch.Tensor:
+        i = step.inputs
+        with self.scope(i.attn):
+            return self.logits(i.input_ids, i.position_ids, i.sample_index)
+
+    def logits(
         self, input_ids: torch.Tensor, position_ids: torch.Tensor, sample_index: torch.Tensor
     ) -> torch.Tensor:
         k = self.kernels

@@ -1,34 +1,42 @@
-"""Builds the flattened ragged batch, runs the Transformers model with the engine's attention, returns logits."""
+"""Runs the engine's forward passes on a Transformers model: its forward paths, assembled once at load.
+
+At load the runner binds the model's layers to a kernel set, routes its linear layers to their measured
+paths, chooses the attention backend for the kernel set and the KV pool's dtype, and assembles the forward
+paths that apply into one ordered chain (`forward_path.py`). Each step then runs on the first path that
+accepts it.
+"""
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
 import vriksha.device as devices
-from vriksha.cache import announce_first_load
 from vriksha.engine import fast_linear, fp32_precision, hub_layers, kernel_sets, quantization
 from vriksha.engine import native as native_lib
-from vriksha.engine.attention.paged import AttentionBatch, PrefillSegment, forward_context, register_attention
+from vriksha.engine.attention.backend import select_backend
+from vriksha.engine.attention.paged import register_attention
 from vriksha.engine.config import EngineConfig
 from vriksha.engine.core.batch import ForwardBatch
 from vriksha.engine.core.kv_pool import KVPool, ReqToTokenTable
-from vriksha.engine.core.prompt_logprobs import extra_rows
 from vriksha.engine.installation import ModuleInstallation
-from vriksha.engine.runner import native_decode
+from vriksha.engine.runner import native_decode_choice
 from vriksha.engine.runner.decode_graphs import DecodeGraphs
+from vriksha.engine.runner.forward_path import ForwardPath, ForwardScope, TransformersForward, first_accepting
 from vriksha.engine.runner.lean_forward import LeanForward
-from vriksha.profiling import phase
+from vriksha.engine.runner.native_decode import MAX_BATCH, NativeDecode
+from vriksha.engine.runner.step import ForwardStep
+from vriksha.engine.runner.step_builder import StepBuilder
+
+if TYPE_CHECKING:
+    from vriksha.engine.tensor_parallel import TensorParallelGroup
 
 logger = logging.getLogger(__name__)
 
-# Prefill chunks of several tokens run as decode rows while the K/V positions their rows read add up to at
-# most this many (about 50 MB of a bf16 pool for a 135M model's 30 layers, a few ms): a short chat turn over a
-# short history qualifies, a chunk over a long cached prefix does not. One-token chunks always qualify.
-CHUNK_DECODE_ROWS_MAX_READS = 2048
+P = TypeVar("P")
 
 
 class ModelRunner:
@@ -43,11 +51,13 @@ class ModelRunner:
         gguf: Path | None = None,
         bf16_matmuls: bool = False,
         int8_activations: bool = False,
+        tensor_parallel: TensorParallelGroup | None = None,
     ) -> None:
         """`gguf`: the file the model was loaded from, whose packed blocks `quantization` may serve;
         `bf16_matmuls`: an fp32 model's linear layers may run in bf16 arithmetic where it measures faster
         (`fp32_precision.resolve`); `int8_activations`: the packed kernels may round activations to int8
-        (`quantization.int8_activations`). The KV pool may hold another dtype than the model (`kv_cache_dtype`)."""
+        (`quantization.int8_activations`); `tensor_parallel`: rank 0's group, to which every step is broadcast
+        before it runs. The KV pool may hold another dtype than the model (`kv_cache_dtype`)."""
         self.model = model
         self.pool = pool
         self.table = table
@@ -60,17 +70,13 @@ class ModelRunner:
         if config.kernel_layers:
             self.kernels = hub_layers.bind(model, config.kernel_layers, self.installation, self.kernels)
         logger.info("kernel set for %s on %s: %s", dtype, self.device, self.kernels.describe())
-        self.decode_kernel = self.kernels.decode_attention_for(pool.dtype)
-        self.prefill_kernel = self.kernels.prefill_attention_for(pool.dtype)
+        self.attention = select_backend(self.kernels, pool.dtype)
         self.bf16_matmuls = bf16_matmuls
         self.fast_linear: fast_linear.FastLinear | None = None
         if config.fast_linear and cpu:
-            linear_kernels = self.kernels.linear_for(dtype)
             self.fast_linear = fast_linear.FastLinear(
-                model, self.installation, linear_kernels, self.bf16_matmuls
+                model, self.installation, self.kernels.linear_for(dtype), self.bf16_matmuls
             )
-        # tensor parallel: a TensorParallelGroup that hands each step's batch to the other ranks, then runs it
-        self.tensor_parallel = None
         self.quant, self.quantization = quantization.apply(
             model,
             config.quantization,
@@ -83,18 +89,70 @@ class ModelRunner:
         )
         self._build_linear_layouts()
         self.matmul_choice = self._describe_matmuls()
-        self.fast_forward: LeanForward | None = None
+        self.scope = ForwardScope([r for r in (self.fast_linear, self.quant) if r is not None])
+        self.paths: list[ForwardPath] = self._assemble(config, tensor_parallel)
+        logger.info("forward paths: %s", ", ".join(p.name for p in self.paths))
+
+    def _assemble(self, config: EngineConfig, tensor_parallel: TensorParallelGroup | None) -> list[ForwardPath]:
+        """The forward paths that apply here, in the order a step tries them."""
+        lean: LeanForward | None = None
         if config.fast_forward:
             try:
-                self.fast_forward = LeanForward(model, self.kernels)
+                lean = LeanForward(self.model, self.kernels, self.scope)
             except ValueError as exc:
                 logger.info("Transformers forward for every step: %s", exc)
-        self.native_decode: native_decode.NativeDecode | None = None
-        self.native_decode_choice = "off"  # what decode steps run natively, and why (logs, --verbose)
-        if config.native_decode != "off":
-            self._set_up_native_decode(model, config)
-        self.decode_graphs: DecodeGraphs | None = None
-        self.decode_graphs_choice = self._set_up_decode_graphs(config)  # logs, --verbose
+        excluded = (
+            "tensor parallel or hub kernel layers" if config.tensor_parallel_size > 1 or config.kernel_layers else None
+        )
+        native, self.native_decode_choice = native_decode_choice.set_up(
+            config.native_decode,
+            self.model,
+            self.kernels,
+            self.pool,
+            self.quant,
+            lean,
+            self.attention,
+            self.scope,
+            self.bf16_matmuls,
+            excluded,
+        )
+        rows_limit = MAX_BATCH if native is None else native.max_batch
+        self.builder = StepBuilder(self.pool, self.table, self.attention, rows_limit)
+        paths: list[ForwardPath] = [p for p in (native, lean) if p is not None]
+        paths.append(TransformersForward(self.model, self.scope))
+        if tensor_parallel is not None:
+            from vriksha.engine.tensor_parallel.forward_path import TensorParallelPath
+
+            paths = [TensorParallelPath(p, tensor_parallel) for p in paths]
+        self.paths = paths  # the decode graphs capture through these
+        graphs, self.decode_graphs_choice = self._set_up_decode_graphs(config, lean is not None)
+        return [graphs, *paths] if graphs is not None else paths
+
+    def _set_up_decode_graphs(self, config: EngineConfig, lean: bool) -> tuple[DecodeGraphs | None, str]:
+        """The decode graphs path for `--cuda-graphs`, or None, and what was decided (logs, --verbose)."""
+        mode = config.cuda_graphs
+        if mode == "off":
+            return None, "off"
+        if devices.graph_module(self.device) is None:
+            return None, "off: CUDA graphs need a CUDA device"
+        if config.tensor_parallel_size > 1:
+            return None, "off: tensor parallel"
+        if mode == "auto" and not lean:
+            return None, "off: the model runs the Transformers forward (--cuda-graphs on captures it anyway)"
+        if mode == "auto" and self.attention.decode_kernel is None:
+            return None, (
+                "off: the kernel set's decode attention gathers K/V (the triton set reads the pool in place)"
+            )
+        max_batch = min(config.cuda_graph_max_batch, config.max_num_seqs, config.max_num_batched_tokens)
+        try:
+            graphs = DecodeGraphs(self.run, self.model, self.pool, self.table.table, self.attention, max_batch)
+        except Exception as exc:  # a forward that cannot be captured, e.g. one that reads a device value
+            devices.synchronize(self.device)
+            logger.warning("decode steps stay eager: capturing them as CUDA graphs failed: %s", exc)
+            return None, f"off: capture failed ({type(exc).__name__}: {exc})"
+        choice = f"{mode}: {graphs.describe()}"
+        logger.info("CUDA graphs %s", choice)
+        return graphs, choice
 
     def _describe_matmuls(self) -> str:
         """Which fp32 matmuls run in bf16 arithmetic (logs, --verbose)."""
@@ -106,99 +164,6 @@ class ModelRunner:
             if self.quant is not None:
                 text += " (packed layers take the dense path only where it measured faster)"
         return text
-
-    def _set_up_native_decode(self, model: torch.nn.Module, config: EngineConfig) -> None:
-        if self.fast_forward is None:
-            self.native_decode_choice = "off: the model runs the Transformers forward"
-            return
-        if config.tensor_parallel_size > 1 or config.kernel_layers:
-            self.native_decode_choice = "off: tensor parallel or hub kernel layers"
-            return
-        try:
-            self.native_decode = native_decode.NativeDecode(model, self.kernels, self.pool, self.quant)
-        except ValueError as exc:
-            self.native_decode_choice = f"off: {exc}"
-            logger.info("decode steps run the lean forward: %s", exc)
-            return
-        if config.native_decode == "on":
-            self.native_decode_choice = f"on: decode batches up to {self.native_decode.max_batch}"
-            return
-        key = native_decode.choice_key(model, self.kernels, self.quant, self.pool, self.bf16_matmuls)
-        cached = native_decode.cached_choice(key)
-        if cached is not None:
-            best, times = cached["max_batch"], cached["timings"]
-            how = "cached"
-        else:
-            announce_first_load()
-            best, times = self._measure_native_decode(model)
-            if times:
-                native_decode.store_choice(key, best, times)
-            how = "measured"
-        self.native_decode.max_batch = best
-        if best == 0:
-            self.native_decode = None
-        self.native_decode_choice = (
-            f"auto ({how}): decode batches up to {best} natively "
-            f"({'; '.join(times) or 'not measured: small KV pool'})"
-        )
-        logger.info("native decode %s", self.native_decode_choice)
-
-    def _set_up_decode_graphs(self, config: EngineConfig) -> str:
-        mode = config.cuda_graphs
-        if mode == "off":
-            return "off"
-        if devices.graph_module(self.device) is None:
-            return "off: CUDA graphs need a CUDA device"
-        if config.tensor_parallel_size > 1:
-            return "off: tensor parallel"
-        if mode == "auto" and self.fast_forward is None:
-            return "off: the model runs the Transformers forward (--cuda-graphs on captures it anyway)"
-        if mode == "auto" and self.decode_kernel is None:
-            return (
-                "off: the kernel set's decode attention gathers K/V (the triton set reads the pool in place)"
-            )
-        max_batch = min(config.cuda_graph_max_batch, config.max_num_seqs, config.max_num_batched_tokens)
-        try:
-            self.decode_graphs = DecodeGraphs(
-                self.run, self.model, self.pool, self.table.table, self.decode_kernel, max_batch
-            )
-        except Exception as exc:  # a forward that cannot be captured, e.g. one that reads a device value
-            devices.synchronize(self.device)
-            logger.warning("decode steps stay eager: capturing them as CUDA graphs failed: %s", exc)
-            return f"off: capture failed ({type(exc).__name__}: {exc})"
-        choice = f"{mode}: {self.decode_graphs.describe()}"
-        logger.info("CUDA graphs %s", choice)
-        return choice
-
-    def _measure_native_decode(self, model: torch.nn.Module) -> tuple[int, list[str]]:
-        """The largest measured decode batch size up to which the native step was faster, and the timings."""
-        vocab = model.model.embed_tokens.weight.shape[0]
-        best, times = 0, []
-        for b in native_decode.MEASURE_BATCHES:
-            inputs = native_decode.synthetic_decode(self.pool, self.decode_kernel, b, 16, vocab)
-            if inputs is None:
-                break
-            lean = native_decode.time_step(lambda inputs=inputs: self.run(*inputs, native=False))
-            fused = native_decode.time_step(lambda inputs=inputs: self.run(*inputs, native=True))
-            times.append(f"batch {b}: {fused * 1e3:.2f} ms native vs {lean * 1e3:.2f} ms lean")
-            if fused >= lean:
-                break
-            best = b
-        return best, times
-
-    @property
-    def native(self) -> native_lib.Kernels | None:
-        """The native C kernels when the kernel set is a native one, else None."""
-        return getattr(self.kernels, "lib", None)
-
-    def close(self) -> None:
-        """Hand the model back as it came: its attention implementation and linear layers restored."""
-        self.installation.undo()
-        self.fast_linear = None
-        self.quant = None
-        self.fast_forward = None
-        self.native_decode = None
-        self.decode_graphs = None
 
     def _build_linear_layouts(self) -> None:
         """The fast-linear router's derived weight copies, made now for the layers whose calls may take them;
@@ -214,144 +179,45 @@ class ModelRunner:
                 len(skip),
             )
 
+    # ---- the chain ---------------------------------------------------------------------------------
+    def path(self, kind: type[P]) -> P | None:
+        """The chain's path of class `kind` (under tensor parallel, the one it wraps), or None."""
+        for p in self.paths:
+            inner = getattr(p, "inner", p)
+            if isinstance(inner, kind):
+                return inner
+        return None
+
+    @property
+    def native(self) -> native_lib.Kernels | None:
+        """The native C kernels when the kernel set is a native one, else None."""
+        return getattr(self.kernels, "lib", None)
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits [num_sampled, vocab] for the requests that sample a token this step, followed by the rows of
+        prompt positions whose log-probabilities were asked for (`prompt_logprobs.extra_rows`), then every
+        position of the draft runs."""
+        return self.run(ForwardStep(batch, build=self.builder))
+
+    def run(self, step: ForwardStep) -> torch.Tensor:
+        """The step's logits, from the first path that accepts it."""
+        return first_accepting(self.paths, step)(step)
+
+    # ---- weights and lifetime ----------------------------------------------------------------------
     def weights_updated(self) -> None:
         if self.fast_linear is not None:
             self.fast_linear.refresh()
         if self.quant is not None:
             self.quant.refresh()
         self._build_linear_layouts()
-        if self.native_decode is not None:
-            self.native_decode.refresh()
-        if self.decode_graphs is not None:
-            self.decode_graphs.weights_updated()
+        for kind in (NativeDecode, DecodeGraphs):
+            path = self.path(kind)
+            if path is not None:
+                path.weights_updated()
 
-    def _chunks_as_decode_rows(self, batch: ForwardBatch) -> bool:
-        """Whether this step's prefill chunks are short enough to run as decode rows: then the step takes the
-        native decode path where there is one, instead of the lean forward (whose per-step overhead is several
-        decode steps' worth of time at small batches), and a prompt token is attended exactly as a decoded one
-        (on every path, so that native decode on or off computes the same). Chiefly a prompt found cached but
-        for its last token (a prefix-cache hit, a K/V transfer from a prefill replica, the samples of one
-        prompt) and short chat turns. Each such row reads its request's K/V on its own, so the rows' summed
-        context is bounded."""
-        if not batch.prefills or batch.drafts:
-            return False
-        rows = len(batch.decodes) + sum(c.end - c.start for c in batch.prefills)
-        limit = native_decode.MAX_BATCH if self.native_decode is None else self.native_decode.max_batch
-        if rows > limit:
-            return False
-        reads = sum(
-            (c.start + 1 + c.end) * (c.end - c.start) // 2 for c in batch.prefills if c.end - c.start > 1
-        )
-        return reads <= CHUNK_DECODE_ROWS_MAX_READS
-
-    def _build(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch, torch.Tensor]:
-        ids: list[int] = []
-        positions: list[int] = []
-        for req in batch.decodes:
-            ids.append(req.all_token_ids[req.num_computed])
-            positions.append(req.num_computed)
-        for chunk in batch.prefills:
-            ids.extend(chunk.request.all_token_ids[chunk.start : chunk.end])
-            positions.extend(range(chunk.start, chunk.end))
-        for run in batch.drafts:
-            ids.extend(run.token_ids)
-            positions.extend(range(run.start, run.start + run.num_tokens))
-        table = self.table.table
-        slot_parts: list[torch.Tensor] = []
-        # decode rows, (table row, tokens attended): each decode token, then each token of chunks short
-        # enough to run as decode rows, attending its request's K/V up to its own position
-        decode_rows = [(r.row, r.num_computed + 1) for r in batch.decodes]
-        chunks = batch.prefills
-        if self._chunks_as_decode_rows(batch):
-            decode_rows += [(c.request.row, p + 1) for c in chunks for p in range(c.start, c.end)]
-            chunks = []
-        attn = AttentionBatch(
-            pool=self.pool,
-            slot_mapping=torch.empty(0),
-            num_decode=len(decode_rows),
-            decode_kernel=self.decode_kernel,
-            prefill_kernel=self.prefill_kernel,
-        )
-        if decode_rows:
-            rows = torch.tensor([row for row, _ in decode_rows], dtype=torch.int64, device=self.device)
-            lengths = [n for _, n in decode_rows]
-            lens = torch.tensor(lengths, dtype=torch.int64, device=self.device)
-            max_len = max(lengths)
-            kv = table[rows, :max_len]
-            cols = torch.arange(max_len, device=self.device)
-            attn.decode_kv_slots = kv.masked_fill(cols[None, :] >= lens[:, None], 0)
-            attn.decode_kv_lens = lens
-            slot_parts.append(kv.gather(1, (lens - 1)[:, None]).view(-1))
-        offset = len(decode_rows)
-        for chunk in chunks:
-            kv_slots = table[chunk.request.row, : chunk.end]
-            attn.prefills.append(PrefillSegment(offset, chunk.end - chunk.start, chunk.start, kv_slots))
-            slot_parts.append(kv_slots[chunk.start :])
-            offset += chunk.end - chunk.start
-        draft_rows: list[int] = []
-        for run in batch.drafts:  # attended like a prefill chunk over the cached prefix, every row sampled
-            end = run.start + run.num_tokens
-            kv_slots = table[run.request.row, :end]
-            attn.prefills.append(PrefillSegment(offset, run.num_tokens, run.start, kv_slots))
-            slot_parts.append(kv_slots[run.start :])
-            draft_rows.extend(range(offset, offset + run.num_tokens))
-            offset += run.num_tokens
-        attn.slot_mapping = torch.cat(slot_parts).to(self.device)
-        sample_index: list[int] = list(range(len(batch.decodes)))
-        offset = len(batch.decodes)
-        for chunk in batch.prefills:
-            offset += chunk.end - chunk.start
-            if chunk.sample:
-                sample_index.append(offset - 1)
-        sample_index.extend(extra_rows(batch))  # prompt positions of requests asking for prompt_logprobs
-        sample_index.extend(draft_rows)
-        input_ids = torch.tensor(ids, dtype=torch.int64, device=self.device)[None]
-        position_ids = torch.tensor(positions, dtype=torch.int64, device=self.device)[None]
-        return (
-            input_ids,
-            position_ids,
-            attn,
-            torch.tensor(sample_index, dtype=torch.int64, device=self.device),
-        )
-
-    @torch.inference_mode()
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Logits [num_sampled, vocab] for the requests that sample a token this step, followed by the rows of
-        prompt positions whose log-probabilities were asked for (`prompt_logprobs.extra_rows`), then every
-        position of the draft runs."""
-        graphs = self.decode_graphs
-        if graphs is not None and self.tensor_parallel is None and graphs.accepts(batch):
-            with phase("engine.forward"):
-                return graphs.forward(batch)
-        with phase("engine.prepare_batch"):
-            input_ids, position_ids, attn, sample_index = self._build(batch)
-        if self.tensor_parallel is not None:
-            return self.tensor_parallel.run_step(self.run, input_ids, position_ids, attn, sample_index)
-        return self.run(input_ids, position_ids, attn, sample_index)
-
-    @torch.inference_mode()
-    def run(
-        self,
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        attn: AttentionBatch,
-        sample_index: torch.Tensor,
-        native: bool | None = None,
-    ) -> torch.Tensor:
-        """The forward pass over a built batch: logits of the rows at `sample_index`. `native`: force the
-        native decode path on or off for this call (default: where it accepts the batch)."""
-        with phase("engine.forward"), forward_context(attn), contextlib.ExitStack() as routed:
-            for router in (self.fast_linear, self.quant):
-                if router is not None:
-                    routed.enter_context(router.engaged())
-            fused = self.native_decode
-            if fused is not None and (
-                native if native is not None else fused.accepts(attn, input_ids.shape[1])
-            ):
-                return fused(input_ids, position_ids, attn, sample_index)
-            if self.fast_forward is not None:
-                return self.fast_forward(input_ids, position_ids, sample_index)
-            out = self.model(
-                input_ids=input_ids, position_ids=position_ids, use_cache=False, logits_to_keep=sample_index
-            )
-        return out.logits[0]
+    def close(self) -> None:
+        """Hand the model back as it came: its attention implementation and linear layers restored."""
+        self.installation.undo()
+        self.fast_linear = None
+        self.quant = None
+        self.paths = []

@@ -8,80 +8,37 @@ Python (one call each per step). A linear layer runs packed where `QuantLinear` 
 packed kernel, else on its float32 weight with the native linear kernel.
 
 It takes a step only when every token is a decode row (no draft run), at most `max_batch` of them (short
-prefill chunks become decode rows: `ModelRunner._chunks_as_decode_rows`); every other step, and every model
-or setting it does not cover, takes the lean forward.
-`EngineConfig.native_decode`: `auto` measures both paths on a synthetic decode step the first time a model of
-these shapes starts on this CPU, thread count and kernel set (the choice is kept in the cache dir as
-`native_decode.json`), and uses this one up to the largest measured batch size where it was faster; `on` up
-to 64; `off` never.
+prefill chunks become decode rows: `StepBuilder.chunks_as_decode_rows`); every other step, and every model
+or setting it does not cover, takes the lean forward. Up to which batch size it runs is decided at load
+(`native_decode_choice.py`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import time
 from pathlib import Path
 
 import torch
 from torch import nn
 
 import vriksha.device as devices
-from vriksha.cache import read_json, write_json
-from vriksha.cpu_features import cpu_features
 from vriksha.engine import native
-from vriksha.engine.attention.paged import AttentionBatch
+from vriksha.engine.attention.batch import AttentionBatch
 from vriksha.engine.core.kv_pool import KVPool
 from vriksha.engine.native import isa
 from vriksha.engine.native.quant import KINDS, PATHS
 from vriksha.engine.quant_linear import BUCKETS, QuantLinear, bucket_index
-from vriksha.engine.quant_linear import source_digest as quant_source_digest
-from vriksha.engine.runner.lean_forward import LeanForward, unsupported_reason
+from vriksha.engine.runner.forward_path import ForwardScope
+from vriksha.engine.runner.lean_forward import decoder_layers, unsupported_reason
+from vriksha.engine.runner.step import ForwardStep
 from vriksha.profiling.annotate import native_call
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).parent / "native" / "layers.c"
+SOURCE = Path(native.__file__).with_name("layers.c")
 MAX_BATCH = 64  # the most decode tokens one native step takes
-MEASURE_BATCHES = (1, 8, 64)
-CACHE_FILE = "native_decode.json"
-
-
-def choice_key(
-    model: nn.Module, kernels, quant: QuantLinear | None, pool: KVPool, bf16_matmuls: bool = False
-) -> str:
-    """What `auto`'s measurement depends on: the layers' shapes and dtypes, which of them are packed and how,
-    the KV pool's layout, the kernel set, whether the lean path's fp32 matmuls may run in bf16 arithmetic,
-    the CPU, the thread count, torch and this module's C source."""
-    parts = [f"{name}:{tuple(p.shape)}:{p.dtype}" for name, p in model.named_parameters()]
-    if bf16_matmuls:
-        parts.append("fp32 matmuls:bf16")
-    if quant is not None:
-        parts += [f"packed:{w.qtype}:{w.out_features}x{w.in_features}" for _, w in quant.layers]
-        parts.append(f"packed kernels:{quant.kernels.variant}:{quant_source_digest()}")
-    parts.append(f"pool:{pool.num_slots}:{getattr(pool, 'dtype', '')}")
-    digest = hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
-    source = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
-    return (
-        f"v1|{cpu_features().signature}|t{torch.get_num_threads()}|torch {torch.__version__}|"
-        f"{getattr(kernels, 'name', type(kernels).__name__)}|{source}|{digest}"
-    )
-
-
-def cached_choice(key: str) -> dict | None:
-    """The kept `auto` choice for `key` ({"max_batch", "timings"}), or None."""
-    record = read_json(CACHE_FILE).get(key)
-    if not isinstance(record, dict) or not isinstance(record.get("max_batch"), int):
-        return None
-    return record
-
-
-def store_choice(key: str, max_batch: int, timings: list[str]) -> None:
-    known = read_json(CACHE_FILE)
-    known[key] = {"max_batch": max_batch, "timings": timings, "measured_at": time.time()}
-    write_json(CACHE_FILE, known, "the native decode choice")
 
 
 _PTR, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -155,7 +112,7 @@ def unsupported(model: nn.Module, kernels, pool: KVPool) -> str | None:
     reason = unsupported_reason(model)
     if reason is not None:
         return reason
-    for layer in LeanForward(model).layers:
+    for layer in decoder_layers(model):
         attn, mlp = layer.self_attn, layer.mlp
         for m in (
             attn.q_proj,
@@ -184,9 +141,18 @@ def unsupported(model: nn.Module, kernels, pool: KVPool) -> str | None:
 
 
 class NativeDecode:
-    """Callable like `LeanForward` on decode-only batches; `accepts(batch)` says which batches it takes."""
+    """A forward path (`forward_path.py`) for steps whose every row is a decode row, up to `max_batch`."""
 
-    def __init__(self, model: nn.Module, kernels, pool: KVPool, quant: QuantLinear | None) -> None:
+    name = "native decode"
+
+    def __init__(
+        self,
+        model: nn.Module,
+        kernels,
+        pool: KVPool,
+        quant: QuantLinear | None,
+        scope: ForwardScope | None = None,
+    ) -> None:
         reason = unsupported(model, kernels, pool)
         if reason is not None:
             raise ValueError(f"native decode does not support this model here: {reason}")
@@ -195,7 +161,8 @@ class NativeDecode:
         self.quant = quant
         self.lib = _library()
         self.kernels = kernels
-        self.layers = LeanForward(model).layers
+        self.layers = decoder_layers(model)
+        self.scope = scope if scope is not None else ForwardScope()
         self.max_batch = MAX_BATCH
         self._fns = {
             n: _address(kernels.lib._lib, f"{n}_f32") for n in ("linear", "rms_norm", "rope", "silu_mul")
@@ -204,12 +171,18 @@ class NativeDecode:
         self._fns["attention"] = _address(kernels.lib._lib, attention)
         self._plans: dict[int, tuple[_Model, ctypes.Array, tuple]] = {}  # per packed-kernel bucket
 
-    def refresh(self) -> None:
+    def weights_updated(self) -> None:
         """After a weight update: the packed routes may have changed (`QuantLinear.refresh`)."""
         self._plans.clear()
 
-    def accepts(self, batch: AttentionBatch, tokens: int) -> bool:
-        return not batch.prefills and 0 < tokens == batch.num_decode <= self.max_batch
+    def accepts(self, step: ForwardStep) -> bool:
+        attn = step.inputs.attn
+        return not attn.prefills and 0 < step.inputs.num_tokens == attn.num_decode <= self.max_batch
+
+    def __call__(self, step: ForwardStep) -> torch.Tensor:
+        i = step.inputs
+        with self.scope(i.attn):
+            return self.logits(i.input_ids, i.position_ids, i.attn, i.sample_index)
 
     def _linear(self, module: nn.Linear, rows: int) -> _Linear:
         packed = self.quant.packed_for(module, rows, native=True) if self.quant is not None else None
@@ -277,7 +250,7 @@ class NativeDecode:
         self._plans[key] = (plan, layers, held)
         return plan
 
-    def __call__(
+    def logits(
         self,
         input_ids: torch.Tensor,
         position_ids: torch.Tensor,
@@ -308,31 +281,3 @@ class NativeDecode:
                 f"native decode failed ({'out of memory' if done == -1 else 'a kernel refused'})"
             )
         return self.model.lm_head.forward(self.kernels.rms_norm(h[sample_index], inner.norm))
-
-
-def time_step(run, repeats: int = 3) -> float:
-    """Best seconds of `run()` over `repeats` calls, after one warm-up."""
-    run()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - t)
-    return best
-
-
-def synthetic_decode(
-    pool: KVPool, decode_kernel, batch: int, context: int, vocab: int
-) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch, torch.Tensor] | None:
-    """A decode step of `batch` requests with `context` tokens each on free pool slots (their K/V are
-    scratch: a slot is written before any request reads it), or None when the pool is too small."""
-    if pool.num_slots <= batch * context:
-        return None
-    slots = torch.arange(1, batch * context + 1, dtype=torch.int64).view(batch, context)
-    lens = torch.full((batch,), context, dtype=torch.int64)
-    attn = AttentionBatch(pool=pool, slot_mapping=slots[:, -1].contiguous(), num_decode=batch)
-    attn.decode_kernel, attn.decode_kv_slots, attn.decode_kv_lens = decode_kernel, slots, lens
-    generator = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, vocab, (1, batch), generator=generator)
-    positions = torch.full((1, batch), context - 1, dtype=torch.int64)
-    return ids, positions, attn, torch.arange(batch)

@@ -112,11 +112,10 @@ class Speculator:
             row += run.num_tokens
         return finished
 
-
-def settle(run: DraftRun, cache: CacheManager) -> None:
-    """After the step: the request keeps the K/V of its emitted tokens but the last (computed next step, as
-    after a one-token step); the slots of the other proposed positions are freed."""
-    req = run.request
-    kept = req.num_tokens - 1
-    cache.free_positions(req, kept, run.start + run.num_tokens)
-    req.num_computed = kept
+    def settle(self, run: DraftRun, cache: CacheManager) -> None:
+        """After the step: the request keeps the K/V of its emitted tokens but the last (computed next step, as
+        after a one-token step); the slots of the other proposed positions are freed."""
+        req = run.request
+        kept = req.num_tokens - 1
+        cache.free_positions(req, kept, run.start + run.num_tokens)
+        req.num_computed = kept

@@ -62,10 +62,10 @@ def _seconds(s: float):
 def _serve(
     rank: int, size: int, config: EngineConfig, store: dist.Store, threads: int, timeout_s: float
 ) -> None:
-    from vriksha.engine.core.kv_layout import probe_kv_layout
-    from vriksha.engine.core.kv_pool import KVPool, ReqToTokenTable
-    from vriksha.engine.core.llm_engine import kv_slots
+    from vriksha.engine.attention.layout_probe import probe_kv_layout
+    from vriksha.engine.core.kv_pool import KVPool, ReqToTokenTable, kv_slots
     from vriksha.engine.runner.model_runner import ModelRunner
+    from vriksha.engine.runner.step import ForwardStep, StepInputs
     from vriksha.loading import load_model
 
     device = devices.local_device(rank, config.device)
@@ -87,6 +87,6 @@ def _serve(
         message = comm.receive()
         if message.kind == STOP:
             break
-        input_ids, position_ids, attn = unpack(message, pool, device, runner.decode_kernel)
-        runner.run(input_ids, position_ids, attn, no_rows)
+        input_ids, position_ids, attn = unpack(message, pool, device, runner.attention)
+        runner.run(ForwardStep(inputs=StepInputs(input_ids, position_ids, attn, no_rows)))
     comm.close()
