@@ -10,6 +10,8 @@ before it `exec`s the command:
 - runs the command under a PID 1 that dies with the launcher; when the command exits, the kernel kills
   everything it left behind;
 - as root drops to a fresh unprivileged uid (so RLIMIT_NPROC applies and its processes can be killed);
+- installs a seccomp filter (`_seccomp.py`): no nested user namespaces (unshare/clone with
+  CLONE_NEWUSER), no io_uring; both fail with EPERM;
 - sets rlimits: CPU seconds, address space, processes, file size, no core files; a scrubbed environment.
 
 On timeout everything is killed. Output is truncated per stream with a marker. The result says which

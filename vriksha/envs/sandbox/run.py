@@ -201,6 +201,7 @@ def run_unchecked(
             "filesystem": bool(status.get("filesystem_isolated")),
             "user": bool(status.get("uid_dropped"))
             or bool(status.get("user_namespace") and status.get("pid_isolated")),
+            "seccomp": bool(status.get("seccomp")),
             "process_limit": True,
         }
         result = SandboxResult(
