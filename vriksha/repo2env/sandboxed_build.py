@@ -105,23 +105,24 @@ def _run_hook(
 
 
 def build_wheel_sandboxed(root: Path, scratch: Path, seed: Path, pip_install) -> Path:
-    """Build `root` into a wheel under `scratch` (returned); `pip_install(python, reqs, what)` installs
-    index packages into a venv, `seed` is the venv copied as the build venv."""
+    """Build `root` into a wheel under `scratch` (returned); `pip_install(venv, reqs, what)` installs
+    index packages into a venv (`venv_install.install`), `seed` is the venv copied as the build venv."""
     from vriksha.repo2env.bootstrap import copy_venv
 
     requires, backend, backend_path = build_system(root)
     work = Path(tempfile.mkdtemp(prefix="sbuild-", dir=scratch))
-    build_venv = work / "build-venv"
+    build_venv = work / "build" / "venv"  # alone in its directory: the sandbox's work directory for pip
     tree = work / "tree"
     try:
+        build_venv.parent.mkdir()
         copy_venv(seed, build_venv)
         copy_tree(root, tree)
         python = build_venv / "bin" / "python"
         if requires:
-            pip_install(python, requires, "the build requirements")
+            pip_install(build_venv, requires, "the build requirements")
         dynamic = _run_hook(python, build_venv, tree, "requires", backend, backend_path)
         if isinstance(dynamic, list) and dynamic:
-            pip_install(python, [str(r) for r in dynamic], "the backend's further build requirements")
+            pip_install(build_venv, [str(r) for r in dynamic], "the backend's further build requirements")
         name = _run_hook(python, build_venv, tree, "wheel", backend, backend_path)
         wheel = tree / "wheel-out" / str(name)
         if not (isinstance(name, str) and name.endswith(".whl") and "/" not in name and wheel.is_file()):
