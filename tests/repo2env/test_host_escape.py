@@ -253,3 +253,34 @@ def test_no_repo2env_code_starts_a_venv_interpreter_with_pip_python():
     root = Path(__import__("vriksha.repo2env", fromlist=["x"]).__file__).parent
     offenders = [p.name for p in root.rglob("*.py") if '"--python"' in p.read_text()]
     assert offenders == [], offenders
+
+
+LINKING_CONFTEST = """\
+import atexit, os
+
+
+def _swap():  # after pytest wrote its results: put a link to a host file in their place
+    out = os.environ["VRIKSHA_R2E_OUT"]
+    os.remove(out)
+    os.symlink(os.environ.get("HOST_JSON", "{host_json}"), out)
+
+
+atexit.register(_swap)
+"""
+
+
+@pytest.mark.slow
+def test_results_are_never_read_through_a_link_the_tests_left(tmp_path, r2e_cache):
+    """The results file is read on the host, as the caller: a link to a host file in its place is refused."""
+    from vriksha.repo2env.bootstrap import bootstrap
+    from vriksha.repo2env.testrun import run_tests
+
+    host_json = tmp_path / "other-task.json"
+    host_json.write_text('{"tests": {"HOST-SECRET-NODE": {"outcome": "passed"}}}')
+    host_json.chmod(0o600)
+    src = tiny_project(tmp_path / "tiny")
+    (src / "conftest.py").write_text(LINKING_CONFTEST.replace("{host_json}", str(host_json)))
+    venv = bootstrap(src, uuid.uuid4().hex, "tinyproj")
+    run = run_tests(venv.python, src, timeout_s=120)
+    assert "HOST-SECRET-NODE" not in run.results and not any("HOST-SECRET" in w for w in run.warnings)
+    assert run.results == {}  # what the tests left is not a results file

@@ -91,8 +91,13 @@ def index_requirements(reqs: list[str], what: str) -> tuple[list[str], list[str]
 
 
 def wheel_requirements(wheel: Path, extras: list[str]) -> list[str]:
-    """The Requires-Dist of `wheel` that apply with `extras` (read from its METADATA, nothing run)."""
-    with zipfile.ZipFile(wheel) as zf:
+    """The Requires-Dist of `wheel` that apply with `extras` (read from its METADATA, nothing run);
+    `BootstrapError` for a URL or path dependency among them."""
+    try:
+        zf = zipfile.ZipFile(wheel)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise BootstrapError(f"{wheel.name}: not a wheel ({exc}); the build made no valid wheel") from None
+    with zf:
         names = [n for n in zf.namelist() if re.fullmatch(r"[^/]+\.dist-info/METADATA", n)]
         if len(names) != 1:
             raise BootstrapError(
@@ -101,10 +106,14 @@ def wheel_requirements(wheel: Path, extras: list[str]) -> list[str]:
         text = zf.read(names[0]).decode("utf-8", "replace")
     message = email.parser.Parser().parsestr(text, headersonly=True)
     out = []
+    envs = [{"extra": e} for e in ["", *extras]]
     for raw in message.get_all("Requires-Dist") or []:
-        req = index_requirement(raw, f"{wheel.name} (Requires-Dist)")
-        envs = [{"extra": e} for e in ["", *extras]]
+        try:
+            req = Requirement(raw)
+        except InvalidRequirement:
+            req = index_requirement(raw, f"{wheel.name} (Requires-Dist)")  # raises, naming it
         if req.marker is None or any(req.marker.evaluate(env) for env in envs):
+            index_requirement(raw, f"{wheel.name} (Requires-Dist)")
             out.append(raw)
     return out
 

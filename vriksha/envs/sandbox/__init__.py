@@ -23,7 +23,7 @@ from vriksha.envs.sandbox.check import SandboxReport, require_sandbox, sandbox_r
 from vriksha.envs.sandbox.errors import ALLOW_UNSANDBOXED_ENV, SandboxError, SandboxUnavailableError
 from vriksha.envs.sandbox.interpreter import sandbox_python
 from vriksha.envs.sandbox.result import TRUNCATION_MARKER, SandboxResult
-from vriksha.envs.sandbox.run import run_sandboxed
+from vriksha.envs.sandbox.run import read_output, run_sandboxed
 
 __all__ = [
     "ALLOW_UNSANDBOXED_ENV",
@@ -32,6 +32,7 @@ __all__ = [
     "SandboxResult",
     "SandboxUnavailableError",
     "TRUNCATION_MARKER",
+    "read_output",
     "require_sandbox",
     "run_sandboxed",
     "sandbox_python",
