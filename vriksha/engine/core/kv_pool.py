@@ -142,29 +142,3 @@ def kv_budget_bytes(config: EngineConfig, device: torch.device) -> int:
         return int(DEFAULT_CPU_KV_GB * 2**30)
     free = devices.free_memory_bytes(device)
     return int((free if free is not None else 2 * 2**30) * DEFAULT_ACCEL_KV_FRACTION)
-
-
-KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-def kv_cache_dtype(
-    requested: str, model_dtype: torch.dtype, bf16_arithmetic: bool, tensor_parallel: bool
-) -> torch.dtype:
-    """The KV pool's dtype: `auto` is bf16 for an fp32 model allowed bf16 arithmetic (`fp32_precision`; decode
-    attention then reads half the bytes, at the precision bf16 engines keep K/V in: on the AMX Xeon the
-    engine benchmark's (b) 443.0 -> 491.5 tok/s, (c) 338.9 -> 388.5, (d) 286.5 -> 329.2) and the model's
-    dtype otherwise. An explicit dtype is taken as given (a bf16 pool under an fp32 model also holds twice
-    the tokens in the same memory), except across tensor-parallel ranks, whose pools are the model's dtype."""
-    if requested not in KV_CACHE_DTYPES:
-        raise ConfigError(
-            f"engine option kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {requested!r}"
-        )
-    if requested == "auto":
-        return torch.bfloat16 if model_dtype == torch.float32 and bf16_arithmetic else model_dtype
-    dtype = getattr(torch, requested)
-    if tensor_parallel and dtype != model_dtype:
-        raise ConfigError(
-            f"kv_cache_dtype {requested} with tensor parallel: the ranks keep K/V in the model's dtype "
-            f"({str(model_dtype).removeprefix('torch.')}); leave kv_cache_dtype auto"
-        )
-    return dtype

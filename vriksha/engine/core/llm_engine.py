@@ -72,25 +72,25 @@ class LLMEngine:
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.model_name = loaded.name
-        self.dtype_choice = loaded.dtype_choice
+        self.plan = plan = loaded.plan  # every platform decision taken at load (`--verbose` prints it)
         self.tensor_parallel = loaded.tensor_parallel  # a TensorParallelGroup when the engine runs on several ranks
         self.device = next(self.model.parameters()).device
         self.dtype = next(self.model.parameters()).dtype
+        self.dtype_choice = plan.dtype
+        self.host_malloc = plan.host_malloc
+        self.kv_dtype = plan.kv_dtype
+        self.step_threads = plan.threads
+        self.quantization = plan.runner.quantization
         self.max_model_len = loaded.max_model_len
         self.vocab_size = int(self.model.config.get_text_config().vocab_size)
         self.eos_token_ids = self._eos_ids()
-        self.host_malloc = loaded.host_malloc
-        self.bf16_arithmetic = loaded.bf16_arithmetic
-        self.step_threads = loaded.step_threads
         self.pool, self.table, self.runner = loaded.pool, loaded.table, loaded.runner
-        self.kv_dtype = self.pool.dtype
-        self.quantization = self.runner.quantization
         self.allocator = SlotAllocator(self.pool.num_slots, self.device)
         self.cache = make_cache_manager(config.enable_prefix_caching, self.allocator, self.table, cache_events)
         speculator = Speculator(config, self.max_model_len) if config.speculative != "none" else None
         self.scheduler = Scheduler(config, self.cache, speculator)
         native = self.runner.native
-        self.sampler = Sampler(config.seed, native.greedy_pick if native is not None else None)
+        self.sampler = Sampler(config.seed, native.greedy_pick if native is not None else None, plan.mask_kernel)
         self._grammar = None  # GrammarEngine, built on the first constrained request
         self._groups: dict[str, _Group] = {}
         self._closed = False
@@ -275,7 +275,6 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if batch.num_tokens == 0:
             return []
-        self.step_threads.apply(batch.num_tokens)
         logits = self.runner.forward(batch)
         draft_logits = None
         if batch.drafts:  # the draft runs' rows come last

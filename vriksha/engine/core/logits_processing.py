@@ -7,14 +7,24 @@ only removes tokens, so it never lets a banned token back in).
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 import torch
 
 from vriksha.device import is_host
 from vriksha.engine.core.request import Request
-from vriksha.engine.native.bitmask import BitmaskKernel, bitmask_kernel
 
 NEG_INF = float("-inf")
+
+
+class MaskKernel(Protocol):
+    """A kernel that applies llguidance's packed masks to logits in place (the platform's native one,
+    `platform/native/bitmask.py`, chosen at load)."""
+
+    def accepts(self, logits: torch.Tensor) -> bool: ...
+
+    def apply_(self, logits: torch.Tensor, rows: list[int] | None, bitmask: torch.Tensor) -> None: ...
 
 
 def _padded(rows: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,23 +99,26 @@ def apply_penalties(logits: torch.Tensor, requests: list[Request]) -> None:
     logits[rows] = x
 
 
-def bitmask_in_place(logits: torch.Tensor) -> bool:
-    """Whether `apply_bitmask` writes these logits in place through the native kernel (fp32 rows on the CPU):
-    then they may be an inference tensor, and the caller need not copy them first."""
-    return BitmaskKernel.accepts(logits) and bitmask_kernel() is not None
+def bitmask_in_place(logits: torch.Tensor, kernel: MaskKernel | None) -> bool:
+    """Whether `apply_bitmask` writes these logits in place through `kernel` (fp32 rows on the CPU): then they
+    may be an inference tensor, and the caller need not copy them first."""
+    return kernel is not None and kernel.accepts(logits)
 
 
-def apply_bitmask(logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor) -> None:
+def apply_bitmask(
+    logits: torch.Tensor, rows: list[int], bitmask: torch.Tensor, kernel: MaskKernel | None = None
+) -> None:
     """Keep only tokens whose bit is set: `bitmask` is int32 [len(rows), ceil(vocab / 32)] (llguidance's).
 
-    On the CPU the native kernel (`native/bitmask.c`) reads the packed words and writes -inf into the blocked
-    logits in place, skipping words that allow all 32 tokens. Elsewhere (or without a C compiler) the words
-    are unpacked on the host as little-endian bits, one byte per token, and the logits filled in place."""
+    With `kernel` (the native one, `native/bitmask.c`, on the CPU) the packed words are read and -inf written
+    into the blocked logits in place, skipping words that allow all 32 tokens. Elsewhere (or without a C
+    compiler) the words are unpacked on the host as little-endian bits, one byte per token, and the logits
+    filled in place."""
     if not rows:
         return
-    if bitmask_in_place(logits) and is_host(bitmask.device):
+    if bitmask_in_place(logits, kernel) and is_host(bitmask.device):
         every = rows == list(range(len(rows)))
-        bitmask_kernel().apply_(logits, None if every else rows, bitmask)
+        kernel.apply_(logits, None if every else rows, bitmask)
         return
     apply_bitmask_unpacked(logits, rows, bitmask)
 

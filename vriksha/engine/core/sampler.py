@@ -18,6 +18,7 @@ import torch
 
 from vriksha.device import is_host
 from vriksha.engine.core.logits_processing import (
+    MaskKernel,
     apply_bitmask,
     apply_penalties,
     apply_restrictions,
@@ -37,12 +38,16 @@ GreedyPick = Callable[[torch.Tensor], "tuple[list[int], list[float]] | None"]
 
 
 class Sampler:
-    def __init__(self, seed: int = 0, greedy_pick: GreedyPick | None = None) -> None:
+    def __init__(
+        self, seed: int = 0, greedy_pick: GreedyPick | None = None, mask_kernel: MaskKernel | None = None
+    ) -> None:
         """`greedy_pick`: a fused argmax and log-probability over CPU float32 logits (the native kernels'),
-        taken when every row is greedy, unshaped and asks no top log-probabilities."""
+        taken when every row is greedy, unshaped and asks no top log-probabilities; `mask_kernel`: applies
+        grammar masks to the logits in place (the platform's native kernel). Both are chosen at load."""
         self.generator = torch.Generator().manual_seed(seed)
         self._keyed = torch.Generator()  # re-seeded per (request seed, position)
         self.greedy_pick = greedy_pick
+        self.mask_kernel = mask_kernel
 
     def __call__(
         self,
@@ -66,13 +71,13 @@ class Sampler:
                 return SampleResult(ids, lps, tops)
         logprobs = torch.log_softmax(logits, dim=-1)
         shaped = any(_shaped(r) for r in requests)
-        if shaped or (bitmask is not None and not bitmask_in_place(logits)):
+        if shaped or (bitmask is not None and not bitmask_in_place(logits, self.mask_kernel)):
             logits = logits.clone()
         if shaped:
             apply_restrictions(logits, requests)
             apply_penalties(logits, requests)
         if bitmask is not None:
-            apply_bitmask(logits, *bitmask)
+            apply_bitmask(logits, *bitmask, kernel=self.mask_kernel)
         greedy = [r.params.greedy for r in requests]
         if all(greedy):
             token_ids = logits.argmax(dim=-1)

@@ -5,7 +5,7 @@ as their `forward` methods, but calls them as one flat loop: no per-module hooks
 capturing or mask building (at decode batch 64 on 2 CPU cores: 173 tok/s against 142; at batch 1 the same,
 as the weight reads dominate there). Layers of any other class, or configurations it does not know (non-SiLU
 MLPs, logit soft-capping), keep the Transformers forward.
-The engine's parity tests run through this path for the default model, and `tests/engine/test_fast_forward.py`
+The engine's parity tests run through this path for the default model, and `tests/engine/runner/test_lean_forward.py`
 compares it with the Transformers forward for every family it accepts.
 """
 
@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from vriksha.engine.attention.paged import paged_attention
-from vriksha.engine.kernel_sets import TorchKernels
+from vriksha.engine.platform.kernel_sets import TorchKernels
 from vriksha.engine.runner.forward_path import ForwardScope
 from vriksha.engine.runner.step import ForwardStep
 

@@ -8,6 +8,7 @@ accepts it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
@@ -15,14 +16,15 @@ from typing import TYPE_CHECKING, TypeVar
 import torch
 
 import vriksha.device as devices
-from vriksha.engine import fast_linear, fp32_precision, hub_layers, kernel_sets, quantization
-from vriksha.engine import native as native_lib
 from vriksha.engine.attention.backend import select_backend
 from vriksha.engine.attention.paged import register_attention
 from vriksha.engine.config import EngineConfig
 from vriksha.engine.core.batch import ForwardBatch
 from vriksha.engine.core.kv_pool import KVPool, ReqToTokenTable
-from vriksha.engine.installation import ModuleInstallation
+from vriksha.engine.platform import dense_linear, fp32_precision, hub_layers, quantization
+from vriksha.engine.platform import native as native_lib
+from vriksha.engine.platform.module_installation import ModuleInstallation
+from vriksha.engine.platform.plan import PlatformPlan, RunnerChoices
 from vriksha.engine.runner import native_decode_choice
 from vriksha.engine.runner.decode_graphs import DecodeGraphs
 from vriksha.engine.runner.forward_path import ForwardPath, ForwardScope, TransformersForward, first_accepting
@@ -48,33 +50,30 @@ class ModelRunner:
         pool: KVPool,
         table: ReqToTokenTable,
         config: EngineConfig,
+        plan: PlatformPlan,
         gguf: Path | None = None,
-        bf16_matmuls: bool = False,
-        int8_activations: bool = False,
         tensor_parallel: TensorParallelGroup | None = None,
     ) -> None:
-        """`gguf`: the file the model was loaded from, whose packed blocks `quantization` may serve;
-        `bf16_matmuls`: an fp32 model's linear layers may run in bf16 arithmetic where it measures faster
-        (`fp32_precision.resolve`); `int8_activations`: the packed kernels may round activations to int8
-        (`quantization.int8_activations`); `tensor_parallel`: rank 0's group, to which every step is broadcast
-        before it runs. The KV pool may hold another dtype than the model (`kv_cache_dtype`)."""
+        """`plan`: the platform decisions taken before the runner (`platform/plan.py`); the runner's own are
+        recorded in `self.plan.runner`. `gguf`: the file the model was loaded from, whose packed blocks
+        `quantization` may serve; `tensor_parallel`: rank 0's group, to which every step is broadcast before
+        it runs. The KV pool may hold another dtype than the model (`kv_cache_dtype`)."""
         self.model = model
         self.pool = pool
         self.table = table
         self.device = pool.device
         self.installation = ModuleInstallation(model)
         self.installation.set_attn_implementation(register_attention())
-        cpu = devices.is_host(self.device)
         dtype = next(model.parameters()).dtype
-        self.kernels = kernel_sets.select(config.kernels, self.device, dtype, config.native_kernels)
+        self.kernels = plan.kernels
         if config.kernel_layers:
             self.kernels = hub_layers.bind(model, config.kernel_layers, self.installation, self.kernels)
-        logger.info("kernel set for %s on %s: %s", dtype, self.device, self.kernels.describe())
         self.attention = select_backend(self.kernels, pool.dtype)
-        self.bf16_matmuls = bf16_matmuls
-        self.fast_linear: fast_linear.FastLinear | None = None
-        if config.fast_linear and cpu:
-            self.fast_linear = fast_linear.FastLinear(
+        self.bf16_matmuls = plan.bf16_matmuls
+        self.threads = plan.threads
+        self.fast_linear: dense_linear.DenseLinear | None = None
+        if plan.linear_paths:
+            self.fast_linear = dense_linear.DenseLinear(
                 model, self.installation, self.kernels.linear_for(dtype), self.bf16_matmuls
             )
         self.quant, self.quantization = quantization.apply(
@@ -83,15 +82,26 @@ class ModelRunner:
             self.installation,
             self.kernels.linear_for(dtype),
             gguf,
-            cpu,
+            devices.is_host(self.device),
             self.bf16_matmuls and self.fast_linear is not None,
-            int8=int8_activations,
+            int8=plan.int8_activations,
         )
         self._build_linear_layouts()
         self.matmul_choice = self._describe_matmuls()
         self.scope = ForwardScope([r for r in (self.fast_linear, self.quant) if r is not None])
         self.paths: list[ForwardPath] = self._assemble(config, tensor_parallel)
-        logger.info("forward paths: %s", ", ".join(p.name for p in self.paths))
+        self.plan = dataclasses.replace(
+            plan,
+            runner=RunnerChoices(
+                kernels=self.kernels.describe(),
+                attention=self.attention.describe(),
+                quantization=self.quantization,
+                matmuls=self.matmul_choice,
+                native_decode=self.native_decode_choice,
+                cuda_graphs=self.decode_graphs_choice,
+                forward_paths=tuple(p.name for p in self.paths),
+            ),
+        )
 
     def _assemble(self, config: EngineConfig, tensor_parallel: TensorParallelGroup | None) -> list[ForwardPath]:
         """The forward paths that apply here, in the order a step tries them."""
@@ -166,7 +176,7 @@ class ModelRunner:
         return text
 
     def _build_linear_layouts(self) -> None:
-        """The fast-linear router's derived weight copies, made now for the layers whose calls may take them;
+        """The dense linear paths' derived weight copies, made now for the layers whose calls may take them;
         a layer the packed kernels serve at every bucket makes its copy only if a call ever needs it."""
         if self.fast_linear is None:
             return
@@ -197,6 +207,7 @@ class ModelRunner:
         """Logits [num_sampled, vocab] for the requests that sample a token this step, followed by the rows of
         prompt positions whose log-probabilities were asked for (`prompt_logprobs.extra_rows`), then every
         position of the draft runs."""
+        self.threads.apply(batch.num_tokens)
         return self.run(ForwardStep(batch, build=self.builder))
 
     def run(self, step: ForwardStep) -> torch.Tensor:

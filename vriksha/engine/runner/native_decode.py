@@ -4,7 +4,7 @@ At small decode batches the lean forward (`runner/lean_forward.py`) spends more 
 a dozen ctypes calls, views and allocations per layer, a Python attention function with its own bookkeeping.
 Here the same kernels run in the same order from one C loop over the layers, with each layer's weight, norm
 and KV-pool pointers prepared once: the embedding, the rotary table, the final norm and the LM head stay in
-Python (one call each per step). A linear layer runs packed where `QuantLinear` routes that batch size to its
+Python (one call each per step). A linear layer runs packed where `PackedLinear` routes that batch size to its
 packed kernel, else on its float32 weight with the native linear kernel.
 
 It takes a step only when every token is a decode row (no draft run), at most `max_batch` of them (short
@@ -24,12 +24,12 @@ import torch
 from torch import nn
 
 import vriksha.device as devices
-from vriksha.engine import native
 from vriksha.engine.attention.batch import AttentionBatch
 from vriksha.engine.core.kv_pool import KVPool
-from vriksha.engine.native import isa
-from vriksha.engine.native.quant import KINDS, PATHS
-from vriksha.engine.quant_linear import BUCKETS, QuantLinear, bucket_index
+from vriksha.engine.platform import native
+from vriksha.engine.platform.native import isa
+from vriksha.engine.platform.native.quant import KINDS, PATHS
+from vriksha.engine.platform.packed_linear import BUCKETS, PackedLinear, bucket_index
 from vriksha.engine.runner.forward_path import ForwardScope
 from vriksha.engine.runner.lean_forward import decoder_layers, unsupported_reason
 from vriksha.engine.runner.step import ForwardStep
@@ -150,7 +150,7 @@ class NativeDecode:
         model: nn.Module,
         kernels,
         pool: KVPool,
-        quant: QuantLinear | None,
+        quant: PackedLinear | None,
         scope: ForwardScope | None = None,
     ) -> None:
         reason = unsupported(model, kernels, pool)
@@ -172,7 +172,7 @@ class NativeDecode:
         self._plans: dict[int, tuple[_Model, ctypes.Array, tuple]] = {}  # per packed-kernel bucket
 
     def weights_updated(self) -> None:
-        """After a weight update: the packed routes may have changed (`QuantLinear.refresh`)."""
+        """After a weight update: the packed routes may have changed (`PackedLinear.refresh`)."""
         self._plans.clear()
 
     def accepts(self, step: ForwardStep) -> bool:

@@ -16,13 +16,13 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from vriksha.cache import announce_first_load, read_json, write_json
-from vriksha.cpu_features import cpu_features
+from vriksha.artifact_store import announce_first_load, read_json, write_json
 from vriksha.engine.attention.backend import AttentionBackend
 from vriksha.engine.attention.batch import AttentionBatch
 from vriksha.engine.core.kv_pool import KVPool
-from vriksha.engine.quant_linear import QuantLinear
-from vriksha.engine.quant_linear import source_digest as quant_source_digest
+from vriksha.engine.platform.cpu_features import cpu_features
+from vriksha.engine.platform.packed_linear import PackedLinear
+from vriksha.engine.platform.packed_linear import source_digest as quant_source_digest
 from vriksha.engine.runner.forward_path import ForwardPath, ForwardScope
 from vriksha.engine.runner.native_decode import SOURCE, NativeDecode
 from vriksha.engine.runner.step import ForwardStep, StepInputs
@@ -38,7 +38,7 @@ def set_up(
     model: nn.Module,
     kernels,
     pool: KVPool,
-    quant: QuantLinear | None,
+    quant: PackedLinear | None,
     lean: ForwardPath | None,
     attention: AttentionBackend,
     scope: ForwardScope,
@@ -101,7 +101,7 @@ def measure(
 
 
 def choice_key(
-    model: nn.Module, kernels, quant: QuantLinear | None, pool: KVPool, bf16_matmuls: bool = False
+    model: nn.Module, kernels, quant: PackedLinear | None, pool: KVPool, bf16_matmuls: bool = False
 ) -> str:
     """What `auto`'s measurement depends on: the layers' shapes and dtypes, which of them are packed and how,
     the KV pool's layout, the kernel set, whether the lean path's fp32 matmuls may run in bf16 arithmetic,

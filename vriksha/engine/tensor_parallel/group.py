@@ -24,8 +24,8 @@ import torch.distributed as dist
 from torch import nn
 
 import vriksha.device as devices
-from vriksha import fast_dtype
 from vriksha.engine.config import EngineConfig
+from vriksha.engine.platform import compute_dtype
 from vriksha.engine.runner.step import ForwardStep
 from vriksha.engine.tensor_parallel import worker
 from vriksha.engine.tensor_parallel.comm import Collectives, check_no_group
@@ -84,7 +84,7 @@ class TensorParallelGroup:
         self.size = size = config.tensor_parallel_size
         check_size(config, size)
         self.device = devices.local_device(0, config.device)
-        self.dtype_choice = fast_dtype.resolve(config.dtype, config.model, self.device)
+        self.dtype_choice = compute_dtype.resolve(config.dtype, config.model, self.device)
         self.failure: TensorParallelError | None = None
         self.comm: Collectives | None = None
         self._threads = torch.get_num_threads()
