@@ -197,32 +197,29 @@ class Options:
         out: dict[str, Any] = {}
         nested: dict[str, dict[str, Any]] = {}
         for key, value in data.items():
+            if key not in sections:
+                continue
+            if isinstance(value, sections[key]):
+                out[key] = value
+            elif isinstance(value, Mapping):
+                nested[key] = dict(value)
+            else:
+                raise ConfigError(
+                    f"{cls.options_label} option {key} is a section: give a mapping of its options, got {value!r}"
+                )
+        for key, value in data.items():
             if key in sections:
-                if isinstance(value, sections[key]):
-                    out[key] = value
-                    continue
-                if not isinstance(value, Mapping):
-                    raise ConfigError(
-                        f"{cls.options_label} option {key} is a section: give a mapping of its options, "
-                        f"got {value!r}"
-                    )
-                for name, v in value.items():
-                    nested.setdefault(key, {})
-                    if name in nested[key]:
-                        raise ConfigError(f"{cls.options_label} option {name} is given twice")
-                    nested[key][name] = v
-            elif key in owner:
+                continue
+            if key in owner:
                 where = owner[key]
-                if key in nested.setdefault(where, {}):
+                if key in nested.get(where, {}) or where in out:
                     raise ConfigError(
-                        f"{cls.options_label} option {key} is given twice (in the {where} section and beside it)"
+                        f"{cls.options_label} option {key} is given twice: in the {where} section and beside it"
                     )
-                nested[where][key] = value
+                nested.setdefault(where, {})[key] = value
             else:
                 out[key] = cls._checked(known[key], value) if check else value
         for where, values in nested.items():
-            if where in out:
-                raise ConfigError(f"{cls.options_label} section {where} is given twice")
             sub = sections[where]
             out[where] = sub.from_dict(values) if check else sub(**values)
         return out
@@ -252,3 +249,18 @@ class Options:
             elif not changed_only or value != f.default:
                 out[f.name] = value
         return out
+
+    def to_args(self, changed_only: bool = True, exclude: Iterable[str] = ()) -> list[str]:
+        """The command-line flags that give these options (`changed_only`: those differing from the defaults),
+        sections included: what `from_args` reads back."""
+        skip = set(exclude)
+        flags: list[str] = []
+        for where, f in type(self).option_fields():
+            value = getattr(getattr(self, where) if where else self, f.name)
+            if f.name in skip or (changed_only and value == f.default):
+                continue
+            if isinstance(value, bool):
+                flags.append(f"--{_flag(f)}" if value else f"--no-{_flag(f)}")
+            elif value is not None:
+                flags += [f"--{_flag(f)}", str(value)]
+        return flags

@@ -12,7 +12,8 @@ import pytest
 
 import vriksha.engine.core
 from tests.engine.conftest import ENGINE_TEST_OPTIONS, tiny_model
-from vriksha import LLM, SamplingParams
+from vriksha import LLM, EngineConfig, SamplingParams
+from vriksha.engine.config import PlatformConfig
 from vriksha.engine.core.structured_outputs import StructuredOutputsParams
 
 CORE = Path(vriksha.engine.core.__file__).parent
@@ -111,3 +112,12 @@ def test_the_plan_is_one_frozen_record_with_the_runners_choices(default_tokenize
     assert plan.runner.forward_paths[-1] == "transformers forward"
     lines = plan.lines()
     assert any(line.startswith("dtype ") for line in lines) and any("native decode" in line for line in lines)
+
+
+def test_cpu_tuning_options_live_in_the_platform_section():
+    platform = {f.name for f in dataclasses.fields(PlatformConfig)}
+    top = {f.name for f in dataclasses.fields(EngineConfig)}
+    tuning = {"fast_linear", "fast_forward", "native_decode", "native_kernels", "kernels", "fp32_precision",
+              "packed_activations", "host_malloc_tuning", "front_end_core", "cuda_graphs"}  # fmt: skip
+    assert tuning <= platform and not tuning & top
+    assert "platform" in top

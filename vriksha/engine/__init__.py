@@ -22,4 +22,6 @@ Rules (tests/engine/test_engine_rules.py checks them):
 2. Platform decisions are made once, at load, into `platform.plan.PlatformPlan` (the runner adds its own as it
    assembles); no step decides any of them again. `vriksha generate --verbose` prints the plan; the engine
    logs it.
+3. CPU and platform tuning options live in the platform section of the config (`EngineConfig.platform`, a
+   `PlatformConfig`), apart from the serving options; each keeps its flag and its name in code and files.
 """

@@ -11,7 +11,7 @@ import torch
 
 from tests.tiny_llama import embedded_tokenizer, tiny_llama
 from vriksha import LLM, SamplingParams
-from vriksha.engine.config import EngineConfig
+from vriksha.engine.config import PlatformConfig
 from vriksha.engine.core.grammar import CPU_OVERLAP_MIN_BATCH, GrammarEngine, overlap_plan
 from vriksha.engine.core.structured_outputs import StructuredOutputsParams
 from vriksha.errors import ConfigError
@@ -71,7 +71,7 @@ def test_the_option_chooses_the_mode():
     expected = (True, spare, 1) if spare >= 1 else (True, 1, CPU_OVERLAP_MIN_BATCH)
     assert overlap_plan("auto", on_host=True) == expected
     with pytest.raises(ConfigError, match="grammar_overlap"):
-        EngineConfig(grammar_overlap="sometimes")
+        PlatformConfig(grammar_overlap="sometimes")
 
 
 def test_overlap_changes_no_token(llms):

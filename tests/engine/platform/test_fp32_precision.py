@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from vriksha.engine.config import EngineConfig
+from vriksha.engine.config import EngineConfig, PlatformConfig
 from vriksha.engine.platform import dense_linear, fp32_precision
 from vriksha.engine.platform.module_installation import ModuleInstallation
 from vriksha.errors import ConfigError
@@ -29,7 +29,7 @@ def test_resolve_allows_bf16_only_for_auto_fp32_on_a_capable_cpu():
     with pytest.raises(ConfigError, match="fp32_precision must be one of"):
         fp32_precision.resolve("tf32", torch.float32, dtype_measured=True, cpu=True)
     with pytest.raises(ConfigError, match="fp32_precision must be auto, ieee or bf16"):
-        EngineConfig(fp32_precision="half")
+        PlatformConfig(fp32_precision="half")
 
 
 def test_the_torch_setting_is_restored_after_each_call():

@@ -52,8 +52,8 @@ def test_kernels_flag_reaches_the_config():
     EngineConfig.add_arguments(parser)
     args = parser.parse_args(["--kernels", "torch", "--kernel-layers", "RMSNorm=/x"])
     config = EngineConfig.from_args(args)
-    assert (config.kernels, config.kernel_layers) == ("torch", "RMSNorm=/x")
-    assert EngineConfig().kernels == "auto"
+    assert (config.platform.kernels, config.platform.kernel_layers) == ("torch", "RMSNorm=/x")
+    assert EngineConfig().platform.kernels == "auto"
 
 
 class CountingKernels(kernel_sets.TorchKernels):

@@ -26,6 +26,7 @@ import torch
 
 from tests.engine.conftest import ENGINE_TEST_OPTIONS, tiny_model
 from vriksha import LLM, SamplingParams
+from vriksha.engine.config import PlatformConfig
 from vriksha.engine.platform.module_installation import ModuleInstallation
 from vriksha.engine.platform.native.quant import BF16_PATHS, INT8_PATHS, quant_kernels
 from vriksha.engine.platform.packed_linear import BUCKETS, PackedLinear
@@ -352,9 +353,9 @@ def test_the_option_is_a_flag():
         parser.parse_args(["--quantization", "q2"])
     args = parser.parse_args(["--packed-activations", "int8"])
     assert EngineConfig.from_args(args).packed_activations == "int8"
-    assert EngineConfig().packed_activations == "auto"
+    assert EngineConfig().platform.packed_activations == "auto"
     with pytest.raises(ConfigError, match="packed_activations must be one of auto, int16, int8"):
-        EngineConfig(packed_activations="int4")
+        PlatformConfig(packed_activations="int4")
 
 
 def test_large_buckets_are_extrapolated_not_timed(kernels, monkeypatch):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.engine.conftest import assert_same_samples, engines_over, tiny_model
-from vriksha.engine.config import EngineConfig
+from vriksha.engine.config import PlatformConfig
 from vriksha.engine.core.async_engine import AsyncEngine
 from vriksha.engine.platform.step_threads import SMALL_STEP_TOKENS, StepThreads
 from vriksha.errors import ConfigError
@@ -56,7 +56,7 @@ def test_one_thread_stays_one():
 
 def test_the_option_is_checked():
     with pytest.raises(ConfigError, match="front_end_core must be one of auto, on, off"):
-        EngineConfig(front_end_core="sometimes")
+        PlatformConfig(front_end_core="sometimes")
 
 
 def test_the_async_engine_is_a_front_end(default_tokenizer):

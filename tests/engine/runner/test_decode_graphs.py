@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from tests.engine.conftest import ENGINE_TEST_OPTIONS, tiny_model
-from vriksha import LLM, EngineConfig, SamplingParams
+from vriksha import LLM, SamplingParams
+from vriksha.engine.config import PlatformConfig
 from vriksha.engine.core.batch import ForwardBatch
 from vriksha.engine.runner.decode_graphs import DecodeGraphs, capture_sizes
 from vriksha.engine.runner.step import ForwardStep
@@ -184,9 +185,9 @@ def test_choice_on_the_cpu_and_bad_values(default_tokenizer):
     off = LLM.from_module(tiny_model("llama", VOCAB), default_tokenizer, **OPTIONS, cuda_graphs="off")
     assert off.engine.runner.decode_graphs_choice == "off"
     with pytest.raises(ConfigError, match="cuda_graphs must be one of auto, on, off"):
-        EngineConfig(cuda_graphs="always")
+        PlatformConfig(cuda_graphs="always")
     with pytest.raises(ConfigError, match="cuda_graph_max_batch must be a positive integer"):
-        EngineConfig(cuda_graph_max_batch=0)
+        PlatformConfig(cuda_graph_max_batch=0)
 
 
 def _cuda_pair(family: str, **options):

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from tests.engine.conftest import ENGINE_TEST_OPTIONS, assert_same_samples, tiny_model
-from vriksha import LLM, EngineConfig, SamplingParams
+from vriksha import LLM, SamplingParams
+from vriksha.engine.config import PlatformConfig
 from vriksha.engine.platform import native
 from vriksha.engine.runner.lean_forward import LeanForward
 from vriksha.engine.runner.native_decode import NativeDecode
@@ -135,7 +136,7 @@ def test_off_switch_auto_and_fallbacks(default_tokenizer):
     assert torch_set.engine.runner.path(NativeDecode) is None
     assert "not a native one" in torch_set.engine.runner.native_decode_choice
     with pytest.raises(ConfigError, match="native_decode must be one of auto, on, off"):
-        EngineConfig(native_decode="yes")
+        PlatformConfig(native_decode="yes")
 
 
 def test_long_prefill_chunks_keep_the_lean_forward_short_ones_run_as_decode_rows(default_tokenizer):

@@ -31,7 +31,7 @@ class EngineDeadError(VrikshaError):
 
 class AsyncEngine:
     def __init__(self, engine: LLMEngine | None = None, **config_kwargs) -> None:
-        self.engine = engine or LLMEngine(EngineConfig(**config_kwargs))
+        self.engine = engine or LLMEngine(EngineConfig.from_flat(**config_kwargs))
         self.engine.step_threads.front_end = True  # the event loop of whoever awaits us shares the process
         logger.info("engine threads: %s", self.engine.step_threads.describe())
         self._commands: queue.Queue[tuple[Callable[[LLMEngine], Any], concurrent.futures.Future]] = (

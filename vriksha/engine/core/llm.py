@@ -40,7 +40,7 @@ class LLM:
         owns = engine is None if owns_engine is None else owns_engine
         if engine is None:
             if config is None:
-                config = EngineConfig(model=model, **config_kwargs)
+                config = EngineConfig.from_flat(model=model, **config_kwargs)
             elif model is not None or config_kwargs:
                 raise InvalidRequestError("pass either config or model and engine options, not both")
             engine = LLMEngine(config)

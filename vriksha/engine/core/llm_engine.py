@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import logging
 import time
@@ -116,8 +115,8 @@ class LLMEngine:
         """An engine around an existing module: its parameters are used in place, never copied.
         `close()` hands the module back as it came."""
         if config is not None and config_kwargs:
-            config = dataclasses.replace(config, **config_kwargs)
-        return cls(config or EngineConfig(**config_kwargs), model=module, tokenizer=tokenizer)
+            config = config.replace(**config_kwargs)
+        return cls(config or EngineConfig.from_flat(**config_kwargs), model=module, tokenizer=tokenizer)
 
     def _eos_ids(self) -> frozenset[int]:
         ids: set[int] = set()
@@ -231,7 +230,7 @@ class LLMEngine:
             from vriksha.engine.core.grammar import GrammarEngine, overlap_plan
 
             overlap, threads, min_batch = overlap_plan(
-                self.config.grammar_overlap, devices.is_host(self.device)
+                self.config.platform.grammar_overlap, devices.is_host(self.device)
             )
             self._grammar = GrammarEngine(
                 self.tokenizer, self.vocab_size, self.eos_token_ids, overlap, threads, min_batch

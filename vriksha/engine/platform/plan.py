@@ -108,22 +108,22 @@ def resolve(
     param = next(model.parameters())
     device, model_dtype = param.device, param.dtype
     host = devices.is_host(device)
-    malloc = host_malloc.keep_freed_memory(config.host_malloc_tuning) if host else None
+    malloc = host_malloc.keep_freed_memory(config.platform.host_malloc_tuning) if host else None
     measured = not tensor_parallel and dtype.how.startswith(("measured", "cached"))
-    bf16 = fp32_precision.resolve(config.fp32_precision, model_dtype, measured, host)
-    kernels = kernel_sets.select(config.kernels, device, model_dtype, config.native_kernels)
+    bf16 = fp32_precision.resolve(config.platform.fp32_precision, model_dtype, measured, host)
+    kernels = kernel_sets.select(config.platform.kernels, device, model_dtype, config.platform.native_kernels)
     logger.info("kernel set for %s on %s: %s", model_dtype, device, kernels.describe())
     return PlatformPlan(
         device=device,
         dtype=dtype,
         bf16_matmuls=bf16,
-        int8_activations=int8_activations(config.packed_activations, config.fp32_precision, measured),
+        int8_activations=int8_activations(config.platform.packed_activations, config.platform.fp32_precision, measured),
         kv_dtype=kv_cache_dtype(config.kv_cache_dtype, model_dtype, bf16, tensor_parallel),
         kv_cache_dtype=config.kv_cache_dtype,
         host_malloc=malloc,
-        threads=StepThreads(config.front_end_core, host and not tensor_parallel),
+        threads=StepThreads(config.platform.front_end_core, host and not tensor_parallel),
         kernels=kernels,
-        linear_paths=config.fast_linear and host,
+        linear_paths=config.platform.fast_linear and host,
         mask_kernel=bitmask_kernel() if host else None,
     )
 

@@ -66,8 +66,8 @@ class ModelRunner:
         self.installation.set_attn_implementation(register_attention())
         dtype = next(model.parameters()).dtype
         self.kernels = plan.kernels
-        if config.kernel_layers:
-            self.kernels = hub_layers.bind(model, config.kernel_layers, self.installation, self.kernels)
+        if config.platform.kernel_layers:
+            self.kernels = hub_layers.bind(model, config.platform.kernel_layers, self.installation, self.kernels)
         self.attention = select_backend(self.kernels, pool.dtype)
         self.bf16_matmuls = plan.bf16_matmuls
         self.threads = plan.threads
@@ -106,16 +106,16 @@ class ModelRunner:
     def _assemble(self, config: EngineConfig, tensor_parallel: TensorParallelGroup | None) -> list[ForwardPath]:
         """The forward paths that apply here, in the order a step tries them."""
         lean: LeanForward | None = None
-        if config.fast_forward:
+        if config.platform.fast_forward:
             try:
                 lean = LeanForward(self.model, self.kernels, self.scope)
             except ValueError as exc:
                 logger.info("Transformers forward for every step: %s", exc)
         excluded = (
-            "tensor parallel or hub kernel layers" if config.tensor_parallel_size > 1 or config.kernel_layers else None
+            "tensor parallel or hub kernel layers" if config.tensor_parallel_size > 1 or config.platform.kernel_layers else None
         )
         native, self.native_decode_choice = native_decode_choice.set_up(
-            config.native_decode,
+            config.platform.native_decode,
             self.model,
             self.kernels,
             self.pool,
@@ -140,7 +140,7 @@ class ModelRunner:
 
     def _set_up_decode_graphs(self, config: EngineConfig, lean: bool) -> tuple[DecodeGraphs | None, str]:
         """The decode graphs path for `--cuda-graphs`, or None, and what was decided (logs, --verbose)."""
-        mode = config.cuda_graphs
+        mode = config.platform.cuda_graphs
         if mode == "off":
             return None, "off"
         if devices.graph_module(self.device) is None:
@@ -153,7 +153,7 @@ class ModelRunner:
             return None, (
                 "off: the kernel set's decode attention gathers K/V (the triton set reads the pool in place)"
             )
-        max_batch = min(config.cuda_graph_max_batch, config.max_num_seqs, config.max_num_batched_tokens)
+        max_batch = min(config.platform.cuda_graph_max_batch, config.max_num_seqs, config.max_num_batched_tokens)
         try:
             graphs = DecodeGraphs(self.run, self.model, self.pool, self.table.table, self.attention, max_batch)
         except Exception as exc:  # a forward that cannot be captured, e.g. one that reads a device value

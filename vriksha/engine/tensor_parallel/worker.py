@@ -73,7 +73,7 @@ def _serve(
     device = devices.local_device(rank, config.device)
     if devices.is_host(device):
         torch.set_num_threads(threads)
-        host_malloc.keep_freed_memory(config.host_malloc_tuning)
+        host_malloc.keep_freed_memory(config.platform.host_malloc_tuning)
     model = load_model(config.model, dtype=config.dtype, device=device).model
     store.set(f"loaded/{rank}", "1")
     comm = Collectives(store, rank, size, device, timeout_s)
