@@ -3,7 +3,7 @@
 Its rooms, and what a request meets in each (docs/engine.md, "The engine's rooms"):
 
 - `core/`: requests, batches, the scheduler, the cache manager and radix cache, the KV pool, the sampler, the
-  engine loop (`llm_engine.py`), the offline API (`llm.py`) and the async engine servers drive.
+  engine loop (`core/llm_engine.py`), the offline API (`llm.py`) and the async engine servers drive.
 - `runner/`: the load (`load.py`), the flattened batch of a step, and the forward paths behind one protocol,
   assembled once at load into an ordered chain.
 - `attention/`: one attention backend interface; a backend per kernel set and KV pool dtype, chosen at load.

@@ -8,7 +8,7 @@ decode step streams the whole model, and routes every call to the winner. The ch
 chooser is engaged (the engine's forward passes); training forwards use `F.linear` as usual. The replaced
 `forward`s are recorded in the engine's `ModuleInstallation`, which puts the originals back.
 Derived weight layouts are rebuilt by `refresh()` after the weights change in place. Where the engine allows it
-(`fp32_precision.py`), fp32 layers also time `F.linear` in bf16 arithmetic (no weight copy) and take it at
+(`platform/fp32_precision.py`), fp32 layers also time `F.linear` in bf16 arithmetic (no weight copy) and take it at
 the batch sizes where it measured faster.
 """
 

@@ -4,7 +4,7 @@ A kernel set supplies the operations the engine's forward runs outside Transform
 the residual add fused), SiLU gating, rotary embedding, decode attention over the KV pool in place, and a
 linear kernel that `DenseLinear` measures against torch's paths. `TorchKernels` is torch's ops (every device
 and dtype); `NativeKernels` the engine's C kernels (CPU, float32 and bfloat16), one set per
-instruction-set variant; `triton` the Triton kernels (triton_kernels.py) on the devices Triton compiles
+instruction-set variant; `triton` the Triton kernels (platform/triton_kernels.py) on the devices Triton compiles
 for, when triton is installed. `select(name, device, dtype)` resolves `--kernels auto|torch|native|<name>`;
 `available(device, dtype)` lists the sets that run there, best first.
 

@@ -2,10 +2,10 @@
 
 Resolved in three steps. Before the weights are read, the compute dtype (`resolve_dtype`: the measured choice
 of `compute_dtype.py`, with the packed GGUF blocks' say from `quantization.packed_dtype`). Once the model is
-in memory (`resolve`): whether an fp32 model's matmuls may run in bf16 arithmetic (`fp32_precision.py`), what
+in memory (`resolve`): whether an fp32 model's matmuls may run in bf16 arithmetic (`platform/fp32_precision.py`), what
 the packed kernels may round activations to (`quantization.int8_activations`), the KV pool's dtype, glibc
-malloc's thresholds (`host_malloc.py`), how many threads a step runs on (`step_threads.py`), the kernel set
-(`kernel_sets.py`) and whether linear layers take measured paths. The model runner then takes the decisions
+malloc's thresholds (`host_malloc.py`), how many threads a step runs on (`platform/step_threads.py`), the kernel set
+(`platform/kernel_sets.py`) and whether linear layers take measured paths. The model runner then takes the decisions
 that need the model installed and timed (the packed weights, the linear paths' bf16 buckets, the attention
 backend, native decode, CUDA graphs and the chain of forward paths) and records them in `runner`.
 

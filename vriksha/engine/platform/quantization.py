@@ -16,7 +16,7 @@ The dtype follows from the weights served (`packed_dtype`): under `dtype="auto"`
 linear layer the packed kernels serve runs float32 when a packed decode step (one row, measured on the file's
 shapes before loading) beats the dense decode step of every dtype `compute_dtype` timed. Decode then reads the
 4-bit blocks whatever the dtype, and float32 is the dtype whose decode steps run as one native call
-(`native_decode.py`); bf16 would keep only its edge on large prefill matmuls.
+(`runner/native_decode.py`); bf16 would keep only its edge on large prefill matmuls.
 
 The packed integer paths round each block of 32 activations to int16 or to int8 (`packed_activations`,
 `int8_activations`): int16 keeps the dequantized model's greedy tokens; int8 (llama.cpp's Q8 numerics, up
@@ -157,7 +157,7 @@ def apply(
     """Decide what to serve for `requested` and install it; returns the packed linear layers (None for dense) and why.
     `dense_kernels`: the native linear kernels of the model's dtype, the dense path packed layers are timed
     against; `cpu`: whether the model runs on the host; `bf16`: the dense path of an fp32 model may run in
-    bf16 arithmetic (`fp32_precision.py`); `int8`: the packed kernels may round activations to int8."""
+    bf16 arithmetic (`platform/fp32_precision.py`); `int8`: the packed kernels may round activations to int8."""
     if requested not in MODES:
         raise ConfigError(f"engine option quantization must be one of {', '.join(MODES)}, got {requested!r}")
     dtype = next(model.parameters()).dtype

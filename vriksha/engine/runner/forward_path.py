@@ -1,6 +1,6 @@
 """The forward paths: each computes a step's logits one way, and says which steps it takes.
 
-The model runner assembles its paths once at load into an ordered chain (`model_runner.py`); each step runs
+The model runner assembles its paths once at load into an ordered chain (`runner/model_runner.py`); each step runs
 on the first path that accepts it. In chain order: `DecodeGraphs` (decode-only steps replayed from CUDA
 graphs), `NativeDecode` (decode rows through every layer in one native call), `LeanForward` (a flat loop over
 the model's modules) and `TransformersForward` (the model's own forward), the last accepting every step.

@@ -54,7 +54,7 @@ class LeanForward:
     sample_index [S]) -> [S, vocab]` inside the runner's forward scope.
 
     The norms (with the residual adds fused into them), rotary embedding and SiLU gating run through the
-    engine's kernel set (`kernel_sets.py`): with the native one (CPU, float32 or bfloat16) as C loops in
+    engine's kernel set (`platform/kernel_sets.py`): with the native one (CPU, float32 or bfloat16) as C loops in
     place, which at decode batch sizes removes most of the per-layer operator overhead.
     """
 
