@@ -172,7 +172,9 @@ class Options:
                 top[key] = value
         for where, values in per_section.items():
             base = top.get(where, getattr(self, where))
-            top[where] = dataclasses.replace(base if isinstance(base, sections[where]) else sections[where](**base), **values)
+            top[where] = dataclasses.replace(
+                base if isinstance(base, sections[where]) else sections[where](**base), **values
+            )
         return dataclasses.replace(self, **top)
 
     @classmethod

@@ -49,7 +49,9 @@ def test_no_core_module_imports_a_backend():
 def test_core_modules_load_no_backend_when_imported():
     """In a fresh interpreter, the core's modules (all but the engine loop, which loads a model through the
     runner) bring no platform, attention or runner module and no triton with them."""
-    modules = [f"vriksha.engine.core.{p.stem}" for p in CORE.glob("*.py") if p.stem not in (*LOOP, "__init__")]
+    modules = [
+        f"vriksha.engine.core.{p.stem}" for p in CORE.glob("*.py") if p.stem not in (*LOOP, "__init__")
+    ]
     code = (
         "import importlib, json, sys\n"
         f"for m in {modules!r}: importlib.import_module(m)\n"
@@ -108,7 +110,9 @@ def test_the_plan_is_one_frozen_record_with_the_runners_choices(default_tokenize
     plan = llm.engine.plan
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.kv_dtype = None
-    assert plan.runner is not None and plan.runner.forward_paths == tuple(p.name for p in llm.engine.runner.paths)
+    assert plan.runner is not None and plan.runner.forward_paths == tuple(
+        p.name for p in llm.engine.runner.paths
+    )
     assert plan.runner.forward_paths[-1] == "transformers forward"
     lines = plan.lines()
     assert any(line.startswith("dtype ") for line in lines) and any("native decode" in line for line in lines)

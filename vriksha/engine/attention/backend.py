@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vriksha.engine.attention.batch import AttentionBatch, PrefillSegment
+from vriksha.engine.attention.batch import AttentionBatch
 
 # (q [B, H, D] in the pool's dtype, k_pool, v_pool, slots [B, Lmax], lens [B], scale, window) -> [B, H, Dv]
 DecodeKernel = Callable[..., torch.Tensor]
@@ -35,6 +35,8 @@ class LayerCall:
     value: torch.Tensor  # [1, Hkv, T, Dv]
     scaling: float | None  # as the layer gives it (None: 1 / sqrt(D))
     window: int | None  # sliding window, or None
+    k_pool: torch.Tensor  # [slots, Hkv, D]: this layer's K in the pool, the new tokens' written
+    v_pool: torch.Tensor  # [slots, Hkv, Dv]
 
     @property
     def num_heads(self) -> int:
@@ -66,29 +68,18 @@ class AttentionBackend(ABC):
 
     def attend(self, call: LayerCall, batch: AttentionBatch, out: torch.Tensor) -> None:
         """Write the attention output of every token of the batch into `out` [T, H, Dv]."""
-        k_pool, v_pool = batch.pool.k[call.layer], batch.pool.v[call.layer]
         if batch.num_decode:
-            out[: batch.num_decode] = self.decode(call, batch, k_pool, v_pool)
+            out[: batch.num_decode] = self.decode(call, batch)
         for index, seg in enumerate(batch.prefills):
-            out[seg.q_start : seg.q_start + seg.q_len] = self.prefill(call, batch, index, seg, k_pool, v_pool)
+            out[seg.q_start : seg.q_start + seg.q_len] = self.prefill(call, batch, index)
 
     @abstractmethod
-    def decode(
-        self, call: LayerCall, batch: AttentionBatch, k_pool: torch.Tensor, v_pool: torch.Tensor
-    ) -> torch.Tensor:
+    def decode(self, call: LayerCall, batch: AttentionBatch) -> torch.Tensor:
         """[B, H, Dv]: the first `batch.num_decode` queries over their requests' cached tokens."""
 
     @abstractmethod
-    def prefill(
-        self,
-        call: LayerCall,
-        batch: AttentionBatch,
-        index: int,
-        seg: PrefillSegment,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-    ) -> torch.Tensor:
-        """[q_len, H, Dv]: one prefill chunk's queries over its prefix and itself, causally."""
+    def prefill(self, call: LayerCall, batch: AttentionBatch, index: int) -> torch.Tensor:
+        """[q_len, H, Dv]: prefill segment `index`'s queries over its prefix and itself, causally."""
 
     def describe(self) -> str:
         return self.name

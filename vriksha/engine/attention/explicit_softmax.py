@@ -4,21 +4,22 @@ explicitly over gathered K/V, for a layer that has such terms, whatever backend 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from vriksha.engine.attention.backend import AttentionBackend, LayerCall
-from vriksha.engine.attention.batch import AttentionBatch, PrefillSegment
-from vriksha.engine.attention.gathering import decode_queries, gather_decode_kv, gather_prefill_kv
+from vriksha.engine.attention.backend import LayerCall
+from vriksha.engine.attention.batch import AttentionBatch
+from vriksha.engine.attention.gathering import GatheringAttention, gather_prefill_kv
 
 
-@dataclass(slots=True)
-class ExplicitSoftmaxAttention(AttentionBackend):
-    softcap: float | None
-    sinks: torch.Tensor | None  # [H]
+class ExplicitSoftmaxAttention(GatheringAttention):
+    """Decode rows and prefill chunks over gathered K/V, their scores soft-capped and/or joined by the sinks."""
 
     name = "explicit softmax (soft-capping or attention sinks)"
+
+    def __init__(self, softcap: float | None, sinks: torch.Tensor | None) -> None:
+        super().__init__()
+        self.softcap = softcap
+        self.sinks = sinks  # [H]
 
     @classmethod
     def of(cls, module: torch.nn.Module, kwargs: dict) -> ExplicitSoftmaxAttention | None:
@@ -31,37 +32,22 @@ class ExplicitSoftmaxAttention(AttentionBackend):
             return None
         return cls(float(softcap) if softcap else None, sinks)
 
-    def decode(
-        self, call: LayerCall, batch: AttentionBatch, k_pool: torch.Tensor, v_pool: torch.Tensor
-    ) -> torch.Tensor:
-        b = batch.num_decode
-        k, v = gather_decode_kv(call, batch, k_pool, v_pool)
-        q = decode_queries(call, b)
+    def decode_rows(self, call: LayerCall, q, k, v, mask: torch.Tensor) -> torch.Tensor:
         sinks = None if self.sinks is None else self.sinks.view(1, call.num_kv_heads, call.group, 1)
-        o = self.scores_softmax(q.to(k.dtype), k, v, batch.decode_mask(call.window), call.scaling, sinks)
-        return o.reshape(b, call.num_heads, v.shape[-1])
+        return self.scores_softmax(q, k, v, mask, call.scaling, sinks)
 
-    def prefill(
-        self,
-        call: LayerCall,
-        batch: AttentionBatch,
-        index: int,
-        seg: PrefillSegment,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-    ) -> torch.Tensor:
+    def prefill(self, call: LayerCall, batch: AttentionBatch, index: int) -> torch.Tensor:
+        seg = batch.prefills[index]
         s, n = seg.q_start, seg.q_len
         q = call.query[:, :, s : s + n]
-        k, v = gather_prefill_kv(seg, k_pool, v_pool)
+        k, v = gather_prefill_kv(call, seg)
         mask = batch.prefill_mask(index, call.window)
         if mask is None:
             mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
         sinks = None if self.sinks is None else self.sinks.view(1, call.num_heads, 1, 1)
         group = call.group
-        o = self.scores_softmax(
-            q.to(k.dtype), k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), mask, call.scaling, sinks
-        )
-        return o[0].transpose(0, 1)
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        return self.scores_softmax(q.to(k.dtype), k, v, mask, call.scaling, sinks)[0].transpose(0, 1)
 
     def scores_softmax(self, q, k, v, mask, scale, sinks) -> torch.Tensor:
         """q [.., Tq, D], k/v [.., Tk, D] with matching heads; mask bool, broadcastable to [.., Tq, Tk]."""

@@ -64,8 +64,10 @@ def paged_attention(
         if isinstance(batch, LayoutProbe):
             batch.record(module.layer_idx, key, value)
         return _reference_attention(module, query, key, value, attention_mask, scaling, dropout, **kwargs)
-    call = LayerCall(module.layer_idx, query, key, value, scaling, _layer_window(module, kwargs))
-    batch.pool.write(call.layer, batch.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1))
+    layer, pool = module.layer_idx, batch.pool
+    pool.write(layer, batch.slot_mapping, key[0].transpose(0, 1), value[0].transpose(0, 1))
+    window = _layer_window(module, kwargs)
+    call = LayerCall(layer, query, key, value, scaling, window, pool.k[layer], pool.v[layer])
     backend = ExplicitSoftmaxAttention.of(module, kwargs) or batch.backend
     out = query.new_empty(query.shape[2], call.num_heads, value.shape[-1])
     backend.attend(call, batch, out)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from vriksha.engine.attention.backend import LayerCall
-from vriksha.engine.attention.batch import AttentionBatch, PrefillSegment
+from vriksha.engine.attention.batch import AttentionBatch
 from vriksha.engine.attention.gathering import GatheringAttention
 
 
@@ -20,14 +20,11 @@ class PoolDecodeAttention(GatheringAttention):
 
     name = "decode kernel over the pool in place"
 
-    def decode(
-        self, call: LayerCall, batch: AttentionBatch, k_pool: torch.Tensor, v_pool: torch.Tensor
-    ) -> torch.Tensor:
+    def decode(self, call: LayerCall, batch: AttentionBatch) -> torch.Tensor:
         b = batch.num_decode
-        q = call.query[0, :, :b].transpose(0, 1).to(k_pool.dtype).contiguous()  # [B, H, D]
-        return self.decode_kernel(
-            q, k_pool, v_pool, batch.decode_kv_slots, batch.decode_kv_lens, call.scale, call.window
-        )
+        q = call.query[0, :, :b].transpose(0, 1).to(call.k_pool.dtype).contiguous()  # [B, H, D]
+        slots, lens = batch.decode_kv_slots, batch.decode_kv_lens
+        return self.decode_kernel(q, call.k_pool, call.v_pool, slots, lens, call.scale, call.window)
 
 
 class PoolPrefillAttention(GatheringAttention):
@@ -35,22 +32,15 @@ class PoolPrefillAttention(GatheringAttention):
 
     name = "prefill kernel over the pool in place"
 
-    def prefill(
-        self,
-        call: LayerCall,
-        batch: AttentionBatch,
-        index: int,
-        seg: PrefillSegment,
-        k_pool: torch.Tensor,
-        v_pool: torch.Tensor,
-    ) -> torch.Tensor:
+    def prefill(self, call: LayerCall, batch: AttentionBatch, index: int) -> torch.Tensor:
         if call.window is None:
+            seg = batch.prefills[index]
             s, n = seg.q_start, seg.q_len
             q_rows = call.query[0, :, s : s + n].transpose(0, 1).float().contiguous()  # [T, H, D]
-            o = self.prefill_kernel(q_rows, k_pool, v_pool, seg.kv_slots, call.scale)
+            o = self.prefill_kernel(q_rows, call.k_pool, call.v_pool, seg.kv_slots, call.scale)
             if o is not None:
                 return o
-        return super().prefill(call, batch, index, seg, k_pool, v_pool)
+        return super().prefill(call, batch, index)
 
 
 class PoolAttention(PoolDecodeAttention, PoolPrefillAttention):

@@ -30,6 +30,7 @@ from vriksha.profiling import phase
 
 logger = logging.getLogger(__name__)
 
+
 class EngineClosedError(VrikshaError):
     """The engine was closed (its model handed back); it takes no more requests."""
 
@@ -72,7 +73,9 @@ class LLMEngine:
         self.tokenizer = loaded.tokenizer
         self.model_name = loaded.name
         self.plan = plan = loaded.plan  # every platform decision taken at load (`--verbose` prints it)
-        self.tensor_parallel = loaded.tensor_parallel  # a TensorParallelGroup when the engine runs on several ranks
+        self.tensor_parallel = (
+            loaded.tensor_parallel
+        )  # a TensorParallelGroup when the engine runs on several ranks
         self.device = next(self.model.parameters()).device
         self.dtype = next(self.model.parameters()).dtype
         self.dtype_choice = plan.dtype
@@ -85,11 +88,15 @@ class LLMEngine:
         self.eos_token_ids = self._eos_ids()
         self.pool, self.table, self.runner = loaded.pool, loaded.table, loaded.runner
         self.allocator = SlotAllocator(self.pool.num_slots, self.device)
-        self.cache = make_cache_manager(config.enable_prefix_caching, self.allocator, self.table, cache_events)
+        self.cache = make_cache_manager(
+            config.enable_prefix_caching, self.allocator, self.table, cache_events
+        )
         speculator = Speculator(config, self.max_model_len) if config.speculative != "none" else None
         self.scheduler = Scheduler(config, self.cache, speculator)
         native = self.runner.native
-        self.sampler = Sampler(config.seed, native.greedy_pick if native is not None else None, plan.mask_kernel)
+        self.sampler = Sampler(
+            config.seed, native.greedy_pick if native is not None else None, plan.mask_kernel
+        )
         self._grammar = None  # GrammarEngine, built on the first constrained request
         self._groups: dict[str, _Group] = {}
         self._closed = False

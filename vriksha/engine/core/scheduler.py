@@ -28,7 +28,9 @@ logger = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, config: EngineConfig, cache: CacheManager, speculator: Speculator | None = None) -> None:
+    def __init__(
+        self, config: EngineConfig, cache: CacheManager, speculator: Speculator | None = None
+    ) -> None:
         """`speculator`: proposes draft tokens for decoding requests (speculative decoding), or None."""
         self.config = config
         self.cache = cache

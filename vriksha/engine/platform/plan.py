@@ -117,7 +117,9 @@ def resolve(
         device=device,
         dtype=dtype,
         bf16_matmuls=bf16,
-        int8_activations=int8_activations(config.platform.packed_activations, config.platform.fp32_precision, measured),
+        int8_activations=int8_activations(
+            config.platform.packed_activations, config.platform.fp32_precision, measured
+        ),
         kv_dtype=kv_cache_dtype(config.kv_cache_dtype, model_dtype, bf16, tensor_parallel),
         kv_cache_dtype=config.kv_cache_dtype,
         host_malloc=malloc,

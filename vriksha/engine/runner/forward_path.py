@@ -48,7 +48,12 @@ class ForwardScope:
 
     @contextlib.contextmanager
     def __call__(self, attn: AttentionBatch) -> Iterator[None]:
-        with torch.inference_mode(), phase("engine.forward"), forward_context(attn), contextlib.ExitStack() as s:
+        with (
+            torch.inference_mode(),
+            phase("engine.forward"),
+            forward_context(attn),
+            contextlib.ExitStack() as s,
+        ):
             for linear in self.linears:
                 s.enter_context(linear.engaged())
             yield
@@ -70,7 +75,10 @@ class TransformersForward:
         i = step.inputs
         with self.scope(i.attn):
             out = self.model(
-                input_ids=i.input_ids, position_ids=i.position_ids, use_cache=False, logits_to_keep=i.sample_index
+                input_ids=i.input_ids,
+                position_ids=i.position_ids,
+                use_cache=False,
+                logits_to_keep=i.sample_index,
             )
         return out.logits[0]
 

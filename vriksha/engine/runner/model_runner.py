@@ -67,7 +67,9 @@ class ModelRunner:
         dtype = next(model.parameters()).dtype
         self.kernels = plan.kernels
         if config.platform.kernel_layers:
-            self.kernels = hub_layers.bind(model, config.platform.kernel_layers, self.installation, self.kernels)
+            self.kernels = hub_layers.bind(
+                model, config.platform.kernel_layers, self.installation, self.kernels
+            )
         self.attention = select_backend(self.kernels, pool.dtype)
         self.bf16_matmuls = plan.bf16_matmuls
         self.threads = plan.threads
@@ -103,7 +105,9 @@ class ModelRunner:
             ),
         )
 
-    def _assemble(self, config: EngineConfig, tensor_parallel: TensorParallelGroup | None) -> list[ForwardPath]:
+    def _assemble(
+        self, config: EngineConfig, tensor_parallel: TensorParallelGroup | None
+    ) -> list[ForwardPath]:
         """The forward paths that apply here, in the order a step tries them."""
         lean: LeanForward | None = None
         if config.platform.fast_forward:
@@ -112,7 +116,9 @@ class ModelRunner:
             except ValueError as exc:
                 logger.info("Transformers forward for every step: %s", exc)
         excluded = (
-            "tensor parallel or hub kernel layers" if config.tensor_parallel_size > 1 or config.platform.kernel_layers else None
+            "tensor parallel or hub kernel layers"
+            if config.tensor_parallel_size > 1 or config.platform.kernel_layers
+            else None
         )
         native, self.native_decode_choice = native_decode_choice.set_up(
             config.platform.native_decode,
@@ -153,9 +159,13 @@ class ModelRunner:
             return None, (
                 "off: the kernel set's decode attention gathers K/V (the triton set reads the pool in place)"
             )
-        max_batch = min(config.platform.cuda_graph_max_batch, config.max_num_seqs, config.max_num_batched_tokens)
+        max_batch = min(
+            config.platform.cuda_graph_max_batch, config.max_num_seqs, config.max_num_batched_tokens
+        )
         try:
-            graphs = DecodeGraphs(self.run, self.model, self.pool, self.table.table, self.attention, max_batch)
+            graphs = DecodeGraphs(
+                self.run, self.model, self.pool, self.table.table, self.attention, max_batch
+            )
         except Exception as exc:  # a forward that cannot be captured, e.g. one that reads a device value
             devices.synchronize(self.device)
             logger.warning("decode steps stay eager: capturing them as CUDA graphs failed: %s", exc)
