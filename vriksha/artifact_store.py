@@ -1,4 +1,9 @@
-"""Where vriksha keeps what it derives once and reuses: converted models, compiled kernels, linear-path plans."""
+"""The artifact store: where vriksha keeps on disk what it derives once and reuses (converted models, compiled
+kernels, measured timings and the choices made from them), in `$VRIKSHA_CACHE`, default `~/.cache/vriksha`.
+
+Not a cache of requests or KV: those are the engine's radix cache (`engine/core/radix_cache.py`) and the
+router's mirror of it. `loading/`, the engine's platform room and the semantic router all keep artifacts here.
+"""
 
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ def announce_first_load() -> None:
 
 
 def read_json(name: str) -> dict[str, Any]:
-    """The JSON object kept as `name` in the cache dir; empty where it is missing or unreadable."""
+    """The JSON object kept as `name` in the store; empty where it is missing or unreadable."""
     try:
         return json.loads((cache_dir() / name).read_text())
     except (OSError, ValueError):
@@ -41,7 +46,7 @@ def read_json(name: str) -> dict[str, Any]:
 
 
 def write_json(name: str, data: dict[str, Any], what: str) -> None:
-    """Replace `name` in the cache dir with `data` at once (a reader never sees half a file); a failure to
+    """Replace `name` in the store with `data` at once (a reader never sees half a file); a failure to
     write is logged as a warning naming `what` was not saved, never raised."""
     path = cache_dir() / name
     try:

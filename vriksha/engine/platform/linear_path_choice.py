@@ -135,7 +135,7 @@ def bucket_index(buckets: Sequence[int], rows: int) -> int:
 class LinearPathChooser:
     """Routes the calls of some linear layers of one model while engaged; a subclass measures the paths."""
 
-    CACHE_FILE: ClassVar[str]  # under the cache dir
+    CACHE_FILE: ClassVar[str]  # in the artifact store
     WHAT: ClassVar[str]  # what one record is, in logs and warnings
 
     def __init__(self) -> None:
