@@ -50,7 +50,7 @@ def _router_on_bf16(monkeypatch, tmp_path, bf16: bool):
     probe = dense_linear.DenseLinear.__new__(dense_linear.DenseLinear)
     probe.native, probe.bf16 = None, bf16
     plan = {probe.key(layer): ["bf16"] * len(dense_linear.BUCKETS) for layer in model}
-    (tmp_path / "dense_linear.json").write_text(json.dumps(plan))
+    (tmp_path / "fast_linear.json").write_text(json.dumps(plan))
     return model, dense_linear.DenseLinear(model, ModuleInstallation(model), None, bf16)
 
 
@@ -75,7 +75,7 @@ def test_a_router_not_allowed_bf16_never_measures_or_takes_it(monkeypatch, tmp_p
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 96))
     router = dense_linear.DenseLinear(model, ModuleInstallation(model), None, bf16=False)
-    plan = json.loads((tmp_path / "dense_linear.json").read_text())
+    plan = json.loads((tmp_path / "fast_linear.json").read_text())
     assert all("bf16" not in choice for choice in plan.values())
     assert router.bf16_buckets() == []
 
