@@ -352,7 +352,7 @@ def test_the_option_is_a_flag():
     with pytest.raises(SystemExit):
         parser.parse_args(["--quantization", "q2"])
     args = parser.parse_args(["--packed-activations", "int8"])
-    assert EngineConfig.from_args(args).packed_activations == "int8"
+    assert EngineConfig.from_args(args).platform.packed_activations == "int8"
     assert EngineConfig().platform.packed_activations == "auto"
     with pytest.raises(ConfigError, match="packed_activations must be one of auto, int16, int8"):
         PlatformConfig(packed_activations="int4")

@@ -1,6 +1,6 @@
 """Up to which decode batch size the native decode step runs, decided once at load.
 
-`EngineConfig.native_decode`: `auto` measures the native step against the lean forward on a synthetic decode
+`EngineConfig.platform.native_decode`: `auto` measures the native step against the lean forward on a synthetic decode
 step the first time a model of these shapes starts on this CPU, thread count and kernel set (the choice is
 kept in the artifact store as `native_decode.json`), and uses it up to the largest measured batch size where it was
 faster; `on` up to 64; `off` never.
