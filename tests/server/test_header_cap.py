@@ -26,7 +26,9 @@ def router(server, tiny_model_dir, tmp_path_factory):
     cmd = vriksha_command("router", "--model", str(tiny_model_dir), "--port", str(port), log_level="INFO")
     cmd += ["--replica", server.base_url, "--health-interval", "0.3"]
     log = tmp_path_factory.mktemp("router-log") / "router.log"
-    child = Child(cmd, "router", f"http://127.0.0.1:{port}/health", log_path=log, env=child_env(), cwd=str(REPO))
+    child = Child(
+        cmd, "router", f"http://127.0.0.1:{port}/health", log_path=log, env=child_env(), cwd=str(REPO)
+    )
     child.start()
     child.port = port  # type: ignore[attr-defined]
     try:
@@ -38,9 +40,9 @@ def router(server, tiny_model_dir, tmp_path_factory):
 
 def _head(header_bytes: int, close: bool = True) -> bytes:
     connection = b"close" if close else b"keep-alive"
+    pad = b"a" * header_bytes
     return (
-        b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: " + connection + b"\r\nX-Pad: "
-        + b"a" * header_bytes + b"\r\n\r\n"
+        b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: " + connection + b"\r\nX-Pad: " + pad + b"\r\n\r\n"
     )
 
 
@@ -80,6 +82,7 @@ def test_a_head_past_the_cap_gets_431_however_it_arrives(front, request):
     answer = _exchange(port, pieces, pause_s=0.01)
     assert answer.startswith(b"HTTP/1.1 431"), answer[:200]
 
-    answer = _exchange(port, [_head(8 * 1024, close=False) + _head(40 * 1024)])  # pipelined on one read behind a small request
+    pipelined = _head(8 * 1024, close=False) + _head(40 * 1024)  # on one read, behind a small request
+    answer = _exchange(port, [pipelined])
     assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
     assert answer.count(b"HTTP/1.1 ") == 2 and b"HTTP/1.1 431" in answer, answer[-400:]
