@@ -29,7 +29,9 @@ def test_a_small_request_waits_one_turn_not_behind_every_sequence_of_a_flood(def
     while not done:
         done = any(o.request_id == small_id and o.finished for o in engine.step())
     started = sum(s.status is not Status.WAITING for s in flood)
-    assert started <= 2 * SEATS, f"the small request waited for {started} of the flood's 64 sequences to start"
+    assert started <= 2 * SEATS, (
+        f"the small request waited for {started} of the flood's 64 sequences to start"
+    )
     while engine.has_unfinished:
         engine.step()
     assert all(s.finish_reason == "length" for s in flood)

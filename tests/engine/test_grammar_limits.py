@@ -44,7 +44,9 @@ def llm():
 
 
 def _generate(llm: LLM, spec: StructuredOutputsParams, **kw):
-    params = SamplingParams(**{"max_tokens": 16, "temperature": 1.0, "seed": 3, **kw}, structured_outputs=spec)
+    params = SamplingParams(
+        **{"max_tokens": 16, "temperature": 1.0, "seed": 3, **kw}, structured_outputs=spec
+    )
     return llm.generate(["Give me JSON"], params)[0].outputs
 
 
@@ -71,7 +73,9 @@ def test_a_grammar_past_the_size_limit_is_refused_naming_it():
     )
     try:
         schema = {"type": "object", "properties": {f"field_{i}": {"type": "string"} for i in range(200)}}
-        with pytest.raises(InvalidRequestError, match=r"bytes; the server takes at most 2000 \(--grammar-max-bytes"):
+        with pytest.raises(
+            InvalidRequestError, match=r"bytes; the server takes at most 2000 \(--grammar-max-bytes"
+        ):
             _generate(small, StructuredOutputsParams(json=schema))
     finally:
         small.close()

@@ -110,7 +110,7 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
         spec = params.structured_outputs if params is not None else None
-        if spec is not None:  # compiled and checked on a worker thread: a large grammar would stall every step
+        if spec is not None:  # compiled and checked on a worker thread: a large one would stall every step
             await asyncio.to_thread(lambda: self.engine.grammar_engine().compile(spec))
 
         def add(engine: LLMEngine) -> str:

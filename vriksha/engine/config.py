@@ -154,7 +154,8 @@ class EngineConfig:
         choices=GRAMMAR_OVERLAP,
     )
     grammar_max_bytes: int = option(
-        512 * 1024, "structured outputs: largest compiled grammar of one request, in bytes; larger ones get 400"
+        512 * 1024,
+        "structured outputs: largest compiled grammar of one request, in bytes; larger ones get 400",
     )
     grammar_max_branches: int = option(
         1000, "structured outputs: most alternatives in one anyOf/oneOf/choice of a request; more get 400"
