@@ -160,5 +160,7 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
         return JSONResponse({"seq": r.events.seq, "paths": sorted(list(p) for p in r.events.tree.paths())})
 
     if config.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=config.auth_exempt)
+        # /router/mirror takes the internal key instead (checked above), never a client's
+        exempt = config.auth_exempt | {"/router/mirror"}
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=exempt)
     return app
