@@ -120,9 +120,9 @@ class AccessPolicy:
             return (INTERNAL,)
         if path in WEIGHT_PATHS:
             return (WEIGHTS,)
-        if path in _SHARED:
-            return _SHARED[path]
-        return (PUBLIC,) if path in self.exempt else (USER,)
+        if path in self.exempt:
+            return (PUBLIC,)
+        return _SHARED.get(path, (USER,))
 
     def _key(self, role: str) -> str | None:
         return {USER: self.api_key, INTERNAL: self.internal_key, WEIGHTS: self.weights_key}.get(role)

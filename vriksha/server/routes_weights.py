@@ -168,7 +168,7 @@ async def init_transfer(body: InitRequest, request: Request, state: StateDep) ->
             with _errors():
                 await state.engine.call(lambda _e: ctl.updater.init_backend(body.backend, body.init_info))
         except BaseException:
-            ctl.updater.release(token)
+            ctl.updater.release(token, close=False)  # the failed init left no data plane to close
             raise
     logger.info("weight transfer from %s over %s", body.client_id, body.backend)
     return JSONResponse(

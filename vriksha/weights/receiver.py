@@ -45,14 +45,18 @@ def engine_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.data for n, p in model.named_parameters()}
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Transfer:
+    """One trainer's transfer: its calls present `token`, answered by its init."""
+
     client_id: str
     token: str
 
 
 @dataclass(slots=True)
 class Update:
+    """The update in progress: its transfer, its version, and what arrived so far (staged, not applied)."""
+
     token: str
     version: int
     started_at: float
@@ -120,7 +124,7 @@ class WeightUpdater:
                 "another client's weight update is in progress; retry when it finishes"
             )
         for old in [t for t in s.transfers if t.client_id == client_id]:
-            self.release(old.token)
+            self.release(old.token, close=False)  # the new transfer's init replaces the data plane
         token = secrets.token_urlsafe(24)
         s.transfers.append(Transfer(client_id, token))
         return token
@@ -161,11 +165,12 @@ class WeightUpdater:
             self.state.receiver.close()
         self.state.backend = self.state.receiver = None
 
-    def release(self, token: str) -> None:
-        """End the transfer `token` (its unfinished update rolled back); the last one closes the data plane."""
+    def release(self, token: str, close: bool = True) -> None:
+        """End the transfer `token` (its unfinished update rolled back); the last one closes the data plane
+        (`close`; in the engine thread)."""
         self.abort(token)
         self.state.transfers = [t for t in self.state.transfers if t.token != token]
-        if not self.state.transfers:
+        if close and not self.state.transfers:
             self.close_backend()
 
     # ---- one update ---------------------------------------------------------------------------------
