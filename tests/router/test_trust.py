@@ -226,7 +226,11 @@ def test_a_hung_prefill_replica_costs_seconds(fleet) -> None:
     assert prefill.proc is not None
     prefill.proc.send_signal(signal.SIGSTOP)  # accepts connections (the kernel's backlog), answers nothing
     try:
-        body = {"model": _model(decode.url), "prompt": "While the prefill replica hangs: " + LONG, "max_tokens": 2}
+        body = {
+            "model": _model(decode.url),
+            "prompt": "While the prefill replica hangs: " + LONG,
+            "max_tokens": 2,
+        }
         t0 = time.monotonic()
         resp = httpx.post(f"{router.url}/v1/completions", json=body, headers=USER, timeout=120)
         took = time.monotonic() - t0
