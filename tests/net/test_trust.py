@@ -50,6 +50,10 @@ def test_each_path_takes_its_own_role_key() -> None:
 def test_roles_without_a_key_are_closed_even_on_an_open_server() -> None:
     policy = AccessPolicy(None, None, None, frozenset({"/kv/pull", "/pause"}))  # exempt cannot open them
     assert policy.role_of(scope(), "/v1/completions") == USER
+    weights = scope(**{"x-vriksha-weights-key": WEIGHTS_KEY})
+    assert (
+        AccessPolicy(None, None, WEIGHTS_KEY).role_of(weights, "/weight_version") == WEIGHTS
+    )  # not just open
     for path in ("/kv/pull", "/kv_events/snapshot", "/pause", "/update_weights"):
         assert policy.role_of(scope(), path) is None
         status, message, code = policy.refusal(scope(), path)

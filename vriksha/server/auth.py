@@ -128,17 +128,20 @@ class AccessPolicy:
         return {USER: self.api_key, INTERNAL: self.internal_key, WEIGHTS: self.weights_key}.get(role)
 
     def role_of(self, scope: Scope, path: str) -> str | None:
-        """The first role of `path` whose credential the request presents (an open role needs none)."""
+        """The first role of `path` whose credential the request presents, else the first open one (a role
+        that needs no credential); None when neither."""
+        opened = None
         for role in self.roles(path):
             if role == PUBLIC or (role == USER and self.api_key is None):
-                return role
+                opened = opened or role
+                continue
             key = self._key(role)
             if key is None:
                 continue
             given = _presented_key(scope) if role == USER else _header(scope, _HEADER[role])
             if _matches(given, key.encode()):
                 return role
-        return None
+        return opened
 
     def refusal(self, scope: Scope, path: str) -> tuple[int, str, str]:
         """Why a request for `path` presenting no matching credential is refused: (status, message, code)."""
