@@ -4,6 +4,7 @@ tokenized for the policy, then forwarded; plus /health, /metrics and /router/rep
 from __future__ import annotations
 
 import gc
+import hmac
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -18,13 +19,14 @@ from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers
 
 from vriksha.net.offload import off_loop
+from vriksha.net.trust import INTERNAL_HEADER
 from vriksha.router.config import RouterConfig
 from vriksha.router.fast_path import Handler, HotPathApp
 from vriksha.router.pool import ReplicaPool
 from vriksha.router.proxy import Forwarder, NoReplicaError
 from vriksha.router.tokens import PromptTokens
 from vriksha.server.auth import APIKeyMiddleware
-from vriksha.server.errors import BadRequestError, install_error_handlers
+from vriksha.server.errors import AuthenticationError, BadRequestError, install_error_handlers
 from vriksha.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 logger = logging.getLogger(__name__)
@@ -44,6 +46,10 @@ def _parse(model: type[BaseModel], body: bytes) -> Any:
         return model.model_validate(obj)
     except ValidationError as exc:
         raise RequestValidationError(exc.errors()) from exc
+
+
+class InternalOnlyError(AuthenticationError, status=403, code="internal_only"):
+    """A router endpoint for holders of the internal key, asked without it."""
 
 
 def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) -> FastAPI:
@@ -141,8 +147,14 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
         return JSONResponse({"policy": pool.policy.name, "replicas": out})
 
     @app.get("/router/mirror")
-    async def mirror(replica: int) -> Response:
-        """A replica's mirrored tree as leaf paths (for tests and debugging)."""
+    async def mirror(replica: int, request: Request) -> Response:
+        """A replica's mirrored tree as leaf paths (for tests and debugging): the cached prompts of every
+        client, so for holders of the internal key only, never a client's API key."""
+        given = request.headers.get(INTERNAL_HEADER, "")
+        if not config.internal_key or not hmac.compare_digest(given.encode(), config.internal_key.encode()):
+            raise InternalOnlyError(
+                f"/router/mirror shows every client's cached prompts: send the internal key in `{INTERNAL_HEADER}`"
+            )
         if not 0 <= replica < len(pool.replicas):
             raise BadRequestError(
                 f"replica must be in 0..{len(pool.replicas) - 1}, got {replica}", param="replica"
@@ -153,5 +165,7 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
         return JSONResponse({"seq": r.events.seq, "paths": sorted(list(p) for p in r.events.tree.paths())})
 
     if config.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=config.auth_exempt)
+        # /router/mirror takes the internal key instead (checked above), never a client's
+        exempt = config.auth_exempt | {"/router/mirror"}
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=exempt)
     return app

@@ -70,8 +70,7 @@ class Forwarder:
             if not tried - {r.index}:
                 self.pool.metrics.overhead.observe(time.perf_counter() - arrived)
             if self.disagg.wanted(r, tokens, decision.cached_tokens):
-                auth = {k: v for k, v in forwarded.items() if k in ("authorization", "x-api-key")}
-                await self.disagg.prefill(r, tokens, auth)
+                await self.disagg.prefill(r, tokens)
             try:
                 return await self._attempt(r, forwarded, path, body, tokens, stream)
             except _Attempt as exc:

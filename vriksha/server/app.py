@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from vriksha.engine.protocol import EngineProtocol
 from vriksha.server.admission import Admission
-from vriksha.server.auth import APIKeyMiddleware
+from vriksha.server.auth import AccessPolicy, RoleMiddleware
 from vriksha.server.config import ServerConfig
 from vriksha.server.drain import Drain
 from vriksha.server.engine_client import EngineClient
@@ -81,6 +81,6 @@ def create_app(
     app.include_router(kv_router)
     app.include_router(render_router)
     app.include_router(tokenize_router)
-    if config.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=config.auth_exempt)
+    policy = AccessPolicy(config.api_key, config.internal_key, config.weights_key, config.auth_exempt)
+    app.add_middleware(RoleMiddleware, policy=policy)
     return app
