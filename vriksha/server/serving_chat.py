@@ -9,6 +9,7 @@ from fastapi.responses import JSONResponse, Response
 
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
 from vriksha.profiling import phase
+from vriksha.server.call_repeats import RepeatGuard
 from vriksha.server.deltas import DeltaTracker
 from vriksha.server.engine_client import RequestStream
 from vriksha.server.errors import BadRequestError, to_response
@@ -73,11 +74,14 @@ async def create_chat_completion(
     except BaseException:
         await stream.aclose()
         raise
+    guard = RepeatGuard(plan) if plan.forced is not None else None
     if req.stream:
-        return sse_response(_stream(req, state, model, stream, plan), [stream], state.drain)
-    final = await unless_disconnected(request, stream.final(), state.drain)
+        return sse_response(_stream(req, state, model, stream, plan, guard), [stream], state.drain)
+    final = await unless_disconnected(request, _final(stream, guard), state.drain)
     choices = []
     for c in final.outputs:
+        if guard is not None:
+            c = guard.view(c)
         content, calls, finish = message_fields(plan, c.text, c.finish_reason)
         choices.append(
             ChatChoice(
@@ -93,6 +97,20 @@ async def create_chat_completion(
             state.text_of, final.prompt_token_ids, final.prompt_logprobs
         )
     return JSONResponse(body.model_dump())
+
+
+async def _final(stream: RequestStream, guard: RepeatGuard | None) -> RequestOutput:
+    """The last output: the engine's final one, or the one at which every choice repeated a forced call
+    (the request is then aborted)."""
+    if guard is None or not guard.active:
+        return await stream.final()
+    last = None
+    async for out in stream:
+        last = out
+        if guard.settled(out):
+            break
+    assert last is not None
+    return last
 
 
 class _ToolDeltas:
@@ -122,7 +140,12 @@ class _ToolDeltas:
 
 
 async def _stream(
-    req: ChatCompletionRequest, state: ServerState, model: str, stream: RequestStream, plan: ToolPlan
+    req: ChatCompletionRequest,
+    state: ServerState,
+    model: str,
+    stream: RequestStream,
+    plan: ToolPlan,
+    guard: RepeatGuard | None,
 ) -> AsyncIterator[bytes]:
     rid, created = new_id("chatcmpl"), now()
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -141,6 +164,8 @@ async def _stream(
             last = out
             choices = []
             for c in out.outputs:
+                if guard is not None:
+                    c = guard.view(c)
                 d = tracker.advance(c.index, c)
                 if d is None:
                     continue
@@ -163,6 +188,8 @@ async def _stream(
                 )
             if choices:
                 yield chunk(choices)
+            if guard is not None and guard.settled(out):
+                break
         if include_usage and last is not None:
             yield chunk([], _usage(last))
     except Exception as exc:  # headers are sent: report in-band, as OpenAI does
