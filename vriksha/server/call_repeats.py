@@ -91,6 +91,4 @@ class RepeatGuard:
 
     def settled(self, out: RequestOutput) -> bool:
         """Whether every choice has finished or repeated a call: nothing more of the request will be shown."""
-        return self.active and all(
-            c.finished or shown(c.text, self.delimiters).repeated for c in out.outputs
-        )
+        return self.active and all(c.finished or shown(c.text, self.delimiters).repeated for c in out.outputs)

@@ -41,6 +41,12 @@ def _usage(out: RequestOutput) -> Usage:
     )
 
 
+def _usage_before(stream: RequestStream) -> Usage:
+    """The usage before any completion token (the first chunk of a stream, which only names the role)."""
+    first = stream.last
+    return Usage.of(len(first.prompt_token_ids), 0, first.num_cached_tokens) if first else Usage()
+
+
 def _logprobs(
     state: ServerState, req: ChatCompletionRequest, c: CompletionOutput, start: int = 0
 ) -> ChoiceLogprobs | None:
@@ -149,11 +155,14 @@ async def _stream(
 ) -> AsyncIterator[bytes]:
     rid, created = new_id("chatcmpl"), now()
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    continuous = bool(req.stream_options and req.stream_options.continuous)
     tracker = DeltaTracker()
     last: RequestOutput | None = None
     tools: dict[int, _ToolDeltas] = {}
 
     def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> bytes:
+        if usage is None and continuous:  # vLLM's continuous_usage_stats: the usage so far
+            usage = _usage(last) if last is not None else _usage_before(stream)
         body = ChatCompletionChunk(id=rid, created=created, model=model, choices=choices, usage=usage)
         return event(body.model_dump(exclude=None if include_usage else {"usage"}))
 
