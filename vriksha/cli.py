@@ -12,6 +12,7 @@ from vriksha.errors import VrikshaError
 # subcommand -> module with `register(subparsers)`; each module adds its parser and sets `func`.
 SUBCOMMANDS: dict[str, str] = {
     "generate": "vriksha.engine.cli",
+    "tune": "vriksha.engine.tune",
     "serve": "vriksha.server.cli",
     "router": "vriksha.router.cli",
     "fleet": "vriksha.router.fleet",
