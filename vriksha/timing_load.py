@@ -169,11 +169,9 @@ def _warn_once(what: str, reason: str, message: str, *args: Any) -> None:
 def usable(what: str, key: str, record: Any) -> bool:
     """Whether a kept record of `what` may serve this process: not when `vriksha tune` times again, not when it
     was timed under load or before loads were recorded (both with a warning, once per `what`)."""
-    if not isinstance(record, dict):
+    if record is None or (_remeasure and (what, key) not in _fresh):
         return False
-    if _remeasure and (what, key) not in _fresh:
-        return False
-    load = MachineLoad.from_dict(record.get("load"))
+    load = MachineLoad.from_dict(record.get("load")) if isinstance(record, dict) else None
     if load is None:
         _warn_once(
             what,

@@ -174,3 +174,24 @@ def test_tune_times_every_choice_again_and_generate_verbose_says_when(tmp_path, 
     lines = [line for line in shown.stderr.splitlines() if line.startswith("engine: timings: ")]
     assert {line.split(":")[2].strip() for line in lines} >= {"dtype", "linear-path plan", "native decode"}
     assert all("(cached), measured 2" in line and "CPUs" in line for line in lines), lines
+
+
+def test_a_router_record_kept_before_loads_were_recorded_is_timed_again(fresh_process, caplog):
+    import torch
+
+    from vriksha.engine import fast_linear
+    from vriksha.engine.installation import ModuleInstallation
+
+    model = torch.nn.Sequential(torch.nn.Linear(32, 48))
+    probe = fast_linear.FastLinear.__new__(fast_linear.FastLinear)
+    probe.native, probe.bf16 = None, False
+    key = probe.key(model[0])
+    old = {key: ["linear"] * len(fast_linear.BUCKETS)}  # the format before loads were recorded
+    (fresh_process / "fast_linear.json").write_text(json.dumps(old))
+    with caplog.at_level(logging.WARNING, logger="vriksha.timing_load"):
+        fast_linear.FastLinear(model, ModuleInstallation(model), None)
+    assert any("linear-path plan timings carry no machine load" in r.getMessage() for r in caplog.records)
+    entry = json.loads((fresh_process / "fast_linear.json").read_text())[key]
+    assert MachineLoad.from_dict(entry["load"]) is not None and len(entry["timing"]) == len(
+        fast_linear.BUCKETS
+    )
