@@ -153,6 +153,13 @@ class EngineConfig:
         "4 or more constrained sequences",
         choices=GRAMMAR_OVERLAP,
     )
+    grammar_max_bytes: int = option(
+        512 * 1024,
+        "structured outputs: largest compiled grammar of one request, in bytes; larger ones get 400",
+    )
+    grammar_max_branches: int = option(
+        1000, "structured outputs: most alternatives in one anyOf/oneOf/choice of a request; more get 400"
+    )
 
     def __post_init__(self) -> None:
         positive = {
@@ -164,6 +171,8 @@ class EngineConfig:
             "ngram_min": self.ngram_min,
             "ngram_max": self.ngram_max,
             "cuda_graph_max_batch": self.cuda_graph_max_batch,
+            "grammar_max_bytes": self.grammar_max_bytes,
+            "grammar_max_branches": self.grammar_max_branches,
         }
         for name, value in positive.items():
             if not isinstance(value, int) or value < 1:

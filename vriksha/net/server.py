@@ -11,6 +11,7 @@ import uvicorn
 from vriksha.net.body import BodyLimit
 from vriksha.net.config import FrontConfig
 from vriksha.net.fdlimit import raise_fd_limit
+from vriksha.net.head import HeadLimit
 from vriksha.net.logfilter import install_repeat_filter
 from vriksha.net.protocol import guarded_protocol
 
@@ -22,7 +23,7 @@ def front_config(app: Any, host: str, port: int, front: FrontConfig, **uvicorn_k
     front.validate()
     uvicorn_kwargs.setdefault("http", guarded_protocol(front))
     return uvicorn.Config(
-        BodyLimit(app, front.max_body_bytes, front.body_timeout_s),
+        HeadLimit(BodyLimit(app, front.max_body_bytes, front.body_timeout_s), front.max_header_bytes),
         host=host,
         port=port,
         timeout_keep_alive=front.keep_alive_timeout_s,  # type: ignore[arg-type]  # used as a float

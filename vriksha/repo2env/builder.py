@@ -18,6 +18,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from vriksha.envs.sandbox import require_sandbox
+from vriksha.repo2env.archive import UnpackLimits
 from vriksha.repo2env.baseline import run_baseline
 from vriksha.repo2env.bootstrap import Venv, bootstrap, cache_root
 from vriksha.repo2env.errors import Repo2EnvError
@@ -46,6 +47,8 @@ class BuildConfig:
     progress: bool = True
     timeout_s: float = 900.0
     keep: dict = field(default_factory=dict)
+    max_unpacked_mb: float = 1024.0  # an sdist SOURCE may unpack to at most this much
+    max_unpacked_files: int = 100_000  # ... and hold at most this many entries
 
 
 def _round_robin(iters: list[tuple[Pipeline, Iterator[Candidate]]]) -> Iterator[tuple[Pipeline, Candidate]]:
@@ -81,7 +84,7 @@ def build_dataset(
     _prepare_out(out)
     work = cache_root() / "sources"
     work.mkdir(parents=True, exist_ok=True)
-    project = prepare_source(source, work)
+    project = prepare_source(source, work, UnpackLimits.from_mb(cfg.max_unpacked_mb, cfg.max_unpacked_files))
     report = YieldReport(repo=project.name)
     t0 = time.monotonic()
     venv: Venv = bootstrap(project.root, project.content_hash, project.name)

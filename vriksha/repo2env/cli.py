@@ -57,6 +57,18 @@ def register(subparsers) -> None:
     )
     p.add_argument("--timeout", type=float, default=900.0, help="seconds the whole baseline suite may take")
     p.add_argument(
+        "--max-unpacked-mb",
+        type=float,
+        default=1024.0,
+        help="an sdist SOURCE that unpacks to more than this many MiB is refused (default 1024)",
+    )
+    p.add_argument(
+        "--max-unpacked-files",
+        type=int,
+        default=100_000,
+        help="an sdist SOURCE holding more entries than this is refused (default 100000)",
+    )
+    p.add_argument(
         "--sandbox", action="store_true", help="validate: kept for compatibility; every test run is sandboxed"
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
@@ -83,6 +95,8 @@ def handle(args: argparse.Namespace) -> int:
         per_function=args.mutations_per_function,
         progress=not args.no_progress,
         timeout_s=args.timeout,
+        max_unpacked_mb=args.max_unpacked_mb,
+        max_unpacked_files=args.max_unpacked_files,
     )
     report, manifest = build_dataset(args.source, args.out, cfg)
     print(json.dumps(report.to_dict(), indent=1) if args.json else report.render())

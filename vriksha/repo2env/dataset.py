@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import logging
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 from vriksha.repo2env.bootstrap import Venv, _lock, _seed, cache_root, copy_venv
 from vriksha.repo2env.errors import BootstrapError, TaskFormatError
 from vriksha.repo2env.task import DatasetManifest, TaskFiles, load_manifest, load_task
+from vriksha.repo2env.venv_install import install, venv_box
 
 logger = logging.getLogger(__name__)
 
@@ -46,26 +45,12 @@ class Dataset:
             if (target / "bin" / "python").exists():
                 return target
             shutil.rmtree(target, ignore_errors=True)
-            copy_venv(_seed(), target)
             reqs = [r for r in venv.freeze if " @ file://" not in r]
-            if reqs:
-                proc = subprocess.run(
-                    [
-                        sys.executable,
-                        "-m",
-                        "pip",
-                        "--python",
-                        str(target / "bin" / "python"),
-                        "install",
-                        "-q",
-                        *reqs,
-                    ],
-                    capture_output=True,
-                    text=True,
-                    timeout=900,
-                )
-                if proc.returncode:
-                    shutil.rmtree(target, ignore_errors=True)
-                    raise BootstrapError(f"cannot recreate venv {key}: {proc.stderr[-1500:]}")
+            with venv_box(target.parent, f"{key}-") as fresh:
+                copy_venv(_seed(), fresh)
+                failed = install(fresh, reqs, f"the venv {key} (from {spec_path})") if reqs else None
+                if failed is not None:
+                    raise BootstrapError(f"cannot recreate venv {key}: {failed.stderr[-1500:]}")
+                fresh.rename(target)
             logger.info("recreated venv %s from its freeze", key)
         return target

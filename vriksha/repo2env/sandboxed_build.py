@@ -78,7 +78,7 @@ def build_system(root: Path) -> tuple[list[str], str, list[str]]:
 def _run_hook(
     python: Path, build_venv: Path, tree: Path, hook: str, backend: str, paths: list[str]
 ) -> object:
-    from vriksha.envs.sandbox import run_sandboxed
+    from vriksha.envs.sandbox import read_output, run_sandboxed
 
     out = "wheel-out"
     # through a shell: a bare python as the command would be swapped for the base interpreter
@@ -93,41 +93,53 @@ def _run_hook(
         env={"HOME": str(tree), "PYTHONDONTWRITEBYTECODE": "1", "SETUPTOOLS_SCM_PRETEND_VERSION": "0.0.0"},
         ro_paths=[build_venv],
     )
-    result_file = (tree / out if hook == "wheel" else tree) / ".hook-result.json"
-    if res.timed_out or res.exit_code != 0 or not result_file.is_file():
+    result = read_output(tree, f"{out}/.hook-result.json" if hook == "wheel" else ".hook-result.json")
+    if res.timed_out or res.exit_code != 0 or result is None:
         why = "timed out" if res.timed_out else f"exited with {res.exit_code}"
         raise BootstrapError(
             f"the project's build backend {backend!r} ({hook} hook, in the sandbox, network off) {why}: "
             f"{(res.stderr or res.stdout).strip()[-2000:]}; a project whose build needs the network or "
             "the host cannot become an environment"
         )
-    return json.loads(result_file.read_text())
+    try:
+        return json.loads(result.decode("utf-8", "replace"))
+    except json.JSONDecodeError as exc:
+        raise BootstrapError(
+            f"the build backend {backend!r} ({hook} hook) left no valid result: {exc}"
+        ) from None
 
 
 def build_wheel_sandboxed(root: Path, scratch: Path, seed: Path, pip_install) -> Path:
-    """Build `root` into a wheel under `scratch` (returned); `pip_install(python, reqs, what)` installs
-    index packages into a venv, `seed` is the venv copied as the build venv."""
+    """Build `root` into a wheel under `scratch` (returned); `pip_install(venv, reqs, what)` installs
+    index packages into a venv (`venv_install.install`), `seed` is the venv copied as the build venv."""
+    from vriksha.envs.sandbox import read_output
     from vriksha.repo2env.bootstrap import copy_venv
 
     requires, backend, backend_path = build_system(root)
     work = Path(tempfile.mkdtemp(prefix="sbuild-", dir=scratch))
-    build_venv = work / "build-venv"
+    build_venv = work / "build" / "venv"  # alone in its directory: the sandbox's work directory for pip
     tree = work / "tree"
     try:
+        build_venv.parent.mkdir()
         copy_venv(seed, build_venv)
         copy_tree(root, tree)
         python = build_venv / "bin" / "python"
         if requires:
-            pip_install(python, requires, "the build requirements")
+            pip_install(build_venv, requires, "the build requirements")
         dynamic = _run_hook(python, build_venv, tree, "requires", backend, backend_path)
         if isinstance(dynamic, list) and dynamic:
-            pip_install(python, [str(r) for r in dynamic], "the backend's further build requirements")
+            pip_install(build_venv, [str(r) for r in dynamic], "the backend's further build requirements")
         name = _run_hook(python, build_venv, tree, "wheel", backend, backend_path)
         wheel = tree / "wheel-out" / str(name)
-        if not (isinstance(name, str) and name.endswith(".whl") and "/" not in name and wheel.is_file()):
+        written = (
+            read_output(tree, f"wheel-out/{name}")
+            if isinstance(name, str) and name.endswith(".whl") and "/" not in name
+            else None
+        )
+        if written is None:  # a link out of the tree is no wheel it wrote
             raise BootstrapError(f"the build backend {backend!r} returned {name!r}, not a wheel it wrote")
         kept = scratch / wheel.name
-        shutil.move(wheel, kept)
+        kept.write_bytes(written)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     logger.info("built %s in the sandbox (backend %s, %s)", kept.name, backend, sys.version.split()[0])

@@ -19,6 +19,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from vriksha.repo2env.archive import UnpackLimits, extract_tar, extract_zip
 from vriksha.repo2env.errors import SourceError
 
 logger = logging.getLogger(__name__)
@@ -111,33 +112,6 @@ class Project:
     git_dir: Path | None = None  # the original checkout, when the input was one
 
 
-def _safe_extract_tar(archive: Path, dest: Path) -> None:
-    with tarfile.open(archive) as tf:
-        for member in tf.getmembers():
-            target = (dest / member.name).resolve()
-            if not target.is_relative_to(dest.resolve()) or member.issym() or member.islnk():
-                continue
-            if member.isdir():
-                target.mkdir(parents=True, exist_ok=True)
-            elif member.isfile():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                with tf.extractfile(member) as fh:  # type: ignore[union-attr]
-                    target.write_bytes(fh.read())
-
-
-def _safe_extract_zip(archive: Path, dest: Path) -> None:
-    with zipfile.ZipFile(archive) as zf:
-        for info in zf.infolist():
-            target = (dest / info.filename).resolve()
-            if not target.is_relative_to(dest.resolve()):
-                continue
-            if info.is_dir():
-                target.mkdir(parents=True, exist_ok=True)
-            else:
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(zf.read(info))
-
-
 def _single_top(dest: Path) -> Path:
     entries = [p for p in dest.iterdir() if not p.name.startswith(".")]
     return entries[0] if len(entries) == 1 and entries[0].is_dir() else dest
@@ -146,8 +120,11 @@ def _single_top(dest: Path) -> Path:
 _INDEX = os.environ.get("VRIKSHA_INDEX_URL", "https://pypi.org/simple")
 
 
-def fetch_sdist(spec: str, dest_dir: Path, index_url: str | None = None, timeout: float = 30.0) -> Path:
-    """Download the sdist of `NAME==VERSION` (or the newest of `NAME`) from a PEP 503 index."""
+def fetch_sdist(
+    spec: str, dest_dir: Path, index_url: str | None = None, timeout: float = 30.0, max_bytes: int = 1 << 30
+) -> Path:
+    """Download the sdist of `NAME==VERSION` (or the newest of `NAME`) from a PEP 503 index (at most
+    `max_bytes`)."""
     name, _, version = spec.partition("==")
     norm = re.sub(r"[-_.]+", "-", name).lower()
     url = f"{(index_url or _INDEX).rstrip('/')}/{norm}/"
@@ -173,9 +150,14 @@ def fetch_sdist(spec: str, dest_dir: Path, index_url: str | None = None, timeout
     target = dest_dir / fname
     if not target.exists():
         try:
-            data = urllib.request.urlopen(link, timeout=timeout).read()
+            data = urllib.request.urlopen(link, timeout=timeout).read(max_bytes + 1)
         except OSError as exc:
             raise SourceError(f"cannot download {link}: {exc}") from exc
+        if len(data) > max_bytes:
+            raise SourceError(
+                f"{link} is larger than {max_bytes / (1 << 20):,.0f} MiB (the cap on unpacked bytes): refused; "
+                "raise --max-unpacked-mb if it is trusted"
+            )
         frag = urllib.parse.urlparse(link).fragment
         if frag.startswith("sha256=") and hashlib.sha256(data).hexdigest() != frag[7:]:
             raise SourceError(f"sha256 mismatch for {link}; the download is corrupt, try again")
@@ -197,8 +179,10 @@ def _project_name(root: Path, fallback: str) -> str:
     return fallback
 
 
-def prepare_source(source: str | Path, work_dir: Path) -> Project:
-    """Turn SOURCE into a private, litter-free copy under `work_dir`."""
+def prepare_source(source: str | Path, work_dir: Path, limits: UnpackLimits | None = None) -> Project:
+    """Turn SOURCE into a private, litter-free copy under `work_dir`; an archive is unpacked within
+    `limits` (default `UnpackLimits()`: 1 GiB, 100,000 entries)."""
+    limits = limits or UnpackLimits()
     origin = str(source)
     src = Path(source).expanduser()
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -213,15 +197,18 @@ def prepare_source(source: str | Path, work_dir: Path) -> Project:
         unpack = Path(tempfile.mkdtemp(prefix="unpack-", dir=work_dir))
         try:
             if src.suffix == ".zip":
-                _safe_extract_zip(src, unpack)
+                extract_zip(src, unpack, limits)
             else:
-                _safe_extract_tar(src, unpack)
-        except (tarfile.TarError, zipfile.BadZipFile, OSError) as exc:
+                extract_tar(src, unpack, limits)
+        except (tarfile.TarError, zipfile.BadZipFile, OSError, SourceError) as exc:
+            shutil.rmtree(unpack, ignore_errors=True)
+            if isinstance(exc, SourceError):
+                raise
             raise SourceError(f"cannot unpack {src}: {exc}; pass a valid sdist (.tar.gz or .zip)") from exc
         base = _single_top(unpack)
     elif not src.exists() and re.fullmatch(r"[A-Za-z0-9_.\-]+(==[A-Za-z0-9_.!+\-]+)?", origin):
-        archive = fetch_sdist(origin, work_dir / "downloads")
-        return prepare_source(archive, work_dir)
+        archive = fetch_sdist(origin, work_dir / "downloads", max_bytes=limits.max_bytes)
+        return prepare_source(archive, work_dir, limits)
     else:
         raise SourceError(
             f"source {origin!r} is neither a directory, a git checkout, an sdist archive nor NAME==VERSION"

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from vriksha.repo2env.errors import TaskFormatError
+from vriksha.repo2env.archive import UnpackLimits, read_tar_files
+from vriksha.repo2env.errors import SourceError, TaskFormatError
 
 __all__ = [
     "TaskMeta",
@@ -112,13 +113,12 @@ def pack_files(files: dict[str, bytes]) -> bytes:
     return buf.getvalue()
 
 
-def unpack_files(data: bytes) -> dict[str, bytes]:
-    out: dict[str, bytes] = {}
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tf:
-        for m in tf.getmembers():
-            if m.isfile() and not m.name.startswith("/") and ".." not in Path(m.name).parts:
-                out[m.name] = tf.extractfile(m).read()  # type: ignore[union-attr]
-    return out
+def unpack_files(data: bytes, what: str = "a packed task file") -> dict[str, bytes]:
+    """The files of a `pack_files` archive, within the default unpack caps (a dataset may come from elsewhere)."""
+    try:
+        return read_tar_files(data, UnpackLimits(), what)
+    except SourceError as exc:
+        raise TaskFormatError(str(exc)) from None
 
 
 def write_task(out_dir: Path, task: TaskFiles) -> ManifestEntry:
@@ -172,9 +172,13 @@ def load_task(task_dir: Path, entry: ManifestEntry | None = None) -> TaskFiles:
     return TaskFiles(
         meta=meta,
         instruction=(task_dir / "instruction.md").read_text(),
-        workspace=unpack_files(ws_bytes),
-        hidden=unpack_files((task_dir / "hidden" / "tests.tar.gz").read_bytes()),
-        solution=unpack_files((task_dir / "solution" / "files.tar.gz").read_bytes()),
+        workspace=unpack_files(ws_bytes, f"{task_dir}/workspace.tar.gz"),
+        hidden=unpack_files(
+            (task_dir / "hidden" / "tests.tar.gz").read_bytes(), f"{task_dir}/hidden/tests.tar.gz"
+        ),
+        solution=unpack_files(
+            (task_dir / "solution" / "files.tar.gz").read_bytes(), f"{task_dir}/solution/files.tar.gz"
+        ),
         deleted=json.loads((task_dir / "solution" / "deleted.json").read_text()),
         path=task_dir,
     )

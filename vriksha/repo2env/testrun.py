@@ -169,7 +169,7 @@ def run_tests(
     other tasks, no host process is visible. `select`: only these node ids (their files are passed to
     pytest, the rest deselected). `trace`: record which functions of the tree each test calls.
     """
-    from vriksha.envs.sandbox import run_sandboxed
+    from vriksha.envs.sandbox import read_output, run_sandboxed
 
     workspace = workspace.resolve()
     venv = Path(python).parent.parent
@@ -208,10 +208,11 @@ def run_tests(
             isolation=res.isolation,
             missing=res.missing,
         )
-        if out.is_file():
+        data = read_output(work, out.name)  # never through a link the tests put in its place
+        if data is not None:
             try:
-                payload = json.loads(out.read_text(errors="replace"))
-            except (json.JSONDecodeError, OSError):
+                payload = json.loads(data.decode("utf-8", "replace"))
+            except json.JSONDecodeError:
                 payload = None
             run.results, run.coverage, run.warnings = _checked(payload, select, res.exit_code)
         for w in run.warnings[:5]:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,7 +14,11 @@ from vriksha.repo2env.layout import is_test_file
 from vriksha.repo2env.task import TaskFiles
 from vriksha.repo2env.testrun import PASS, TestRun, run_tests
 
-__all__ = ["Verdict", "verify", "materialize", "verdict_of", "protect"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["Verdict", "verify", "materialize", "verdict_of", "protect", "copy_workspace"]
+
+_NOT_SUBMITTED = {"__pycache__", ".pytest_cache", ".git"}
 
 
 @dataclass(slots=True)
@@ -55,6 +62,55 @@ def materialize(dest: Path, files: dict[str, bytes]) -> None:
             continue
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
+
+
+def _inside(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def _copy_link(path: str, target: Path, root: str) -> bool:
+    """Recreate the link at `path` as `target` when it is relative and resolves inside `root`."""
+    dest = os.readlink(path)
+    if os.path.isabs(dest) or not _inside(os.path.realpath(path), root):
+        return False
+    os.symlink(dest, target)
+    return True
+
+
+def _copy_file(path: str, target: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as src, target.open("wb") as out:
+        shutil.copyfileobj(src, out)
+
+
+def copy_workspace(src: Path, dst: Path) -> list[str]:
+    """Copy a submitted tree into `dst` without following any symlink; returns what was left out.
+
+    Regular files and directories are copied; a relative link that resolves inside the workspace is
+    recreated as it is; a link pointing out of it (or absolute), and anything not a file (a fifo, a
+    socket), is left out: the copy runs on the host, and a link followed here would read whatever
+    it names (a root-only file, another task's workspace) into the tree the tests see.
+    """
+    root = os.path.realpath(src)
+    dropped: list[str] = []
+    for dirpath, dirnames, filenames in os.walk(src):  # never descends into a linked directory
+        here = dst / os.path.relpath(dirpath, src)
+        here.mkdir(parents=True, exist_ok=True)
+        dirnames[:] = [d for d in dirnames if d not in _NOT_SUBMITTED]
+        for name in [*dirnames, *filenames]:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, src)
+            mode = os.lstat(path).st_mode
+            if stat.S_ISLNK(mode):
+                if name in dirnames:
+                    dirnames.remove(name)
+                if not _copy_link(path, here / name, root):
+                    dropped.append(f"{rel} (a link to {os.readlink(path)}, outside the workspace)")
+            elif stat.S_ISREG(mode):
+                _copy_file(path, here / name)
+            elif not stat.S_ISDIR(mode):
+                dropped.append(f"{rel} (not a regular file)")
+    return dropped
 
 
 PYTEST_CONFIG = {"pytest.ini", ".pytest.ini", "tox.ini", "setup.cfg", "pyproject.toml"}
@@ -101,15 +157,14 @@ def verify(
     """Copy `workspace` (default: the task's own), add the hidden tests (and the solution), run F2P + P2P."""
     meta = task.meta
     tree = Path(tempfile.mkdtemp(prefix="vriksha-r2e-verify-"))
+    dropped: list[str] = []
     try:
         if workspace is None:
             materialize(tree, task.workspace)
         else:
-            shutil.rmtree(tree)
-            shutil.copytree(
-                workspace, tree, ignore=shutil.ignore_patterns("__pycache__", ".pytest_cache", ".git")
-            )
-        if workspace is not None:
+            dropped = copy_workspace(workspace, tree)
+            for item in dropped:
+                logger.warning("task %s: left out of the submission: %s", meta.id, item)
             protect(tree, task)
         materialize(tree, task.hidden)  # hidden tests always win over whatever the workspace has there
         if solution:
@@ -124,6 +179,9 @@ def verify(
             timeout_s=meta.timeout_s,
             extra_args=meta.pytest_extra_args,
         )
-        return verdict_of(run, meta.fail_to_pass, meta.pass_to_pass)
+        verdict = verdict_of(run, meta.fail_to_pass, meta.pass_to_pass)
+        if dropped:
+            verdict.output = "left out of the submission: " + "; ".join(dropped) + "\n" + verdict.output
+        return verdict
     finally:
         shutil.rmtree(tree, ignore_errors=True)

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers
 
+from vriksha.net.offload import off_loop
 from vriksha.router import passthrough
 from vriksha.router.config import RouterConfig
 from vriksha.router.fast_path import Handler, HotPathApp
@@ -80,9 +81,13 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
     install_error_handlers(app)
 
     def endpoint(path: str, model: type[BaseModel], ids) -> Handler:
-        async def serve(headers: Headers, body: bytes, arrived: float) -> Response:
+        def parsed(body: bytes) -> tuple[Any, list[int]]:
             req = _parse(model, body)
-            return await forwarder.forward(headers, path, body, ids(req), bool(req.stream), arrived)
+            return req, ids(req)
+
+        async def serve(headers: Headers, body: bytes, arrived: float) -> Response:
+            req, prompt_ids = await off_loop(len(body), parsed, body)  # a large prompt: tokenized on a thread
+            return await forwarder.forward(headers, path, body, prompt_ids, bool(req.stream), arrived)
 
         return serve
 

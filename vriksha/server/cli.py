@@ -9,9 +9,11 @@ from typing import Any
 
 from vriksha.engine.config import EngineConfig
 from vriksha.errors import ConfigError, VrikshaError
+from vriksha.server.config import ServerConfig
 from vriksha.toolcalls import PARSERS
 
 logger = logging.getLogger(__name__)
+_DEFAULTS = ServerConfig()
 
 
 def register(subparsers: Any) -> None:
@@ -50,7 +52,16 @@ def register(subparsers: Any) -> None:
         "--max-waiting",
         type=int,
         default=256,
-        help="requests allowed to wait for their first token; more get 503 with Retry-After (default: 256)",
+        help="sequences (prompts x n) allowed to wait for their first token; more get 503 with Retry-After, "
+        "and a request that alone asks for more gets 400 (default: 256)",
+    )
+    p.add_argument(
+        "--max-prompt-logprobs",
+        type=int,
+        default=_DEFAULTS.max_prompt_logprobs,
+        metavar="N",
+        help="prompt log-probabilities one request may ask for (prompt tokens x (prompt_logprobs + 1), in each "
+        f"choice that returns them); more get 400 (default: {_DEFAULTS.max_prompt_logprobs})",
     )
     p.add_argument(
         "--shutdown-timeout",
@@ -127,11 +138,12 @@ def handler(args: argparse.Namespace) -> int:
     from vriksha.engine.llm_engine import LLMEngine
     from vriksha.net import FrontConfig, from_args, front_config
     from vriksha.server.app import create_app
-    from vriksha.server.config import ServerConfig
     from vriksha.server.shutdown import CUT_GRACE_S, GracefulServer
 
     if args.max_waiting < 0:
         raise ConfigError(f"--max-waiting must be >= 0, got {args.max_waiting}")
+    if args.max_prompt_logprobs < 0:
+        raise ConfigError(f"--max-prompt-logprobs must be >= 0, got {args.max_prompt_logprobs}")
     if not 0 <= args.port < 65536:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
     if not args.shutdown_timeout >= 0:
@@ -143,6 +155,7 @@ def handler(args: argparse.Namespace) -> int:
         api_key=args.api_key or None,
         auth_exempt=frozenset(args.auth_exempt),
         max_waiting=args.max_waiting,
+        max_prompt_logprobs=args.max_prompt_logprobs,
         profile_dir=args.profile_dir,
         shutdown_timeout_s=args.shutdown_timeout,
         tool_call_parser=args.tool_call_parser,

@@ -16,8 +16,10 @@ class ServerConfig:
     api_key: str | None = None
     # endpoints that need no key even when `api_key` is set
     auth_exempt: frozenset[str] = frozenset({"/health", "/metrics"})
-    # requests admitted but not yet given their first token; beyond this the server answers 503
+    # sequences (prompts x n) admitted but not yet given their first token; beyond this the server answers 503
     max_waiting: int = 256
+    # prompt log-probabilities one request may ask for (prompt tokens x (k + 1), per choice); beyond: 400
+    max_prompt_logprobs: int = 1 << 18
     retry_after_s: int = 1
     profile_dir: Path = field(default_factory=lambda: Path("profiles"))
     # on SIGTERM: how long in-flight requests may run before they are aborted

@@ -137,6 +137,24 @@ def check_structured(spec: StructuredOutputsParams, param: str) -> StructuredOut
     return spec
 
 
+def check_prompt_logprobs(params: SamplingParams, prompt_lens: list[int], copies: int, limit: int) -> None:
+    """400 when the prompt log-probabilities a request asks for (prompt tokens x (k + 1), `copies` times: a
+    completions choice carries its prompt's) pass `limit`: they are kept for the whole request, and returned."""
+    k = params.prompt_logprobs
+    if k is None:
+        return
+    scored = sum(max(0, n - 1) for n in prompt_lens)
+    entries = scored * (k + 1) * copies
+    if entries > limit:
+        times = f", in each of n={copies} choices" if copies > 1 else ""
+        raise BadRequestError(
+            f"prompt_logprobs={k} over {scored} prompt tokens{times} asks for {entries} log-probabilities; this "
+            f"server returns at most {limit} per request (--max-prompt-logprobs); shorten the prompts, send "
+            "fewer per request, or ask for fewer alternatives",
+            param="prompt_logprobs",
+        )
+
+
 def build(kw: dict[str, Any]) -> SamplingParams:
     """SamplingParams(**kw); its validation errors become 400s naming the field."""
     try:

@@ -8,6 +8,8 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
+from vriksha.engine.sampling_params import SamplingParams
+from vriksha.net.offload import body_size, off_loop
 from vriksha.profiling import phase
 from vriksha.server.call_repeats import RepeatGuard
 from vriksha.server.deltas import DeltaTracker
@@ -28,10 +30,10 @@ from vriksha.server.responses import (
     new_id,
     now,
 )
-from vriksha.server.sampling import chat_params
+from vriksha.server.sampling import chat_params, check_prompt_logprobs
 from vriksha.server.sse import DONE, error_event, event, sse_response, unless_disconnected
 from vriksha.server.state import ServerState
-from vriksha.server.tools import ToolPlan, forced_call_grammar, message_fields, plan_tools
+from vriksha.server.tools import ToolPlan, forced_call_grammar, message_fields, missing_call, plan_tools
 from vriksha.toolcalls import ContentDelta, ToolCallStream
 
 
@@ -58,13 +60,11 @@ def _logprobs(
     )
 
 
-async def create_chat_completion(
-    req: ChatCompletionRequest, state: ServerState, request: Request
-) -> Response:
+def _prepare(req: ChatCompletionRequest, state: ServerState) -> tuple[ToolPlan, list[int], SamplingParams]:
+    """The request's tools, prompt token ids and sampling parameters (off the event loop when large)."""
     with phase("server.parse"):
-        model = state.check_model(req.model)
         plan = plan_tools(req, state.tool_parser_name)
-        prompt_ids = render_chat(state.tokenizer, req, plan)
+        prompt_ids = render_chat(state.tokenizer, req, plan, state.encoder.encode)
         params = chat_params(req, len(prompt_ids), state.max_model_len)
         if plan.forced is not None:
             if params.structured_outputs is not None:
@@ -74,6 +74,15 @@ async def create_chat_completion(
                     param="tool_choice",
                 )
             params.structured_outputs = forced_call_grammar(plan)
+        check_prompt_logprobs(params, [len(prompt_ids)], 1, state.config.max_prompt_logprobs)
+    return plan, prompt_ids, params
+
+
+async def create_chat_completion(
+    req: ChatCompletionRequest, state: ServerState, request: Request
+) -> Response:
+    model = state.check_model(req.model)
+    plan, prompt_ids, params = await off_loop(body_size(request.headers), _prepare, req, state)
     stream = state.client.open(prompt_ids, params, "chat")
     try:
         await unless_disconnected(request, stream.start(), state.drain)
@@ -89,6 +98,8 @@ async def create_chat_completion(
         if guard is not None:
             c = guard.view(c)
         content, calls, finish = message_fields(plan, c.text, c.finish_reason)
+        if plan.forced is not None and not calls:
+            raise missing_call(plan, c.finish_reason)
         choices.append(
             ChatChoice(
                 index=c.index,
@@ -98,11 +109,16 @@ async def create_chat_completion(
             )
         )
     body = ChatCompletionResponse(id=new_id("chatcmpl"), model=model, choices=choices, usage=_usage(final))
-    if req.prompt_logprobs is not None:
+    if req.prompt_logprobs is None:
+        return JSONResponse(body.model_dump())
+
+    def with_prompt_logprobs() -> JSONResponse:  # a large body: built off the event loop
         body.prompt_logprobs = vllm_prompt_logprobs(
             state.text_of, final.prompt_token_ids, final.prompt_logprobs
         )
-    return JSONResponse(body.model_dump())
+        return JSONResponse(body.model_dump())
+
+    return await off_loop(None, with_prompt_logprobs)
 
 
 async def _final(stream: RequestStream, guard: RepeatGuard | None) -> RequestOutput:
@@ -185,6 +201,8 @@ async def _stream(
                     delta = Delta(content=body.get("content"), tool_calls=body.get("tool_calls"))
                     if parsed.calls and finish == "stop":
                         finish = "tool_calls"
+                    if finish is not None and plan.forced is not None and not parsed.calls:
+                        raise missing_call(plan, finish)
                 else:
                     delta = Delta(content=d.text or None)
                 choices.append(

@@ -9,7 +9,10 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
+from vriksha.engine.sampling_params import SamplingParams
+from vriksha.net.offload import body_size, off_loop
 from vriksha.profiling import phase
+from vriksha.server.context import EnginePrompt, prompt_length
 from vriksha.server.deltas import DeltaTracker
 from vriksha.server.engine_client import RequestStream, merge, start_all
 from vriksha.server.errors import BadRequestError, to_response
@@ -17,7 +20,7 @@ from vriksha.server.logprobs import completion_logprobs, prompt_completion_logpr
 from vriksha.server.prompts import completion_prompts
 from vriksha.server.protocol import CompletionRequest
 from vriksha.server.responses import CompletionChoice, CompletionResponse, Usage, new_id, now
-from vriksha.server.sampling import completion_params, echo_only
+from vriksha.server.sampling import check_prompt_logprobs, completion_params, echo_only
 from vriksha.server.sse import DONE, error_event, event, sse_response, unless_disconnected
 from vriksha.server.state import ServerState
 
@@ -42,9 +45,9 @@ def _without_completion(c: CompletionOutput) -> CompletionOutput:
     )
 
 
-async def create_completion(req: CompletionRequest, state: ServerState, request: Request) -> Response:
+def _prepare(req: CompletionRequest, state: ServerState) -> tuple[list[EnginePrompt], SamplingParams]:
+    """The request's prompts, tokenized, and its sampling parameters (off the event loop when large)."""
     with phase("server.parse"):
-        model = state.check_model(req.model)
         prompts = completion_prompts(req)
         params = completion_params(req)
         if req.stream and req.echo and req.logprobs is not None:
@@ -52,6 +55,16 @@ async def create_completion(req: CompletionRequest, state: ServerState, request:
                 "echo with logprobs is answered whole; send stream=false for the prompt's log-probabilities",
                 param="echo",
             )
+        state.admission.check_size(len(prompts) * params.n, len(prompts), params.n)
+        tokenized = [state.encoder.engine_prompt(p) for p in prompts]
+        lengths = [prompt_length(state.tokenizer, p) for p in tokenized]
+        check_prompt_logprobs(params, lengths, params.n, state.config.max_prompt_logprobs)
+    return tokenized, params
+
+
+async def create_completion(req: CompletionRequest, state: ServerState, request: Request) -> Response:
+    model = state.check_model(req.model)
+    prompts, params = await off_loop(body_size(request.headers), _prepare, req, state)
     streams: list[RequestStream] = []
     try:
         for p in prompts:
@@ -64,7 +77,9 @@ async def create_completion(req: CompletionRequest, state: ServerState, request:
     if req.stream:
         return sse_response(_stream(req, state, model, streams), streams, state.drain)
     finals = await unless_disconnected(request, _finals(streams), state.drain)
-    return JSONResponse(_response(req, state, model, finals).model_dump())
+    # prompt log-probabilities make a large body: built off the event loop
+    size = None if params.prompt_logprobs is not None else 0
+    return await off_loop(size, lambda: JSONResponse(_response(req, state, model, finals).model_dump()))
 
 
 async def _finals(streams: list[RequestStream]) -> list[RequestOutput]:
@@ -94,6 +109,11 @@ def _response(
     prompt_only = echo_only(req)
     choices = []
     for i, out in enumerate(finals):
+        prompt_logprobs = (  # one list, shared by the prompt's choices
+            vllm_prompt_logprobs(state.text_of, out.prompt_token_ids, out.prompt_logprobs)
+            if req.prompt_logprobs is not None
+            else None
+        )
         for c in out.outputs:
             if prompt_only:
                 c = _without_completion(c)
@@ -111,11 +131,7 @@ def _response(
                     text=prefix + c.text,
                     logprobs=logprobs,
                     finish_reason=c.finish_reason,
-                    prompt_logprobs=vllm_prompt_logprobs(
-                        state.text_of, out.prompt_token_ids, out.prompt_logprobs
-                    )
-                    if req.prompt_logprobs is not None
-                    else None,
+                    prompt_logprobs=prompt_logprobs,
                 )
             )
     return CompletionResponse(

@@ -10,7 +10,7 @@ from typing import Any
 
 from vriksha.engine.grammar import JSON_OPTIONS
 from vriksha.engine.structured_outputs import StructuredOutputsParams
-from vriksha.server.errors import BadRequestError
+from vriksha.server.errors import BadRequestError, ServerError, ToolCallMissingError
 from vriksha.server.protocol import ChatCompletionRequest
 from vriksha.server.sampling import check_structured
 from vriksha.toolcalls import ToolParser, get_parser
@@ -174,6 +174,20 @@ def prompt_messages(
         else:
             out.insert(0, {"role": "system", "content": section})
     return out
+
+
+def missing_call(plan: ToolPlan, finish_reason: str | None) -> ServerError:
+    """The error for a reply without a tool call although `tool_choice` forced one (never a 200)."""
+    forced = "a call" if plan.forced == "required" else f"a call of {plan.forced!r}"
+    if finish_reason == "length":
+        return BadRequestError(
+            f"tool_choice forced {forced}, and max_tokens ran out before the call was complete; raise max_tokens",
+            param="max_tokens",
+        )
+    return ToolCallMissingError(
+        f"tool_choice forced {forced}, but the reply holds no tool call (it ended with finish_reason "
+        f"{finish_reason!r})"
+    )
 
 
 def message_fields(

@@ -8,7 +8,11 @@ after the manifest, so a run killed while saving resumes from the previous one.
 
 On resume, `find_checkpoint` takes the newest directory whose files match its manifest; a corrupt
 or partial one is named in a warning and skipped, and a `latest` that names a missing or bad
-directory is rewritten from the listing.
+directory is rewritten from the listing. A manifest that is there but cannot be read stops the
+resume: it is never taken for a checkpoint without one (which would go unverified).
+
+A save that fails (a full disk above all) removes what it wrote and raises one `CheckpointError`
+line that says why (`checkpoint_save_errors.py`); the checkpoints before it are untouched.
 """
 
 from __future__ import annotations
@@ -32,7 +36,19 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 import vriksha.device as devices
 from vriksha.errors import VrikshaError
 from vriksha.profiling import phase
-from vriksha.train.checkpoint_manifest import atomic_write_text, read_manifest, verify, write_manifest
+from vriksha.train.checkpoint_manifest import (
+    NoManifest,
+    atomic_write_text,
+    read_manifest,
+    verify,
+    write_manifest,
+)
+from vriksha.train.checkpoint_save_errors import (
+    SaveFailure,
+    gather_failures,
+    save_error_message,
+    tensor_bytes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +163,13 @@ def find_checkpoint(output_dir: str | Path) -> Path:
     for name in names:
         path = root / name
         manifest = read_manifest(path)
-        if isinstance(manifest, str):
+        if isinstance(manifest, NoManifest) and manifest.unreadable:
+            raise CheckpointError(
+                f"--resume: {manifest.reason}: {path} cannot be verified, so the resume stops (it never "
+                f"goes on unverified); restore the manifest, or move {path} aside to resume from an older "
+                "checkpoint"
+            )
+        if isinstance(manifest, NoManifest):
             if name == pointer and _legacy_ok(path):
                 if rank == 0:
                     logger.warning(
@@ -155,9 +177,11 @@ def find_checkpoint(output_dir: str | Path) -> Path:
                     )
                 chosen = path
                 break
-            rejected.append(f"{path}: {manifest}")
+            rejected.append(f"{path}: {manifest.reason}")
             continue
         problems = verify(path, manifest)
+        if manifest.step != _step_of(path):
+            problems.append(f"its manifest is for step {manifest.step}")
         if problems:
             rejected.append(f"{path}: " + "; ".join(problems))
             continue
@@ -187,6 +211,34 @@ def find_checkpoint(output_dir: str | Path) -> Path:
     return chosen
 
 
+def _write_state(
+    path: Path, model_sd: dict, optim_sd: dict, state: dict[str, Any] | None, rank: int
+) -> SaveFailure | None:
+    """This rank's part of a save (collective through DCP); the failure, if any, instead of raising."""
+    try:
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+        torch.save(_rng_state(), path / f"rng_rank{rank}.pt")
+        if state is not None:
+            (path / "trainer.json").write_text(json.dumps(state))
+    except (Exception, CheckpointException) as exc:  # DCP's CheckpointException is a BaseException
+        return SaveFailure.of(exc)
+    return None
+
+
+def _check_saved(path: Path, failure: SaveFailure | None, needed: int, rank: int) -> None:
+    """Collective: when any rank failed, rank 0 removes the partial save and every rank raises one line."""
+    reports = gather_failures(failure, needed, path)
+    if not reports:
+        return
+    last_good = _pointer(path.parent.parent)
+    if last_good == path.name or not (path.parent / str(last_good)).is_dir():
+        last_good = None
+    _barrier()  # every rank has looked at the disk before the partial save goes
+    if rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+    raise CheckpointError(save_error_message(path, reports, last_good))
+
+
 def save_checkpoint(
     output_dir: str | Path,
     step: int,
@@ -197,7 +249,8 @@ def save_checkpoint(
     rank: int,
     keep: int = 2,
 ) -> Path:
-    """Collective: every rank calls it. Returns the checkpoint directory."""
+    """Collective: every rank calls it. Returns the checkpoint directory; `CheckpointError` (one line:
+    disk full, or what else failed) when it could not be written, with the partial save removed."""
     root = checkpoint_root(output_dir)
     path = root / f"step_{step:06d}"
     with phase("train.checkpoint"):
@@ -206,10 +259,8 @@ def save_checkpoint(
         _barrier()
         fresh = _no_optimizer_step_yet(optimizer)
         model_sd, optim_sd = get_state_dict(model, optimizer)
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
-        if fresh:
-            optimizer.state.clear()  # as it was: the state get_state_dict made for the save is not this run's
-        torch.save(_rng_state(), path / f"rng_rank{rank}.pt")
+        needed = tensor_bytes(model_sd) + tensor_bytes(optim_sd)
+        state = None
         if rank == 0:
             state = {
                 "step": step,
@@ -217,16 +268,27 @@ def save_checkpoint(
                 FRESH_OPTIMIZER: fresh,
                 **trainer_state,
             }
-            (path / "trainer.json").write_text(json.dumps(state))
-        _barrier()
-        write_manifest(path, step)
+        failure = _write_state(path, model_sd, optim_sd, state, rank)
+        if fresh:
+            optimizer.state.clear()  # as it was: the state get_state_dict made for the save is not this run's
+        _check_saved(path, failure, needed, rank)
+        try:
+            write_manifest(path, step)
+            failure = None
+        except OSError as exc:
+            failure = SaveFailure.of(exc)
+        _check_saved(path, failure, needed, rank)
         if rank == 0:
-            atomic_write_text(root / "latest", path.name)
+            try:
+                atomic_write_text(root / "latest", path.name)
+            except OSError as exc:  # the checkpoint is complete: a resume finds it by its manifest
+                logger.warning("saved %s but could not point checkpoints/latest at it: %s", path, exc)
             old = [p for p in step_dirs(output_dir) if p != path]
             # steps past this one belong to a timeline this run left (a resume skipped them as
-            # bad, or a fresh run reuses the directory) and saves without a manifest (cut short,
-            # or from an older version) go; of the complete earlier ones the newest keep - 1 stay
-            stale = [p for p in old if _step_of(p) > step or isinstance(read_manifest(p), str)]
+            # bad, or a fresh run reuses the directory) and saves without a readable manifest (cut
+            # short, from an older version, or damaged) go; of the complete earlier ones the newest
+            # keep - 1 stay
+            stale = [p for p in old if _step_of(p) > step or isinstance(read_manifest(p), NoManifest)]
             kept = [p for p in old if p not in stale]
             for victim in [*stale, *kept[max(0, keep - 1) :]]:
                 shutil.rmtree(victim, ignore_errors=True)

@@ -13,6 +13,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,22 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MANIFEST", "Manifest", "write_manifest", "read_manifest", "verify", "atomic_write_text"]
+__all__ = [
+    "MANIFEST",
+    "Manifest",
+    "NoManifest",
+    "write_manifest",
+    "read_manifest",
+    "verify",
+    "atomic_write_text",
+    "REQUIRED_FILES",
+]
 
 MANIFEST = "manifest.json"
 MANIFEST_VERSION = 1
 _CHUNK = 8 << 20
+REQUIRED_FILES = ("trainer.json", ".metadata")  # every complete checkpoint has them
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 @dataclass(slots=True)
@@ -33,6 +45,16 @@ class Manifest:
     step: int
     world_size: int
     files: dict[str, dict[str, Any]]  # relative path -> {"bytes", "sha256"}
+
+
+@dataclass(slots=True)
+class NoManifest:
+    """Why a checkpoint has no manifest to trust: none was written (a save cut short, or a checkpoint
+    older than manifests), or the file is there but cannot be read (`unreadable`: never to be
+    mistaken for the first, which would turn verification off)."""
+
+    reason: str
+    unreadable: bool = False
 
 
 def _world() -> tuple[int, int]:
@@ -114,16 +136,51 @@ def write_manifest(path: Path, step: int) -> None:
         atomic_write_text(path / MANIFEST, json.dumps(body, indent=1))
 
 
-def read_manifest(path: Path) -> Manifest | str:
-    """The manifest of `path`, or a sentence saying why there is none to trust."""
+def _entry_problem(name: Any, entry: Any) -> str | None:
+    if not isinstance(name, str) or not name or name.startswith("/") or ".." in Path(name).parts:
+        return f"names a file outside the checkpoint ({name!r})"
+    if not isinstance(entry, dict):
+        return f"{name}: not a record of bytes and sha256"
+    size, digest = entry.get("bytes"), entry.get("sha256")
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        return f"{name}: bytes is {size!r}, not a size"
+    if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+        return f"{name}: sha256 is {digest!r}, not a sha256"
+    return None
+
+
+def _parse(body: Any) -> Manifest:
+    """The manifest in `body`; ValueError naming the first thing that is not as `write_manifest` writes it."""
+    if not isinstance(body, dict):
+        raise ValueError("not a JSON object")
+    if body.get("version") != MANIFEST_VERSION:
+        raise ValueError(f"version {body.get('version')!r}, expected {MANIFEST_VERSION}")
+    step, world, files = body.get("step"), body.get("world_size"), body.get("files")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise ValueError(f"step is {step!r}")
+    if not isinstance(world, int) or isinstance(world, bool) or world < 1:
+        raise ValueError(f"world_size is {world!r}")
+    if not isinstance(files, dict):
+        raise ValueError("files is not a mapping")
+    for name, entry in files.items():
+        if (problem := _entry_problem(name, entry)) is not None:
+            raise ValueError(problem)
+    missing = [n for n in REQUIRED_FILES if n not in files]
+    if missing:
+        raise ValueError(f"lists no {', '.join(missing)} (every checkpoint has them)")
+    return Manifest(step=step, world_size=world, files=dict(files))
+
+
+def read_manifest(path: Path) -> Manifest | NoManifest:
+    """The manifest of `path`, or why there is none to trust (`NoManifest.unreadable` when the file
+    is there but is not a manifest as `write_manifest` writes it)."""
     file = path / MANIFEST
     if not file.is_file():
-        return f"no {MANIFEST}: the save did not finish (a partial checkpoint)"
+        return NoManifest(f"no {MANIFEST}: the save did not finish (a partial checkpoint)")
     try:
-        body = json.loads(file.read_text())
-        return Manifest(step=int(body["step"]), world_size=int(body["world_size"]), files=dict(body["files"]))
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        return f"{MANIFEST} is unreadable ({type(exc).__name__}: {exc})"
+        return _parse(json.loads(file.read_text()))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError) as exc:
+        return NoManifest(f"{file} cannot be read ({type(exc).__name__}: {exc})", unreadable=True)
 
 
 def _check(path: Path, name: str, entry: dict[str, Any]) -> str | None:
@@ -139,8 +196,15 @@ def _check(path: Path, name: str, entry: dict[str, Any]) -> str | None:
 
 
 def verify(path: Path, manifest: Manifest) -> list[str]:
-    """Collective: every rank re-hashes its share of the files; returns all problems found (on every rank)."""
+    """Collective: every rank re-hashes its share of the files; returns all problems found (on every
+    rank), among them any data file the manifest does not list (added after the save)."""
     rank, world = _world()
     names = sorted(manifest.files)
     mine = [p for n in names[rank::world] if (p := _check(path, n, manifest.files[n])) is not None]
+    if rank == 0:
+        mine += [
+            f"{n} is not in the manifest (added after the save)"
+            for n in _data_files(path)
+            if n not in manifest.files
+        ]
     return sorted(p for part in _gather(mine) for p in part)

@@ -1,7 +1,9 @@
 """Training configuration: one pydantic model per component, read from TOML or YAML, overridable with `--set`.
 
 Every option has a default that runs on a 2-core CPU; every bad value is rejected with a
-`ConfigError` that names the field (`grpo.clip_low: ...`).
+`ConfigError` that names the field (`grpo.clip_low: ...`): non-finite numbers anywhere (`.inf`,
+`.nan`), counts past sane bounds (`MAX_STEPS`, ...), seeds outside 0..2^63-1. YAML files are read
+without aliases (`*name`): a few lines of them can expand into billions of values.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pydantic import (
 
 from vriksha.engine.config import EngineConfig
 from vriksha.errors import ConfigError
+from vriksha.train.config_yaml import load_yaml
 
 __all__ = ["TrainConfig", "load_config", "apply_overrides", "parse_override", "engine_overrides"]
 
@@ -31,8 +34,15 @@ __all__ = ["TrainConfig", "load_config", "apply_overrides", "parse_override", "e
 POLICY_ENGINE_OPTIONS = ("model", "dtype", "device")
 
 
+# upper bounds that no run reaches: a value past one is a typo or an attack (1e18 steps), not a plan
+MAX_STEPS = 10_000_000
+MAX_SEED = 2**63 - 1  # torch.manual_seed takes 64 bits; numpy's generators are seeded from hashes of it
+MAX_TOKENS = 1 << 20
+MAX_COUNT = 1 << 20  # prompts, completions, episodes, groups per step
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class ModelConfig(_Section):
@@ -93,12 +103,12 @@ EngineSection = Annotated[
 class RolloutConfig(_Section):
     """How episodes are sampled from the engine."""
 
-    group_size: int = Field(8, ge=2, description="completions per prompt (the GRPO group)")
-    prompts_per_step: int = Field(8, ge=1, description="prompts per step across all ranks")
-    max_new_tokens: int = Field(32, ge=1, description="tokens generated per turn")
+    group_size: int = Field(8, ge=2, le=MAX_COUNT, description="completions per prompt (the GRPO group)")
+    prompts_per_step: int = Field(8, ge=1, le=MAX_COUNT, description="prompts per step across all ranks")
+    max_new_tokens: int = Field(32, ge=1, le=MAX_TOKENS, description="tokens generated per turn")
     temperature: float = Field(1.0, gt=0.0, description="sampling temperature (> 0)")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus sampling")
-    max_turns: int = Field(4, ge=1, description="turns per multi-turn episode (tool calls)")
+    max_turns: int = Field(4, ge=1, le=MAX_COUNT, description="turns per multi-turn episode (tool calls)")
     chat_template: bool = Field(True, description="wrap text prompts in the tokenizer's chat template")
     system_prompt: str | None = Field(None, description="system message prepended to chat prompts")
     describe_tools: bool = Field(
@@ -107,6 +117,7 @@ class RolloutConfig(_Section):
     dynamic_sampling_rounds: int = Field(
         0,
         ge=0,
+        le=MAX_COUNT,
         description="DAPO's dynamic sampling: while fewer of a step's groups than prompts_per_step have "
         "rewards that differ, play up to K more rounds of fresh prompts and train on the groups that do "
         "(0: off)",
@@ -134,6 +145,7 @@ class RolloutConfig(_Section):
     max_staleness: int = Field(
         0,
         ge=0,
+        le=MAX_STEPS,
         description="0: on-policy (play, then train); K >= 1: off-policy, the next steps' episodes are played "
         "while this step trains, each under weights K versions old; older rollouts are dropped and counted",
     )
@@ -145,7 +157,7 @@ class OptimConfig(_Section):
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas")
     eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon")
     schedule: Literal["constant", "linear", "cosine"] = Field("constant", description="decay after warmup")
-    warmup_steps: int = Field(0, ge=0, description="linear warmup steps")
+    warmup_steps: int = Field(0, ge=0, le=MAX_STEPS, description="linear warmup steps")
     min_lr_ratio: float = Field(0.0, ge=0.0, le=1.0, description="final lr / peak lr for linear and cosine")
     max_grad_norm: float | None = Field(1.0, description="gradient clipping norm (null: none)")
 
@@ -178,9 +190,11 @@ class GRPOConfig(_Section):
         True, description="weight tokens by pi_old / pi_engine (truncated) to correct engine/trainer mismatch"
     )
     importance_cap: float = Field(2.0, gt=0.0, description="truncation of the importance weight")
-    epochs_per_batch: int = Field(1, ge=1, description="optimizer steps on each batch of rollouts")
+    epochs_per_batch: int = Field(
+        1, ge=1, le=MAX_COUNT, description="optimizer steps on each batch of rollouts"
+    )
     micro_batch_groups: int = Field(
-        2, ge=1, description="groups per forward/backward (gradient accumulation)"
+        2, ge=1, le=MAX_COUNT, description="groups per forward/backward (gradient accumulation)"
     )
     logprob_chunk_tokens: int = Field(
         512,
@@ -216,14 +230,23 @@ class ParallelConfig(_Section):
 
 
 class TrainerConfig(_Section):
-    steps: int = Field(10, ge=1, description="GRPO steps")
-    seed: int = Field(0, ge=0, description="seed for episodes, sampling and initialisation")
+    steps: int = Field(10, ge=1, le=MAX_STEPS, description="GRPO steps")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="seed for episodes, sampling and initialisation")
     eval_interval: int = Field(
-        0, ge=0, description="evaluate every N steps (0, or more than steps: before and after only)"
+        0,
+        ge=0,
+        le=MAX_STEPS,
+        description="evaluate every N steps (0, or more than steps: before and after only)",
     )
-    eval_episodes: int = Field(32, ge=0, description="held-out episodes per evaluation (0: no eval)")
-    eval_max_new_tokens: int | None = Field(None, ge=1, description="defaults to rollout.max_new_tokens")
-    checkpoint_interval: int = Field(0, ge=0, description="checkpoint every K steps (0: only at the end)")
+    eval_episodes: int = Field(
+        32, ge=0, le=MAX_COUNT, description="held-out episodes per evaluation (0: no eval)"
+    )
+    eval_max_new_tokens: int | None = Field(
+        None, ge=1, le=MAX_TOKENS, description="defaults to rollout.max_new_tokens"
+    )
+    checkpoint_interval: int = Field(
+        0, ge=0, le=MAX_STEPS, description="checkpoint every K steps (0: only at the end)"
+    )
     checkpoint_at_end: bool = Field(
         True,
         description="checkpoint a finished run (false: a run that will not be resumed writes no final "
@@ -236,6 +259,7 @@ class TrainerConfig(_Section):
     stop_after: int | None = Field(
         None,
         ge=1,
+        le=MAX_STEPS,
         description="stop (as if interrupted) after this many steps of this invocation; resume later",
     )
 
@@ -286,8 +310,10 @@ def parse_override(item: str) -> tuple[list[str], Any]:
     if not sep or not key:
         raise ConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. --set optim.lr=1e-5")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
+        value = load_yaml(raw, key.split(".")) if raw.strip() else None
+    except ConfigError as exc:
+        raise ConfigError(f"--set {item!r}: {exc}") from None
+    except (yaml.YAMLError, RecursionError):
         value = raw
     if isinstance(value, str) and raw.strip().lower() in ("none", "null"):
         value = None
@@ -323,11 +349,16 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
         if path.suffix == ".toml":
             data = tomllib.loads(text)
         elif path.suffix in (".yaml", ".yml", ".json"):
-            data = yaml.safe_load(text) or {}
+            data = load_yaml(text) or {}
         else:
             raise ConfigError(f"config file {str(path)!r}: use a .toml, .yaml or .yml file")
+    except ConfigError as exc:
+        raise ConfigError(f"config file {str(path)!r}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"config file {str(path)!r} is nested too deeply to read") from None
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"config file {str(path)!r} does not parse: {exc}") from None
+        detail = " ".join(str(exc).split())
+        raise ConfigError(f"config file {str(path)!r} does not parse: {detail}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r}: the top level must be a mapping of sections")
     return data

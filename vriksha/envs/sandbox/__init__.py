@@ -10,6 +10,8 @@ before it `exec`s the command:
 - runs the command under a PID 1 that dies with the launcher; when the command exits, the kernel kills
   everything it left behind;
 - as root drops to a fresh unprivileged uid (so RLIMIT_NPROC applies and its processes can be killed);
+- installs a seccomp filter (`_seccomp.py`): no nested user namespaces (unshare/clone with
+  CLONE_NEWUSER), no io_uring; both fail with EPERM;
 - sets rlimits: CPU seconds, address space, processes, file size, no core files; a scrubbed environment.
 
 On timeout everything is killed. Output is truncated per stream with a marker. The result says which
@@ -21,7 +23,7 @@ from vriksha.envs.sandbox.check import SandboxReport, require_sandbox, sandbox_r
 from vriksha.envs.sandbox.errors import ALLOW_UNSANDBOXED_ENV, SandboxError, SandboxUnavailableError
 from vriksha.envs.sandbox.interpreter import sandbox_python
 from vriksha.envs.sandbox.result import TRUNCATION_MARKER, SandboxResult
-from vriksha.envs.sandbox.run import run_sandboxed
+from vriksha.envs.sandbox.run import read_output, run_sandboxed
 
 __all__ = [
     "ALLOW_UNSANDBOXED_ENV",
@@ -30,6 +32,7 @@ __all__ = [
     "SandboxResult",
     "SandboxUnavailableError",
     "TRUNCATION_MARKER",
+    "read_output",
     "require_sandbox",
     "run_sandboxed",
     "sandbox_python",

@@ -6,6 +6,8 @@
 2. `fork`: the child is PID 1 of the new PID namespace. It builds a fresh root (`rootfs.build`: the
    work directory, the read-only interpreter and standard library, read-only system libraries,
    a fresh /proc, private /tmp and /dev) and `pivot_root`s into it; it dies with the launcher.
+   Then it installs the system-call filter (`_seccomp.py`: no nested user namespaces, no
+   io_uring), which everything it starts inherits.
 3. It forks the command, which sets its rlimits, drops to the sandbox uid (as root) and `exec`s.
    When the command exits, PID 1 reports its status and exits, and the kernel kills every process
    left in the namespace (daemons, fork-bomb leftovers).
@@ -24,6 +26,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _rootfs as rootfs  # noqa: E402  (a sibling script, stdlib only)
+import _seccomp as seccomp  # noqa: E402
 
 CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
 CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x10000000, 0x20000000, 0x40000000
@@ -95,6 +98,14 @@ def _report(fd: int, record: dict) -> None:
         pass
 
 
+def _filter(libc, status: dict) -> None:
+    """Install the system-call filter here, before anything untrusted runs; say whether it took."""
+    why = seccomp.install(libc)
+    status["seccomp"] = why is None
+    if why is not None:
+        status["seccomp_error"] = why
+
+
 def _init(libc, cfg: dict, cmd: list[str], flags: int, status: dict) -> None:
     """PID 1 of the sandbox: build the root, start the command, wait for it, report (never returns)."""
     fd = cfg["status_fd"]
@@ -105,6 +116,7 @@ def _init(libc, cfg: dict, cmd: list[str], flags: int, status: dict) -> None:
             rootfs.build(libc, cfg)
             status["filesystem_isolated"] = True
         status["pid_isolated"] = bool(flags & CLONE_NEWPID)
+        _filter(libc, status)
         os.set_inheritable(fd, False)
         _report(fd, status)
         child = os.fork()
@@ -143,6 +155,7 @@ def main() -> None:
         "user_namespace": bool(flags & CLONE_NEWUSER),
         "pid_isolated": False,
         "filesystem_isolated": False,
+        "seccomp": False,
         "error": None,
     }
     # without a private root a fresh uid may not reach an interpreter under a private home (/root/.pyenv)
@@ -150,6 +163,7 @@ def main() -> None:
     cfg["drop_uid"] &= bool(flags & CLONE_NEWNS) or cfg["python_world_executable"]
     status["uid_dropped"] = cfg["drop_uid"]
     if not flags & CLONE_NEWPID:  # no PID namespace: run the command from here, as before
+        _filter(libc, status)
         fd = cfg["status_fd"]
         os.set_inheritable(fd, False)
         _report(fd, status)

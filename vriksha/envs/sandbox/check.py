@@ -2,7 +2,7 @@
 
 `sandbox_report()` runs a small probe through the sandbox once per process and per setting: the
 interpreter must start and answer; what the probe sees (its PID, the host's processes, the project's
-own source, the network) is compared with what the launcher claims. `require_sandbox()` raises
+own source, the network, a nested user namespace) is compared with what the launcher claims. `require_sandbox()` raises
 `SandboxUnavailableError` when the sandbox cannot run, or when protections are missing and the user
 has not opted in with VRIKSHA_ALLOW_UNSANDBOXED=1; environments that run untrusted code call it at
 start-up, so a broken sandbox fails loudly instead of scoring every episode 0.
@@ -29,7 +29,8 @@ __all__ = ["SandboxReport", "sandbox_report", "require_sandbox", "unsandboxed_al
 
 _PROJECT_FILE = str(Path(__file__).resolve())
 _PROBE = r"""
-import json, os, socket, sys
+import ctypes, json, os, socket, sys
+userns = "created" if ctypes.CDLL(None, use_errno=True).unshare(0x10000000) == 0 else "refused"
 pids = [p for p in os.listdir("/proc") if p.isdigit()]
 try:
     socket.create_connection(("127.0.0.1", 9), timeout=1).close()
@@ -37,7 +38,7 @@ try:
 except OSError as exc:
     net = type(exc).__name__
 print(json.dumps({"ok": 2 + 2, "pid": os.getpid(), "procs": len(pids),
-                  "sees_source": os.path.exists(sys.argv[1]), "net": net}))
+                  "sees_source": os.path.exists(sys.argv[1]), "net": net, "userns": userns}))
 """
 
 
@@ -53,7 +54,7 @@ class SandboxReport:
         if not self.runs:
             return f"the sandbox cannot run: {self.detail}"
         if not self.missing:
-            return "network, PID namespace, private root and separate user: all isolated"
+            return "network, PID namespace, private root, separate user and system-call filter: all isolated"
         return "missing protections: " + "; ".join(self.missing)
 
 
@@ -93,6 +94,7 @@ def _probe(allow_network: bool, simulate: str | None) -> SandboxReport:
     # trust what the probe saw over what the launcher claims
     iso["pid"] = iso.get("pid", False) and seen.get("pid") in (1, 2) and seen.get("procs", 99) <= 3
     iso["filesystem"] = iso.get("filesystem", False) and not seen.get("sees_source")
+    iso["seccomp"] = iso.get("seccomp", False) and seen.get("userns") == "refused"
     if not allow_network:
         iso["network"] = iso.get("network", False) and seen.get("net") != "reached"
     return SandboxReport(True, iso, missing_protections(iso, allow_network), python=spec.python)

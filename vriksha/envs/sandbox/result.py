@@ -16,6 +16,8 @@ PROTECTIONS = {
     "pid": "pid namespace: the code sees every host process and its command line (/proc/*/cmdline)",
     "filesystem": "private root: the code can read the host's files (project source, datasets, site-packages)",
     "user": "separate user: the code runs as the caller's user (process limit shared, can signal its processes)",
+    "seccomp": "system-call filter: the code can create nested user namespaces and use io_uring "
+    "(kernel attack surface a container escape starts from)",
 }
 
 
@@ -37,7 +39,7 @@ class SandboxResult:
     limit_hit: str | None = None  # timeout | cpu | memory | processes | file_size
     network_isolated: bool = False
     truncated: bool = False
-    isolation: dict[str, bool] = field(default_factory=dict)  # network, pid, filesystem, user, process_limit
+    isolation: dict[str, bool] = field(default_factory=dict)  # network, pid, filesystem, user, seccomp, ...
     missing: list[str] = field(default_factory=list)  # the protections this run did not get, in words
     files: dict[str, bytes] = field(default_factory=dict)  # the `collect`ed output files
 

@@ -31,7 +31,7 @@ from vriksha.envs.sandbox.result import Drain, SandboxResult, classify, missing_
 logger = logging.getLogger(__name__)
 P = ParamSpec("P")
 
-__all__ = ["run_sandboxed", "SIMULATE_NO_NAMESPACES_ENV"]
+__all__ = ["run_sandboxed", "read_output", "SIMULATE_NO_NAMESPACES_ENV"]
 
 _SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _LAUNCHER = Path(__file__).resolve().parent / "_launcher.py"
@@ -201,6 +201,7 @@ def run_unchecked(
             "filesystem": bool(status.get("filesystem_isolated")),
             "user": bool(status.get("uid_dropped"))
             or bool(status.get("user_namespace") and status.get("pid_isolated")),
+            "seccomp": bool(status.get("seccomp")),
             "process_limit": True,
         }
         result = SandboxResult(
@@ -221,9 +222,9 @@ def run_unchecked(
                 "'Threat model', for what it needs"
             )
         for rel in collect or []:
-            path = (workdir / rel).resolve()
-            if path.is_relative_to(workdir.resolve()) and path.is_file():
-                result.files[rel] = path.read_bytes()[: max_output_bytes * 16]
+            data = read_output(workdir, rel, max_output_bytes * 16)
+            if data is not None:
+                result.files[rel] = data
         return result
     finally:
         if proc is not None and proc.returncode is None:
@@ -296,6 +297,19 @@ def _read_status(fd: int) -> dict:
         if isinstance(rec, dict):
             merged.update(rec)
     return merged
+
+
+def read_output(workdir: Path, rel: str, limit: int | None = None) -> bytes | None:
+    """A regular file the sandboxed code left at `rel` under its work directory (None if there is none).
+
+    Links are followed only while they stay inside `workdir`: the code may have put a link to a host
+    file (read as the caller) where its output was expected."""
+    root = Path(workdir).resolve()
+    path = (root / rel).resolve()
+    if not path.is_relative_to(root) or not path.is_file():
+        return None
+    with path.open("rb") as f:
+        return f.read(-1 if limit is None else limit)
 
 
 def _count_user_procs(uid: int) -> int:
