@@ -17,8 +17,9 @@ at least MARGIN faster than every more precise one: fp32 keeps the engine's nati
 bare matmul timing does not see. fp16 is a candidate on accelerators and on CPUs with AVX512-FP16/AMX-FP16.
 
 The result is cached in `$VRIKSHA_CACHE/dtype_choice.json`, keyed by the device's name, the CPU's model and
-flag set, torch's version, the thread count and the shapes, so each machine measures once. `$VRIKSHA_DTYPE`
-pins "auto" and "fastest" to one dtype for a process and its children without measuring.
+flag set, torch's version, the thread count and the shapes, so each machine measures once (again where it was
+timed under load: `vriksha/timing_load.py`). `$VRIKSHA_DTYPE` pins "auto" and "fastest" to one dtype for a
+process and its children without measuring.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 import vriksha.device as devices
+from vriksha import timing_load
 from vriksha.cache import announce_first_load, read_json, write_json
 from vriksha.cpu_features import cpu_features
 from vriksha.errors import ConfigError, VrikshaError
@@ -50,6 +52,7 @@ COLD_BYTES = (
     64 << 20
 )  # decode timing cycles through copies of a weight until they exceed the last-level cache
 CACHE_FILE = "dtype_choice.json"
+WHAT = "dtype"  # in the timings' warnings and `generate --verbose`
 VERSION = 1
 ENV_PIN = (
     "VRIKSHA_DTYPE"  # pins "auto" and "fastest" without measuring (a suite written against fp32 references)
@@ -243,11 +246,12 @@ def choose_dtype(
     key = _cache_key(shapes, device, names)
     record = None if refresh else _read_cache().get(key)
     how = "cached"
-    if record is None or record.get("dtype") not in names:
+    if not timing_load.usable(WHAT, key, record) or record.get("dtype") not in names:
         announce_first_load()
         start = time.perf_counter()
+        watch = timing_load.LoadWatch()
         timings = measure(shapes, device, names)
-        record = {"dtype": pick(timings), "timings": timings, "measured_at": time.time()}
+        record = timing_load.stamped(WHAT, key, {"dtype": pick(timings), "timings": timings}, watch)
         _write_cache(key, record)
         how = "measured"
         logger.info(

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 import vriksha.device as devices
+from vriksha import timing_load
 from vriksha.cache import announce_first_load
 from vriksha.engine import fast_linear, fp32_precision, hub_layers, kernel_sets, native_decode, quantization
 from vriksha.engine import native as native_lib
@@ -129,9 +130,10 @@ class ModelRunner:
             how = "cached"
         else:
             announce_first_load()
+            watch = timing_load.LoadWatch()
             best, times = self._measure_native_decode(model)
             if times:
-                native_decode.store_choice(key, best, times)
+                native_decode.store_choice(key, best, times, watch)
             how = "measured"
         self.native_decode.max_batch = best
         if best == 0:

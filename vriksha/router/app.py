@@ -20,6 +20,7 @@ from starlette.datastructures import Headers
 
 from vriksha.net.offload import off_loop
 from vriksha.net.trust import INTERNAL_HEADER
+from vriksha.router import passthrough
 from vriksha.router.config import RouterConfig
 from vriksha.router.fast_path import Handler, HotPathApp
 from vriksha.router.pool import ReplicaPool
@@ -64,7 +65,12 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await pool.start()
-        logger.info("routing over %d replicas with %s", len(pool.replicas), pool.policy.name)
+        logger.info(
+            "routing over %d replicas with the %s policy: %s",
+            len(pool.replicas),
+            pool.policy.name,
+            ", ".join(f"{r.url} ({r.spec.role})" for r in pool.replicas),
+        )
         # what is alive now (modules, the tokenizer: ~350k objects) lives as long as the router: out of the
         # collector's full passes, each of which would otherwise stall every request for tens of ms
         gc.collect()
@@ -99,15 +105,7 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
     key = config.api_key
     app.hot_paths(hot, wrap=(lambda inner: APIKeyMiddleware(inner, key, config.auth_exempt)) if key else None)
 
-    @app.get("/v1/models")
-    async def models(request: Request) -> Response:
-        for r in pool.healthy():
-            try:
-                resp = await http.get(f"{r.url}/v1/models", headers=dict(request.headers.items()))
-            except httpx.TransportError:
-                continue
-            return Response(resp.content, resp.status_code, media_type="application/json")
-        raise NoReplicaError("no replica is healthy; retry shortly", headers={"Retry-After": "1"})
+    passthrough.install(app, pool, http)
 
     @app.get("/health")
     async def health() -> Response:

@@ -129,7 +129,7 @@ def register(subparsers: Any) -> None:
         help="the affinity rule binds only a replica holding at least this share of the prompt (0..1) more "
         "than the replica with the best estimate",
     )
-    p.set_defaults(func=handler)
+    p.set_defaults(func=handler, default_log_level="INFO")  # its address, replicas and policy, and "ready"
 
 
 def config_from_args(args: argparse.Namespace, need_replicas: bool = True) -> RouterConfig:
@@ -209,8 +209,11 @@ def handler(args: argparse.Namespace) -> int:
         from vriksha.semantic.serve import semantic_app
 
         app = semantic_app(args.config, config_from_args(args, need_replicas=False))
+        ready = f"routing by meaning ({args.config})"
     else:
-        app = create_router_app(config_from_args(args))
+        config = config_from_args(args)
+        app = create_router_app(config)
+        ready = f"routing to {', '.join(r.url for r in config.replicas)}"
     level = logging.getLogger().getEffectiveLevel()
     uv_config = front_config(
         app,
@@ -222,7 +225,7 @@ def handler(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=5,
         lifespan="on",
     )
-    server = _server_class()(uv_config, front)
+    server = _server_class()(uv_config, front, ready)
     try:
         server.run()
     finally:

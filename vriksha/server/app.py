@@ -19,6 +19,7 @@ from vriksha.server.errors import install_error_handlers
 from vriksha.server.metrics import ServerMetrics
 from vriksha.server.profiler import ServerProfiler
 from vriksha.server.routes_fleet import router as fleet_router
+from vriksha.server.routes_info import router as info_router
 from vriksha.server.routes_kv import router as kv_router
 from vriksha.server.routes_native import router as native_router
 from vriksha.server.routes_openai import router as openai_router
@@ -81,6 +82,7 @@ def create_app(
     app.include_router(kv_router)
     app.include_router(render_router)
     app.include_router(tokenize_router)
+    app.include_router(info_router)
     policy = AccessPolicy(config.api_key, config.internal_key, config.weights_key, config.auth_exempt)
     app.add_middleware(RoleMiddleware, policy=policy)
     return app

@@ -138,7 +138,9 @@ def register(subparsers: Any) -> None:
 
     # --profile: scheduled capture over engine steps; --profile-dir also for /start_profile
     add_profile_args(p)
-    p.set_defaults(func=handler)
+    # INFO unless --log-level says otherwise: the model, its dtype, quantization, KV pool and threads, the
+    # address, and a "ready" line once it accepts requests
+    p.set_defaults(func=handler, default_log_level="INFO")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -192,6 +194,12 @@ def handler(args: argparse.Namespace) -> int:
             f"--role {role_config.role} needs the prefix cache; drop --no-enable-prefix-caching"
         )
     publisher = _kv_events(args, internal_key)
+    logger.info(
+        "loading %s; the server listens on %s:%d once it is loaded",
+        engine_config.model or "the embedded default model",
+        args.host,
+        args.port,
+    )
     engine = AsyncEngine(LLMEngine(engine_config, cache_events=publisher))
     if args.load_weights_dir:
         from vriksha.weights.fs import restore_latest
@@ -218,7 +226,13 @@ def handler(args: argparse.Namespace) -> int:
         lifespan="on",
     )
     server = GracefulServer(
-        uv_config, front, state.drain, lambda: state.admission.in_flight, lambda: engine.failure
+        uv_config,
+        front,
+        state.drain,
+        lambda: state.admission.in_flight,
+        lambda: engine.failure,
+        ready=f"serving {', '.join(state.model_names)} (POST /v1/chat/completions, /v1/completions, /generate; "
+        "GET /v1/models)",
     )
     try:
         server.run()
