@@ -17,7 +17,7 @@ from vriksha.engine.config import PlatformConfig
 from vriksha.engine.core.structured_outputs import StructuredOutputsParams
 
 CORE = Path(vriksha.engine.core.__file__).parent
-BACKENDS = ("vriksha.engine.platform", "vriksha.engine.attention", "triton", "ctypes")
+BACKENDS = ("vriksha.engine.platform", "vriksha.engine.attention.paged", "triton", "ctypes")
 THE_DOOR = "vriksha.engine.runner.load"  # the one way from the engine loop to the model
 LOOP = ("llm_engine", "llm", "async_engine")  # the engine loop and the APIs over it, which load a model
 
@@ -67,7 +67,7 @@ def test_core_modules_load_no_backend_when_imported():
 def test_no_platform_decision_is_taken_after_load(default_tokenizer, monkeypatch):
     """Once loaded, steps of every kind (prefill chunks, decodes, prompt log-probs, grammar masks) run without
     asking any platform decision again."""
-    from vriksha.engine.attention import backend
+    from vriksha.engine.attention.paged import backend
     from vriksha.engine.platform import (
         compute_dtype,
         fp32_precision,
@@ -92,7 +92,7 @@ def test_no_platform_decision_is_taken_after_load(default_tokenizer, monkeypatch
         (plan, "resolve"),
         (plan, "kv_cache_dtype"),
         (quantization, "apply"),
-        (quantization, "int8_activations"),
+        (quantization, "packed_activations"),
         (backend, "select_backend"),
         (native_decode_choice, "set_up"),
     ):

@@ -40,7 +40,8 @@ def register(subparsers) -> None:
         "--verbose",
         action="store_true",
         help="print the platform plan: every decision taken at load (the dtype and the CPU flags it saw, kernels, "
-        "KV dtype, threads, malloc, linear paths, quantization, native decode, CUDA graphs, forward paths)",
+        "KV dtype, threads, malloc, linear paths, quantization, native decode, CUDA graphs, forward paths), and "
+        "when each of this machine's timings it used was measured and under what load",
     )
     EngineConfig.add_arguments(p)
     add_profile_args(p)
@@ -69,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"engine: {engine.model_name}, {engine.allocator.capacity} KV slots", file=sys.stderr)
         for line in engine.plan.lines():
             print(f"engine: {line}", file=sys.stderr)
+        from vriksha import timing_load
+
+        for line in timing_load.report():
+            print(f"engine: timings: {line}", file=sys.stderr)
     prompts = args.prompt
     if args.chat:
         prompts = [

@@ -28,6 +28,7 @@ from vriksha.engine.config import EngineConfig
 from vriksha.engine.core.outputs import CompletionOutput, RequestOutput
 from vriksha.errors import VrikshaError
 from vriksha.net.launch import free_port
+from vriksha.net.trust import WEIGHTS_KEY_ENV, env_key, new_key
 from vriksha.train.config import ModelConfig, RolloutConfig
 from vriksha.weights import WeightSyncClient, digest
 
@@ -58,8 +59,12 @@ class LocalServer:
             cmd += ["--model", model_path]
         cmd += flags
         self.log_path = log_path
+        self.weights_key = (
+            env_key(WEIGHTS_KEY_ENV) or new_key()
+        )  # this trainer's alone, unless it was given one
+        env = {**os.environ, WEIGHTS_KEY_ENV: self.weights_key}
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         atexit.register(self.stop)
         self._wait()
 
@@ -199,6 +204,7 @@ class ServerRollout:
                     cfg.weight_backend,
                     int(cfg.weight_bucket_mb * 2**20),
                     fs_root=out_dir / "weights",
+                    weights_key=self.local.weights_key if self.local is not None else None,
                 )
                 for u in self.urls
             ]
@@ -252,7 +258,8 @@ class ServerRollout:
                 served,
                 expected,
             )
-        res = client.push(self.engine_module, self.version)
+        # a server ahead of the trainer (after a trainer restart) takes the trainer's older version on purpose
+        res = client.push(self.engine_module, self.version, rewind=served > self.version)
         row: dict[str, Any] = {
             "server": client.base_url,
             "version": res.version,

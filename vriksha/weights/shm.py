@@ -67,7 +67,7 @@ class ShmReceiver:
 
     def receive(self, info: dict, target: dict[str, torch.Tensor], counter: CopyCounter) -> list[str]:
         path, size = Path(str(info["path"])), int(info["size"])
-        if not str(path.resolve()).startswith(str(SHM_DIR.resolve())) or not path.is_file():
+        if not path.resolve().is_relative_to(SHM_DIR.resolve()) or not path.is_file():
             raise WeightTransferError(f"shared-memory buffer {str(path)!r} is not a file under {SHM_DIR}")
         if path.stat().st_size < size:
             raise WeightTransferError(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -98,6 +99,7 @@ class LLMEngine:
             config.seed, native.greedy_pick if native is not None else None, plan.mask_kernel
         )
         self._grammar = None  # GrammarEngine, built on the first constrained request
+        self._grammar_lock = threading.Lock()
         self._groups: dict[str, _Group] = {}
         self._closed = False
         self.step_hooks: list = []  # called after every step (profilers)
@@ -232,16 +234,19 @@ class LLMEngine:
         self._closed = True
 
     def grammar_engine(self):
-        """The structured-output engine (llguidance over this tokenizer), built on first use."""
-        if self._grammar is None:
-            from vriksha.engine.core.grammar import GrammarEngine, overlap_plan
+        """The structured-output engine (llguidance over this tokenizer), built on first use (from any thread:
+        a server compiles grammars off the engine's loop)."""
+        with self._grammar_lock:
+            if self._grammar is None:
+                from vriksha.engine.core.grammar import GrammarEngine, GrammarLimits, overlap_plan
 
-            overlap, threads, min_batch = overlap_plan(
-                self.config.platform.grammar_overlap, devices.is_host(self.device)
-            )
-            self._grammar = GrammarEngine(
-                self.tokenizer, self.vocab_size, self.eos_token_ids, overlap, threads, min_batch
-            )
+                overlap, threads, min_batch = overlap_plan(
+                    self.config.platform.grammar_overlap, devices.is_host(self.device)
+                )
+                limits = GrammarLimits(self.config.grammar_max_bytes, self.config.grammar_max_branches)
+                self._grammar = GrammarEngine(
+                    self.tokenizer, self.vocab_size, self.eos_token_ids, overlap, threads, min_batch, limits
+                )
         return self._grammar
 
     def _bad_word_ids(self, words: list[str]) -> list[list[int]]:
@@ -351,10 +356,13 @@ class LLMEngine:
         params = req.params
         n_out = len(req.output_token_ids)
         if req.grammar is not None and not req.grammar.advance(token):
-            logger.warning(
-                "request %s: token %d outside its grammar: %s", req.request_id, token, req.grammar.error
+            req.error = (
+                f"the structured output failed at its token {n_out}: {req.grammar.reason} (the grammar "
+                "is past the grammar engine's limits at this point); simplify the schema or grammar"
             )
-        if token in params.stop_token_ids and n_out >= params.min_tokens:
+            logger.warning("request %s: %s", req.request_id, req.error)
+            self._finish(req, "error", None)
+        elif token in params.stop_token_ids and n_out >= params.min_tokens:
             self._finish(req, "stop", token)
         elif not params.ignore_eos and token in req.eos_token_ids and n_out >= params.min_tokens:
             self._finish(req, "stop", token)
@@ -419,6 +427,7 @@ class LLMEngine:
                     logprobs=list(req.top_logprobs) if req.params.logprobs is not None else None,
                     finish_reason=req.finish_reason,
                     stop_reason=req.stop_reason,
+                    error=req.error,
                 )
             )
         first = group.sequences[0]

@@ -3,7 +3,7 @@
 Resolved in three steps. Before the weights are read, the compute dtype (`resolve_dtype`: the measured choice
 of `compute_dtype.py`, with the packed GGUF blocks' say from `quantization.packed_dtype`). Once the model is
 in memory (`resolve`): whether an fp32 model's matmuls may run in bf16 arithmetic (`platform/fp32_precision.py`), what
-the packed kernels may round activations to (`quantization.int8_activations`), the KV pool's dtype, glibc
+the packed kernels may round activations to (`quantization.packed_activations`), the KV pool's dtype, glibc
 malloc's thresholds (`host_malloc.py`), how many threads a step runs on (`platform/step_threads.py`), the kernel set
 (`platform/kernel_sets.py`) and whether linear layers take measured paths. The model runner then takes the decisions
 that need the model installed and timed (the packed weights, the linear paths' bf16 buckets, the attention
@@ -26,7 +26,7 @@ from vriksha.engine.config import EngineConfig
 from vriksha.engine.platform import compute_dtype, fp32_precision, host_malloc, kernel_sets
 from vriksha.engine.platform.kernel_sets import TorchKernels
 from vriksha.engine.platform.native.bitmask import BitmaskKernel, bitmask_kernel
-from vriksha.engine.platform.quantization import QuantizationChoice, int8_activations, packed_dtype
+from vriksha.engine.platform.quantization import QuantizationChoice, packed_activations, packed_dtype
 from vriksha.engine.platform.step_threads import StepThreads
 from vriksha.errors import ConfigError
 
@@ -51,7 +51,7 @@ class PlatformPlan:
     device: torch.device
     dtype: compute_dtype.DtypeChoice  # the compute dtype, and how it was arrived at
     bf16_matmuls: bool  # an fp32 model's linear layers may run in bf16 arithmetic where measured faster
-    int8_activations: bool  # the packed kernels may round activations to int8 where measured faster
+    packed_activations: str  # the least precise activations the packed kernels may use: float32, int16, int8
     kv_dtype: torch.dtype
     kv_cache_dtype: str  # as requested
     host_malloc: host_malloc.MallocChoice | None  # None off the host
@@ -69,7 +69,7 @@ class PlatformPlan:
             f"kernels {self.runner.kernels if self.runner else self.kernels.describe()}",
             f"KV pool {kv} (kv_cache_dtype {self.kv_cache_dtype})",
             f"linear paths {'measured per shape and batch size' if self.linear_paths else 'torch F.linear'}",
-            f"packed activations {'int16, or int8 where measured faster' if self.int8_activations else 'int16'}",
+            f"packed activations {self.packed_activations} at most",
             f"threads: {self.threads.describe()}",
             f"grammar masks {'by the native kernel' if self.mask_kernel is not None else 'unpacked with numpy'}",
         ]
@@ -117,7 +117,7 @@ def resolve(
         device=device,
         dtype=dtype,
         bf16_matmuls=bf16,
-        int8_activations=int8_activations(
+        packed_activations=packed_activations(
             config.platform.packed_activations, config.platform.fp32_precision, measured
         ),
         kv_dtype=kv_cache_dtype(config.kv_cache_dtype, model_dtype, bf16, tensor_parallel),

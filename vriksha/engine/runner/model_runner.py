@@ -86,7 +86,7 @@ class ModelRunner:
             gguf,
             devices.is_host(self.device),
             self.bf16_matmuls and self.fast_linear is not None,
-            int8=plan.int8_activations,
+            activations=plan.packed_activations,
         )
         self._build_linear_layouts()
         self.matmul_choice = self._describe_matmuls()

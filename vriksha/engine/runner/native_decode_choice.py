@@ -16,6 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from vriksha import timing_load
 from vriksha.artifact_store import announce_first_load, read_json, write_json
 from vriksha.engine.attention.backend import AttentionBackend
 from vriksha.engine.attention.batch import AttentionBatch
@@ -31,6 +32,7 @@ logger = logging.getLogger(__name__)
 
 MEASURE_BATCHES = (1, 8, 64)
 CACHE_FILE = "native_decode.json"
+WHAT = "native decode"
 
 
 def set_up(
@@ -68,9 +70,10 @@ def set_up(
         how = "cached"
     else:
         announce_first_load()
+        watch = timing_load.LoadWatch()
         best, times = measure(native, lean, pool, attention, model.model.embed_tokens.weight.shape[0])
         if times:
-            store_choice(key, best, times)
+            store_choice(key, best, times, watch)
         how = "measured"
     native.max_batch = best
     choice = (
@@ -122,16 +125,18 @@ def choice_key(
 
 
 def cached_choice(key: str) -> dict | None:
-    """The kept `auto` choice for `key` ({"max_batch", "timings"}), or None."""
+    """The kept `auto` choice for `key` ({"max_batch", "timings"}), or None (also where it was timed under
+    load: `vriksha/timing_load.py`)."""
     record = read_json(CACHE_FILE).get(key)
-    if not isinstance(record, dict) or not isinstance(record.get("max_batch"), int):
+    if not timing_load.usable(WHAT, key, record) or not isinstance(record.get("max_batch"), int):
         return None
     return record
 
 
-def store_choice(key: str, max_batch: int, timings: list[str]) -> None:
+def store_choice(key: str, max_batch: int, timings: list[str], watch: timing_load.LoadWatch) -> None:
+    """Keep the choice measured since `watch` started, with the machine's load meanwhile."""
     known = read_json(CACHE_FILE)
-    known[key] = {"max_batch": max_batch, "timings": timings, "measured_at": time.time()}
+    known[key] = timing_load.stamped(WHAT, key, {"max_batch": max_batch, "timings": timings}, watch)
     write_json(CACHE_FILE, known, "the native decode choice")
 
 
