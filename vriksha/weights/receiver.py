@@ -19,6 +19,7 @@ from vriksha.errors import VrikshaError
 from vriksha.weights.counters import CopyCounter
 from vriksha.weights.fs import FsReceiver
 from vriksha.weights.plan import TensorSpec, WeightTransferError, check_specs, digest
+from vriksha.weights.protocol import WeightReceiver
 from vriksha.weights.shm import ShmReceiver
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,7 @@ def engine_parameters(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 class UpdateState:
     owner: str | None = None
     backend: str | None = None
-    receiver: Any = None
+    receiver: WeightReceiver | None = None
     updating: bool = False
     pending_version: int | None = None
     counter: CopyCounter = field(default_factory=CopyCounter)
@@ -74,8 +75,9 @@ class WeightUpdater:
         if backend not in BACKENDS:
             raise WeightTransferError(f"unknown weight transfer backend {backend!r}; use one of {BACKENDS}")
         self.close_backend()
+        receiver: WeightReceiver
         if backend == "shm":
-            receiver: Any = ShmReceiver()
+            receiver = ShmReceiver()
         elif backend == "fs":
             receiver = FsReceiver()
         else:
@@ -118,9 +120,14 @@ class WeightUpdater:
         specs = [TensorSpec.from_json(d) for d in info.get("specs", [])] if "specs" in info else None
         if specs is not None:
             check_specs(specs, {n: target[n] for n in target if n in {sp.name for sp in specs}})
+        receiver = s.receiver
+        if receiver is None:
+            raise WeightTransferError(
+                "no weight transfer is initialised; POST /init_weight_transfer_engine first"
+            )
         engine.weight_version = -1  # in flux until finish: a failed update is never mistaken for a version
         with torch.no_grad():
-            s.received.update(s.receiver.receive(info, target, s.counter))
+            s.received.update(receiver.receive(info, target, s.counter))
         return s.counter.to_json()
 
     def finish(self, engine: Any) -> dict:
@@ -135,7 +142,9 @@ class WeightUpdater:
                 f"the update did not send {len(missing)} parameter(s), e.g. {missing[0]!r}; the engine keeps "
                 f"version {engine.weight_version} until a full update finishes"
             )
-        engine.set_weight_version(int(s.pending_version))
+        if s.pending_version is None:
+            raise WeightTransferError("no weight update is in progress; POST /start_weight_update first")
+        engine.set_weight_version(s.pending_version)
         s.updating = False
         elapsed = time.monotonic() - s.started_at
         logger.info(
