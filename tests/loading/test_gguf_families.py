@@ -11,70 +11,14 @@ import torch
 
 gguf = pytest.importorskip("gguf")
 
-# Transformers' names -> GGUF's, per layer (Qwen2: biases on q, k, v; no rotary permutation, unlike Llama)
-_LAYER = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight",
-    "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.weight": "attn_k.weight",
-    "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.weight": "attn_output.weight",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight",
-    "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-_GLOBAL = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
-
-
-def _gguf_name(name: str) -> str:
-    if name in _GLOBAL:
-        return _GLOBAL[name]
-    if name == "lm_head.weight":
-        return "output.weight"
-    _, _, index, rest = name.split(".", 3)
-    return f"blk.{index}.{_LAYER[rest]}"
-
-
-def _copy_tokenizer(writer, reader, vocab: int) -> None:
-    """The embedded model's BPE tokenizer cut to its first `vocab` tokens and the merges among them."""
-    tokens = reader.fields["tokenizer.ggml.tokens"].contents()[:vocab]
-    known = set(tokens)
-    merges = [m for m in reader.fields["tokenizer.ggml.merges"].contents() if m.replace(" ", "", 1) in known]
-    writer.add_tokenizer_model(reader.fields["tokenizer.ggml.model"].contents())
-    writer.add_tokenizer_pre(reader.fields["tokenizer.ggml.pre"].contents())
-    writer.add_token_list(tokens)
-    writer.add_token_types(reader.fields["tokenizer.ggml.token_type"].contents()[:vocab])
-    writer.add_token_merges(merges)
-    for key in ("bos_token_id", "eos_token_id", "padding_token_id"):
-        writer.add_uint32(f"tokenizer.ggml.{key}", int(reader.fields[f"tokenizer.ggml.{key}"].contents()))
-    writer.add_chat_template(reader.fields["tokenizer.chat_template"].contents())
-
 
 def _write_qwen2_gguf(model, path: Path) -> None:
-    from vriksha.loading.loader import default_gguf_path
+    from tests.gguf_files import finish, qwen2_gguf_name, qwen2_writer
 
-    cfg = model.config
-    writer = gguf.GGUFWriter(str(path), "qwen2")
-    writer.add_name("tiny-qwen2")
-    writer.add_context_length(cfg.max_position_embeddings)
-    writer.add_embedding_length(cfg.hidden_size)
-    writer.add_block_count(cfg.num_hidden_layers)
-    writer.add_feed_forward_length(cfg.intermediate_size)
-    writer.add_head_count(cfg.num_attention_heads)
-    writer.add_head_count_kv(cfg.num_key_value_heads)
-    writer.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
-    writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
-    _copy_tokenizer(writer, gguf.GGUFReader(str(default_gguf_path())), cfg.vocab_size)
+    writer = qwen2_writer(path, model.config)
     for name, tensor in model.state_dict().items():
-        writer.add_tensor(_gguf_name(name), tensor.detach().float().numpy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+        writer.add_tensor(qwen2_gguf_name(name), tensor.detach().float().numpy())
+    finish(writer)
 
 
 @pytest.mark.slow
