@@ -69,27 +69,25 @@ def _list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title="vriksha packaged models (* the default)", box=box.SIMPLE, pad_edge=False)
-    for column in ("name", "arch", "licence", "size", "installed", "cached"):
-        table.add_column(column, no_wrap=True)
+    table = [("name", "arch", "licence", "size", "installed", "cached")]
     for r in rows:
-        table.add_row(
-            r["name"] + (" *" if r["default"] else ""),
-            r["architecture"],
-            r["licence"],
-            f"{r['size'] / 1e6:.0f} MB",
-            "yes" if r["installed"] else "no",
-            "yes" if r["cached"] else "no",
+        table.append(
+            (
+                r["name"] + (" *" if r["default"] else ""),
+                r["architecture"],
+                r["licence"],
+                f"{r['size'] / 1e6:.0f} MB",
+                "yes" if r["installed"] else "no",
+                "yes" if r["cached"] else "no",
+            )
         )
-    console = Console()
-    console.print(table)
-    for r in rows:
-        if not r["installed"]:
-            console.print(f"{r['name']}: {r['problem']}; install it with: {r['install']}", soft_wrap=True)
+    widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in table]
+    lines.append("* the default; cached: converted once, later loads read safetensors")
+    lines += [
+        f"{r['name']}: {r['problem']}; install it with: {r['install']}" for r in rows if not r["installed"]
+    ]
+    print("\n".join(lines))
     return 0
 
 

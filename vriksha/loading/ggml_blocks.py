@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import torch
@@ -49,9 +50,10 @@ BLOCKS: dict[str, tuple[int, int]] = {
     "Q5_K": (QK_K, 176),
     "Q6_K": (QK_K, 210),
 }
-# weights dequantized at a time: a chunk's temporaries (a few hundred KB) stay in L2 and are reused by the
-# allocator, where a whole tensor's would be fresh pages faulted in and zeroed for every operation
-_CHUNK_WEIGHTS = 1 << 16
+# weights dequantized at a time: every temporary of a chunk stays under torch's grain size (32,768 elements),
+# so each operation runs on the calling thread (no OpenMP team to wake and join, which on a loaded machine can
+# cost milliseconds an operation) and in L2; chunks are spread over a pool of threads instead
+_CHUNK_WEIGHTS = 1 << 14
 
 
 def _f16(raw: torch.Tensor, start: int) -> torch.Tensor:
@@ -181,9 +183,21 @@ def dequantize_blocks(type_name: str, data: torch.Tensor) -> torch.Tensor:
     blocks = data.reshape(-1, size)
     out = torch.empty(blocks.shape[0], weights, dtype=torch.float32)
     step = _CHUNK_WEIGHTS // weights
-    for start in range(0, blocks.shape[0], step):
+    dequantize = _DEQUANTIZE[type_name]
+
+    def run(start: int) -> None:
         chunk = blocks[start : start + step]
-        out[start : start + chunk.shape[0]] = _DEQUANTIZE[type_name](chunk, chunk.to(torch.int32))
+        out[start : start + chunk.shape[0]] = dequantize(chunk, chunk.to(torch.int32))
+
+    starts = range(0, blocks.shape[0], step)
+    workers = min(torch.get_num_threads(), len(starts))
+    if workers <= 1:
+        for start in starts:
+            run(start)
+    else:  # torch releases the GIL inside each operation
+        with ThreadPoolExecutor(workers) as pool:
+            for _ in pool.map(run, starts):
+                pass
     return out.reshape(*data.shape[:-1], data.shape[-1] // size * weights)
 
 
