@@ -58,6 +58,23 @@ def random_blocks(type_name: str, rows: int, blocks_a_row: int, seed: int = 0) -
     return data
 
 
+def tiny_qwen2_config(hidden_size: int, intermediate_size: int, **overrides):
+    """A two-layer Qwen2 config over the embedded tokenizer's first 1024 tokens, untied head."""
+    import transformers as T
+
+    fields = dict(
+        vocab_size=1024,  # the embedded tokenizer's first 1024 tokens: a small BPE to convert
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+    )
+    return T.Qwen2Config(**(fields | overrides))
+
+
 def qwen2_gguf_name(name: str) -> str:
     """The GGUF tensor name of a Transformers Qwen2 parameter."""
     if name in QWEN2_GLOBAL:

@@ -5,6 +5,18 @@ from __future__ import annotations
 import pytest
 
 QWEN_CODER = "qwen2.5-coder-0.5b-instruct"
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The current weather of a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+            "required": ["city"],
+        },
+    },
+}
 
 
 def require_packaged(name: str) -> None:

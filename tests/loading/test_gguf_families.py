@@ -25,21 +25,12 @@ def _write_qwen2_gguf(model, path: Path) -> None:
 def test_qwen2_gguf_decodes_as_the_model_it_was_written_from(tmp_path, monkeypatch):
     import transformers as T
 
+    from tests.gguf_files import tiny_qwen2_config
     from vriksha import LLM, SamplingParams
 
     monkeypatch.setenv("VRIKSHA_CACHE", str(tmp_path / "cache"))
     torch.manual_seed(0)
-    config = T.Qwen2Config(
-        vocab_size=1024,  # the embedded tokenizer's first 1024 tokens: a small BPE to convert
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-        initializer_range=0.2,
-    )
+    config = tiny_qwen2_config(hidden_size=64, intermediate_size=128, initializer_range=0.2)
     model = T.Qwen2ForCausalLM(config).eval()
     path = tmp_path / "tiny-qwen2.gguf"
     _write_qwen2_gguf(model, path)

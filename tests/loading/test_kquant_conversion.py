@@ -18,18 +18,9 @@ PACKED = {"Q4_0", "Q4_1", "Q8_0"}
 
 
 def _config():
-    import transformers as T
+    from tests.gguf_files import tiny_qwen2_config
 
-    return T.Qwen2Config(
-        vocab_size=1024,  # the embedded tokenizer's first 1024 tokens
-        hidden_size=256,  # K-quant rows are whole 256-weight super-blocks
-        intermediate_size=512,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-    )
+    return tiny_qwen2_config(hidden_size=256, intermediate_size=512)  # K-quant rows: whole super-blocks
 
 
 def _write(path, cfg, tokenizer: bool) -> dict[str, tuple[str, np.ndarray]]:

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from tests.packaged_models import QWEN_CODER as MODEL
+from tests.packaged_models import WEATHER_TOOL as WEATHER
 from tests.packaged_models import require_packaged
 
 CHATS = [
@@ -20,18 +21,6 @@ CHATS = [
         {"role": "user", "content": "Fix the bug:\ndef add(a, b):\n    return a - b"},
     ],
 ]
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather of a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}},
-            "required": ["city"],
-        },
-    },
-}
 
 pytestmark = pytest.mark.slow
 
@@ -109,5 +98,5 @@ def test_the_chat_templates_tool_calls_parse(tokenizer):
     reply = rendered.rsplit("<|im_start|>assistant\n", 1)[1].split("<|im_end|>")[0]
     content, calls = get_parser(name, [WEATHER]).parse(reply)
     assert content.strip() == ""
-    assert [(c.name, c.arguments) for c in calls] == [("get_weather", {"city": "Paris", "unit": "c"})]
-    assert json.loads(calls[0].arguments_json) == {"city": "Paris", "unit": "c"}
+    assert [(c.name, c.arguments) for c in calls] == [("get_weather", {"city": "Paris", "unit": "celsius"})]
+    assert json.loads(calls[0].arguments_json) == {"city": "Paris", "unit": "celsius"}

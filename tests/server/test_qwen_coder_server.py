@@ -11,20 +11,9 @@ import openai
 import pytest
 
 from tests.packaged_models import QWEN_CODER as MODEL
+from tests.packaged_models import WEATHER_TOOL as WEATHER
 from tests.packaged_models import require_packaged
 
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The current weather of a city",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
-            "required": ["city"],
-        },
-    },
-}
 WEATHER_QUESTION = [{"role": "user", "content": "What is the weather like in Paris today?"}]
 
 pytestmark = pytest.mark.slow
