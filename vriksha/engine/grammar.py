@@ -19,6 +19,13 @@ Sequences of one spec that consumed the same tokens are in the same state (`n > 
 JSON object): a batch computes their mask once, and a spec's start mask is computed once and kept. A request's
 matcher is a copy of one compiled per distinct spec (`LLMatcher.deep_copy`, microseconds), not a new parse of
 its grammar (milliseconds each, for every sequence of a batch).
+
+A spec is checked before its request is admitted (`GrammarEngine.compile`): its grammar's size and the
+widest `anyOf`/`oneOf`/`choice` against `GrammarLimits`, then compiled under llguidance's own resource limits
+(lexer fuel, Earley items per step), its start mask computed and the tokens it forces at the start consumed
+on a copy. A grammar that is unsatisfiable (a `$ref` to itself), too large, or that exceeds those limits at the
+start is refused there with the reason. One that exceeds them later, mid-generation, puts its matcher in an
+error state: the engine then ends the request as an error (`finish_reason` "error"), never as a stop.
 """
 
 from __future__ import annotations
@@ -27,6 +34,8 @@ import json
 import logging
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -69,11 +78,65 @@ def grammar_text(spec: StructuredOutputsParams) -> str:
         raise InvalidRequestError(f"invalid structured_outputs.{spec.kind}: {e}") from None
 
 
+@dataclass(slots=True, frozen=True)
+class GrammarLimits:
+    """What one request's grammar may cost. `max_bytes`: the compiled grammar's text; `max_branches`: the
+    alternatives of one `anyOf`/`oneOf` (or `choice` list), each an Earley item at every step it is open.
+    llguidance's own limits: `lexer_fuel`, the work of building the lexer's first regex states (about 50k a
+    millisecond; llguidance's default is 1M, enough for a regex such as `(a{1000}){1000}` to take seconds
+    before it fails), and its defaults for the rest (2,000 items in one Earley row, 50k items a step)."""
+
+    max_bytes: int = 512 * 1024
+    max_branches: int = 1000
+    lexer_fuel: int = 200_000
+
+    def parser_limits(self) -> Any:
+        return _llguidance().LLParserLimits(initial_lexer_fuel=self.lexer_fuel, verbose_errors=False)
+
+
+def _reason(error: str) -> str:
+    """llguidance's error, its first line (the rest is a parser state dump)."""
+    return error.strip().splitlines()[0] if error.strip() else "unknown error"
+
+
+def _widest(value: Any) -> int:
+    """The most alternatives of one `anyOf`/`oneOf` anywhere in a JSON schema."""
+    widest, stack = 0, [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            for key in ("anyOf", "oneOf"):
+                if isinstance(node.get(key), list):
+                    widest = max(widest, len(node[key]))
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return widest
+
+
+def check_size(spec: StructuredOutputsParams, grammar: str, limits: GrammarLimits) -> None:
+    """Raise InvalidRequestError when the spec is wider or its grammar larger than `limits` allow."""
+    where = f"structured_outputs.{spec.kind}"
+    branches = len(spec.choice) if spec.choice is not None else _widest(spec.json) if spec.json else 0
+    if branches > limits.max_branches:
+        raise InvalidRequestError(
+            f"{where} has {branches} alternatives in one anyOf/oneOf/choice; the server takes at most "
+            f"{limits.max_branches} (--grammar-max-branches); split the request or merge alternatives"
+        )
+    size = len(grammar.encode())
+    if size > limits.max_bytes:
+        raise InvalidRequestError(
+            f"{where} compiles to a grammar of {size} bytes; the server takes at most {limits.max_bytes} "
+            "(--grammar-max-bytes); simplify the schema"
+        )
+
+
 def check_grammar(spec: StructuredOutputsParams) -> None:
-    """Raise InvalidRequestError with llguidance's reason when the spec cannot be compiled (no tokenizer needed)."""
+    """Raise InvalidRequestError with llguidance's reason when the spec cannot be compiled (no tokenizer needed;
+    `GrammarEngine.compile` checks the rest against the engine's limits)."""
     error = _llguidance().LLMatcher.validate_grammar(grammar_text(spec))
     if error:
-        raise InvalidRequestError(f"invalid structured_outputs.{spec.kind}: {error}")
+        raise InvalidRequestError(f"invalid structured_outputs.{spec.kind}: {_reason(error)}")
 
 
 def _printable_word(text: str) -> bool:
@@ -166,6 +229,11 @@ class Matcher:
         return self.inner.get_error() if self.inner.is_error() else None
 
     @property
+    def reason(self) -> str:
+        """Why the matcher is in error, in one line."""
+        return _reason(self.inner.get_error())
+
+    @property
     def live(self) -> bool:
         return not self.inner.is_stopped() and not self.inner.is_error()
 
@@ -186,8 +254,11 @@ class GrammarEngine:
         overlap: bool = False,
         threads: int | None = None,
         min_batch: int = 1,
+        limits: GrammarLimits | None = None,
     ) -> None:
         llg = _llguidance()
+        self.limits = limits or GrammarLimits()
+        self._parser_limits = self.limits.parser_limits()
         self._llg = llg
         self.tokenizer = llguidance_tokenizer(tokenizer, vocab_size, eos_token_ids)
         self.words = (vocab_size + 31) // 32
@@ -200,37 +271,46 @@ class GrammarEngine:
         # overlapped masks: `threads` (None: llguidance's default)
         self.executor = llg.LLExecutor(num_threads=threads) if overlap else self.waiting_executor
         self.pool = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask") if overlap else None
-        self._grammars: dict[str, str] = {}
-        # spec key -> an LLMatcher in its start state, copied for each request
+        # spec key -> an LLMatcher in its start state, checked, copied for each request
         self._templates: dict[str, object] = {}
         self._start_masks: dict[str, torch.Tensor] = {}  # spec key -> its start state's mask
         self.computed = 0  # masks llguidance computed (the rest were shared or cached)
 
-    def compile(self, spec: StructuredOutputsParams) -> str:
-        key = spec.key()
-        grammar = self._grammars.get(key)
-        if grammar is None:
-            grammar = grammar_text(spec)
-            error = self._llg.LLMatcher.validate_grammar(grammar, self.tokenizer)
-            if error:
-                raise InvalidRequestError(f"invalid structured_outputs.{spec.kind}: {error}")
-            if len(self._grammars) > 256:
-                self._grammars.clear()
-            self._grammars[key] = grammar
-        return grammar
-
-    def matcher(self, spec: StructuredOutputsParams) -> Matcher:
+    def compile(self, spec: StructuredOutputsParams) -> object:
+        """The spec's matcher in its start state, compiled once per spec and checked (see the module's notes);
+        InvalidRequestError names what is wrong. Thread-safe: a server compiles off the engine's thread."""
         key = spec.key()
         template = self._templates.get(key)
         if template is None:
-            template = self._llg.LLMatcher(self.tokenizer, self.compile(spec), log_level=0)
-            if template.is_error():
-                raise InvalidRequestError(f"invalid structured_outputs.{spec.kind}: {template.get_error()}")
+            template = self._checked(spec)
             if len(self._templates) > 256:
                 self._templates.clear()
                 self._start_masks.clear()
             self._templates[key] = template
-        return Matcher(template.deep_copy(), self.words, key)
+        return template
+
+    def _checked(self, spec: StructuredOutputsParams) -> object:
+        where = f"structured_outputs.{spec.kind}"
+        grammar = grammar_text(spec)
+        check_size(spec, grammar, self.limits)
+        template = self._llg.LLMatcher(self.tokenizer, grammar, log_level=0, limits=self._parser_limits)
+        if template.is_error():
+            raise InvalidRequestError(f"invalid {where}: {_reason(template.get_error())}")
+        probe = template.deep_copy()  # the start and the tokens it forces, on a copy
+        probe.compute_bitmask()
+        if not probe.is_error():
+            forced = probe.compute_ff_tokens()
+            if forced and probe.consume_tokens(forced):
+                probe.compute_bitmask()
+        if probe.is_error():
+            raise InvalidRequestError(
+                f"{where} cannot be used: {_reason(probe.get_error())} (no output satisfies it, or it is past "
+                "the grammar engine's limits); simplify it"
+            )
+        return template
+
+    def matcher(self, spec: StructuredOutputsParams) -> Matcher:
+        return Matcher(self.compile(spec).deep_copy(), self.words, spec.key())  # type: ignore[attr-defined]
 
     def prefetch(self, matchers: list[Matcher]) -> None:
         """Start computing the next masks of `matchers` (call right after they took their tokens); without

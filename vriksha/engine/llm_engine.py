@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ from vriksha.engine.kv_pool import KVPool, ReqToTokenTable, SlotAllocator, kv_ca
 from vriksha.engine.model_runner import ModelRunner
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
 from vriksha.engine.prompt_logprobs import prompt_logprobs_list, record_prompt_logprobs
-from vriksha.engine.quantization import int8_activations, packed_dtype
+from vriksha.engine.quantization import packed_activations, packed_dtype
 from vriksha.engine.request import Request
 from vriksha.engine.sampler import Sampler
 from vriksha.engine.sampling_params import SamplingParams
@@ -186,7 +187,7 @@ class LLMEngine:
             config,
             gguf=gguf,
             bf16_matmuls=self.bf16_arithmetic,
-            int8_activations=int8_activations(config.packed_activations, config.fp32_precision, measured),
+            packed_activations=packed_activations(config.packed_activations, config.fp32_precision, measured),
         )
         self.quantization = self.runner.quantization
         if tp is not None:
@@ -194,6 +195,7 @@ class LLMEngine:
         native = self.runner.native
         self.sampler = Sampler(config.seed, native.greedy_pick if native is not None else None)
         self._grammar = None  # GrammarEngine, built on the first constrained request
+        self._grammar_lock = threading.Lock()
         self._groups: dict[str, _Group] = {}
         self._closed = False
         self.step_hooks: list = []  # called after every step (profilers)
@@ -328,16 +330,19 @@ class LLMEngine:
         self._closed = True
 
     def grammar_engine(self):
-        """The structured-output engine (llguidance over this tokenizer), built on first use."""
-        if self._grammar is None:
-            from vriksha.engine.grammar import GrammarEngine, overlap_plan
+        """The structured-output engine (llguidance over this tokenizer), built on first use (from any thread:
+        a server compiles grammars off the engine's loop)."""
+        with self._grammar_lock:
+            if self._grammar is None:
+                from vriksha.engine.grammar import GrammarEngine, GrammarLimits, overlap_plan
 
-            overlap, threads, min_batch = overlap_plan(
-                self.config.grammar_overlap, devices.is_host(self.device)
-            )
-            self._grammar = GrammarEngine(
-                self.tokenizer, self.vocab_size, self.eos_token_ids, overlap, threads, min_batch
-            )
+                overlap, threads, min_batch = overlap_plan(
+                    self.config.grammar_overlap, devices.is_host(self.device)
+                )
+                limits = GrammarLimits(self.config.grammar_max_bytes, self.config.grammar_max_branches)
+                self._grammar = GrammarEngine(
+                    self.tokenizer, self.vocab_size, self.eos_token_ids, overlap, threads, min_batch, limits
+                )
         return self._grammar
 
     def _bad_word_ids(self, words: list[str]) -> list[list[int]]:
@@ -448,10 +453,13 @@ class LLMEngine:
         params = req.params
         n_out = len(req.output_token_ids)
         if req.grammar is not None and not req.grammar.advance(token):
-            logger.warning(
-                "request %s: token %d outside its grammar: %s", req.request_id, token, req.grammar.error
+            req.error = (
+                f"the structured output failed at its token {n_out}: {req.grammar.reason} (the grammar "
+                "is past the grammar engine's limits at this point); simplify the schema or grammar"
             )
-        if token in params.stop_token_ids and n_out >= params.min_tokens:
+            logger.warning("request %s: %s", req.request_id, req.error)
+            self._finish(req, "error", None)
+        elif token in params.stop_token_ids and n_out >= params.min_tokens:
             self._finish(req, "stop", token)
         elif not params.ignore_eos and token in req.eos_token_ids and n_out >= params.min_tokens:
             self._finish(req, "stop", token)
@@ -516,6 +524,7 @@ class LLMEngine:
                     logprobs=list(req.top_logprobs) if req.params.logprobs is not None else None,
                     finish_reason=req.finish_reason,
                     stop_reason=req.stop_reason,
+                    error=req.error,
                 )
             )
         first = group.sequences[0]

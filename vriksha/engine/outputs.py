@@ -16,10 +16,10 @@ class CompletionOutput:
     token_logprobs: list[float]
     # per step, {token_id: logprob} for the sampled token plus the top-k alternatives; None unless asked
     logprobs: list[dict[int, float]] | None
-    finish_reason: (
-        str | None
-    )  # "stop" (eos, stop string or stop token), "length", "abort", or None while running
+    # "stop" (eos, stop string or stop token), "length", "abort", "error" (see `error`), or None while running
+    finish_reason: str | None
     stop_reason: int | str | None = None
+    error: str | None = None  # what went wrong, when finish_reason is "error" (the text is then not usable)
 
     @property
     def finished(self) -> bool:

@@ -36,23 +36,26 @@ def extra_rows(batch) -> list[int]:
     return [offset + j for _, offset, positions in prompt_positions(batch) for j in range(len(positions))]
 
 
+ROWS_AT_ONCE = 256  # log-softmax rows computed together: a long chunk's fp32 copy stays bounded
+
+
 def record_prompt_logprobs(batch, logits: torch.Tensor) -> None:
     """Store the prompt tokens' log-probabilities (plus top-k) from the rows `extra_rows` asked for."""
-    logprobs = torch.log_softmax(logits.float(), dim=-1)
     row = 0
     for req, _, positions in prompt_positions(batch):
-        n = len(positions)
-        lp = logprobs[row : row + n]
-        row += n
-        targets = torch.tensor([req.prompt_token_ids[p + 1] for p in positions], device=lp.device)
-        chosen = lp.gather(1, targets[:, None])[:, 0].tolist()
         k = req.params.prompt_logprobs or 0
-        top_v, top_i = lp.topk(k, dim=-1) if k > 0 else (None, None)
-        for j, p in enumerate(positions):
-            entry = {int(targets[j]): chosen[j]}
-            if k > 0:
-                entry.update(zip(top_i[j].tolist(), top_v[j].tolist(), strict=True))
-            req.prompt_logprobs[p + 1] = entry
+        for start in range(0, len(positions), ROWS_AT_ONCE):
+            part = positions[start : start + ROWS_AT_ONCE]
+            lp = torch.log_softmax(logits[row : row + len(part)].float(), dim=-1)
+            row += len(part)
+            targets = torch.tensor([req.prompt_token_ids[p + 1] for p in part], device=lp.device)
+            chosen = lp.gather(1, targets[:, None])[:, 0].tolist()
+            top_v, top_i = lp.topk(k, dim=-1) if k > 0 else (None, None)
+            for j, p in enumerate(part):
+                entry = {int(targets[j]): chosen[j]}
+                if k > 0:
+                    entry.update(zip(top_i[j].tolist(), top_v[j].tolist(), strict=True))
+                req.prompt_logprobs[p + 1] = entry
 
 
 def prompt_logprobs_list(req: Request) -> list[dict[int, float] | None]:

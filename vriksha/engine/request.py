@@ -36,6 +36,7 @@ class Request:
     top_logprobs: list[dict[int, float]] = field(default_factory=list)
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    error: str | None = None  # why the sequence ended, when it ended as an error (finish_reason "error")
     # KV bookkeeping
     row: int | None = None  # request-to-token table row while admitted
     num_computed: int = 0  # tokens whose K/V sit in the pool (prefix from the cache included)

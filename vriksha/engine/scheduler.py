@@ -2,7 +2,9 @@
 
 Every step carries all running decodes plus prefill chunks within the token budget (prefill-first for the
 waiting queue, chunked for long prompts). The waiting queue is ordered by longest cached prefix (FCFS past
-`lpm_max_queue`). A prompt that shares a long uncached prefix with one admitted in the same step waits one
+`lpm_max_queue`), then shared fairly among the user requests waiting: a free seat goes to the sequence whose
+request holds the fewest running and earlier-picked sequences (ties in queue order), so that a request with
+thousands of sequences (`n`, or a batch of prompts) cannot keep a two-token request waiting behind all of them. A prompt that shares a long uncached prefix with one admitted in the same step waits one
 step so that it reads that prefix from the cache instead of computing it again. When KV memory runs out the
 cache is evicted first, then the newest running requests are retracted (their KV goes to the cache, and
 they recompute what was evicted when they return). Every question about KV memory goes to the cache manager;
@@ -12,7 +14,7 @@ after the forward pass `postprocess` does the step's bookkeeping in one place.
 from __future__ import annotations
 
 import logging
-from collections import deque
+from collections import Counter, deque
 
 from vriksha.engine.batch import ForwardBatch, PrefillChunk
 from vriksha.engine.cache_manager import CacheManager
@@ -93,9 +95,9 @@ class Scheduler:
 
     def _order_waiting(self) -> list[Request]:
         if len(self.waiting) > self.config.lpm_max_queue or len(self.waiting) < 2:
-            return list(self.waiting)
+            return fair_order(list(self.waiting), self.running)
         matched = {id(r): self.cache.match_len(r.all_token_ids[:-1]) for r in self.waiting}
-        return sorted(self.waiting, key=lambda r: -matched[id(r)])
+        return fair_order(sorted(self.waiting, key=lambda r: -matched[id(r)]), self.running)
 
     # ---- one step ----------------------------------------------------------------------------------
     def schedule(self) -> ForwardBatch:
@@ -139,6 +141,8 @@ class Scheduler:
                 chunks.append(chunk)
                 budget -= chunk.end - chunk.start
                 admitted.append((req.cached_len, req.all_token_ids))
+        if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
+            return chunks  # no seat: the waiting queue need not be ordered
         for req in self._order_waiting():
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
@@ -169,3 +173,22 @@ class Scheduler:
         start = req.num_computed
         end = start + size
         return PrefillChunk(req, start, end, sample=end == req.num_tokens)
+
+
+def fair_order(order: list[Request], running: list[Request]) -> list[Request]:
+    """`order` interleaved across user requests: the j-th waiting sequence of a request that runs `r` sequences
+    ranks at r + j, ties going to the request first in `order`. One request waiting: `order` unchanged."""
+    first_seen: dict[str, int] = {}
+    for req in order:
+        first_seen.setdefault(req.request_id, len(first_seen))
+    held = Counter(r.request_id for r in running if r.request_id in first_seen)
+    if len(first_seen) < 2 or (len(first_seen) == len(order) and not held):
+        return order  # one request, or one sequence each and none running: every rank is 0
+    picked: Counter[str] = Counter()
+    ranked = []
+    for req in order:
+        rid = req.request_id
+        ranked.append((held[rid] + picked[rid], first_seen[rid], len(ranked), req))
+        picked[rid] += 1
+    ranked.sort(key=lambda t: t[:3])
+    return [t[3] for t in ranked]

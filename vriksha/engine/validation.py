@@ -8,15 +8,18 @@ from typing import Any
 from vriksha.engine.sampling_params import SamplingParams
 from vriksha.errors import InvalidRequestError, PromptTooLongError
 
-Prompt = str | list[int] | dict  # text, token ids, or {"prompt": ...} / {"prompt_token_ids": ...}
+# text, token ids, or {"prompt": ...} / {"prompt_token_ids": ...} / both (ids tokenized already, text kept)
+Prompt = str | list[int] | dict
 
 
 def tokenize_prompt(tokenizer: Any, prompt: Prompt) -> tuple[str | None, list[int]]:
     """(the prompt's text or None, its token ids)."""
     if isinstance(prompt, dict):
         if "prompt_token_ids" in prompt:
-            prompt = prompt["prompt_token_ids"]
-        elif "prompt" in prompt:
+            text = prompt.get("prompt")
+            _, ids = tokenize_prompt(tokenizer, prompt["prompt_token_ids"])
+            return (text if isinstance(text, str) else None), ids
+        if "prompt" in prompt:
             prompt = prompt["prompt"]
         else:
             raise InvalidRequestError("a prompt dict needs 'prompt' or 'prompt_token_ids'")

@@ -36,7 +36,9 @@ class FrontConfig:
         16 * 1024 * 1024, "largest request body accepted, in bytes; larger ones get 413", metavar="BYTES"
     )
     max_header_bytes: int = option(
-        16 * 1024, "largest request line plus headers, in bytes; larger ones get 400", metavar="BYTES"
+        16 * 1024,
+        "largest request line plus headers, in bytes; larger ones get 431 and the connection is closed",
+        metavar="BYTES",
     )
     fd_limit: int | None = option(
         None,

@@ -1,5 +1,6 @@
-"""uvicorn's HTTP protocol with the front's connection limits: a cap on open connections (503 beyond it) and a
-deadline for each request's headers (408 after it), so slow or idle clients cannot hold the server."""
+"""uvicorn's HTTP protocol with the front's connection limits: a cap on open connections (503 beyond it), a
+deadline for each request's headers (408 after it) and a cap on their size (431 beyond it), so slow, idle or
+bloated clients cannot hold the server."""
 
 from __future__ import annotations
 
@@ -13,12 +14,30 @@ from vriksha.net.fdlimit import connection_budget, near_fd_limit
 
 logger = logging.getLogger(__name__)
 
-_REASONS = {400: "Bad Request", 408: "Request Timeout", 413: "Content Too Large", 503: "Service Unavailable"}
+_REASONS = {
+    400: "Bad Request",
+    408: "Request Timeout",
+    413: "Content Too Large",
+    431: "Request Header Fields Too Large",
+    503: "Service Unavailable",
+}
+_HEAD_END = b"\r\n\r\n"
 REFUSAL_LINGER_S = 1.0  # how long a refused connection may stay open for its client to read the 503
 
 
 def error_json(message: str, type_: str, code: str) -> bytes:
     return json.dumps({"error": {"message": message, "type": type_, "param": None, "code": code}}).encode()
+
+
+def head_too_large(cap: int, size: int | None = None) -> bytes:
+    """The 431 body: the request line plus headers exceed `cap` bytes."""
+    got = f" (this request's are {size} bytes or more)" if size is not None else ""
+    return error_json(
+        f"the request line and headers are larger than the server's cap of {cap} bytes{got} "
+        "(--max-header-bytes); send fewer or smaller headers",
+        "invalid_request_error",
+        "request_header_fields_too_large",
+    )
 
 
 def raw_response(status: int, body: bytes, extra: dict[str, str] | None = None) -> bytes:
@@ -51,6 +70,10 @@ class _Guard:
             cls.budget = connection_budget(self.front.max_connections)
         self._header_timer: asyncio.TimerHandle | None = None
         self._refused = False
+        self._head_refused = False
+        self._in_head = True  # the bytes arriving belong to a request line and headers
+        self._head_bytes = 0
+        self._head_tail = b""  # the last bytes seen, for a head end split across reads
         self._linger: asyncio.TimerHandle | None = None
         open_now = len(self.server_state.connections)
         sock = transport.get_extra_info("socket")
@@ -110,9 +133,40 @@ class _Guard:
         transport.close()
 
     def data_received(self, data: bytes) -> None:
-        if self._refused:
+        if self._refused or self._head_refused:
+            return
+        if self._in_head and not self._count_head(data):
             return
         super().data_received(data)  # type: ignore[misc]
+
+    def _count_head(self, data: bytes) -> bool:
+        """Count a request head's bytes as they arrive (however they are split); False once the head is past
+        --max-header-bytes: then it was answered 431 and the connection closed. The parser never sees the
+        bytes beyond the cap (an incomplete head would otherwise be buffered whole)."""
+        window = self._head_tail + data
+        end = window.find(_HEAD_END)
+        size = self._head_bytes + (len(data) if end == -1 else end + len(_HEAD_END) - len(self._head_tail))
+        if size > self.front.max_header_bytes:
+            self._refuse_head(size)
+            return False
+        if end == -1:
+            self._head_bytes, self._head_tail = size, window[-(len(_HEAD_END) - 1) :]
+        else:  # the rest is the body; the next head is counted from the end of this response on
+            self._in_head, self._head_bytes, self._head_tail = False, 0, b""
+        return True
+
+    def _refuse_head(self, size: int) -> None:
+        transport = self.transport
+        logger.info(
+            "refused a request from %s: headers past %d bytes (--max-header-bytes)",
+            transport.get_extra_info("peername"),
+            self.front.max_header_bytes,
+        )
+        self._head_refused = True
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+        transport.write(raw_response(431, head_too_large(self.front.max_header_bytes, size)))
+        transport.close()
 
     def eof_received(self) -> bool | None:
         if self._refused:
@@ -121,6 +175,7 @@ class _Guard:
 
     def on_response_complete(self) -> None:
         super().on_response_complete()  # type: ignore[misc]
+        self._in_head, self._head_bytes, self._head_tail = True, 0, b""
         if not self.transport.is_closing():
             self._arm_header_deadline()
 

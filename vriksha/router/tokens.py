@@ -8,6 +8,7 @@ a retried request, or the same prompt sent n times (sampling several answers, RL
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from typing import Any
 
@@ -25,6 +26,7 @@ class CachedEncoder:
         self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self._cache: OrderedDict[str, list[int]] = OrderedDict()
         self._chars = 0
+        self._lock = threading.Lock()
         self.max_entries, self.max_chars = max_entries, max_chars
         self.hits = self.misses = 0
 
@@ -34,22 +36,25 @@ class CachedEncoder:
     def encode(self, text: str, add_special_tokens: bool = True, **kwargs: Any) -> list[int]:
         if add_special_tokens or kwargs or not isinstance(text, str):
             return self._tok.encode(text, add_special_tokens=add_special_tokens, **kwargs)
-        ids = self._cache.get(text)
-        if ids is not None:
-            self._cache.move_to_end(text)
-            self.hits += 1
-            return list(ids)
-        self.misses += 1
+        with self._lock:  # large prompts are tokenized on worker threads, small ones on the event loop
+            ids = self._cache.get(text)
+            if ids is not None:
+                self._cache.move_to_end(text)
+                self.hits += 1
+                return list(ids)
+            self.misses += 1
         if self._backend is not None:
             ids = self._backend.encode(text, add_special_tokens=False).ids
         else:
             ids = self._tok.encode(text, add_special_tokens=False)
         if len(text) <= self.max_chars // 4:
-            self._cache[text] = ids
-            self._chars += len(text)
-            while len(self._cache) > self.max_entries or self._chars > self.max_chars:
-                old, _ = self._cache.popitem(last=False)
-                self._chars -= len(old)
+            with self._lock:
+                if text not in self._cache:
+                    self._chars += len(text)
+                self._cache[text] = ids
+                while len(self._cache) > self.max_entries or self._chars > self.max_chars:
+                    old, _ = self._cache.popitem(last=False)
+                    self._chars -= len(old)
         return list(ids)
 
 

@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel
 
+from vriksha.net.offload import off_loop
 from vriksha.router.app import _parse
 from vriksha.router.config import ReplicaSpec, RouterConfig
 from vriksha.router.metrics import RouterMetrics
@@ -229,11 +230,8 @@ def create_semantic_app(
                 headers[CACHE_HEADER] = "skip"
             new_raw = json.dumps(out).encode()
             new_req = _parse(model, new_raw)
-            ids = (
-                rt.tokens.chat(new_req)
-                if path.endswith("chat/completions")
-                else rt.tokens.completion(new_req)
-            )
+            tokenize = rt.tokens.chat if path.endswith("chat/completions") else rt.tokens.completion
+            ids = await off_loop(len(new_raw), tokenize, new_req)  # a long prompt: tokenized on a thread
             try:
                 resp = await rt.forwarder.forward(
                     request.headers, path, new_raw, ids, bool(req.stream), arrived

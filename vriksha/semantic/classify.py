@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vriksha.net.offload import off_loop
 from vriksha.semantic.batcher import EmbedBatcher
 from vriksha.semantic.config import RoutesConfig
 from vriksha.semantic.decisions import Route, candidates, settled
@@ -87,7 +88,7 @@ class RouteClassifier:
 
     async def classify(self, text: str) -> Classified:
         t0 = time.perf_counter()
-        values = self.signals.text_values(text)
+        values = await off_loop(len(text), self.signals.text_values, text)  # a long text: scanned on a thread
         if not text:
             values.pending.clear()  # nothing to embed: the embedding signals do not fire
         routes, complete = settled(self.cfg, values)
@@ -97,7 +98,7 @@ class RouteClassifier:
         ):  # a settled route to try first: embed on fall-through only
             return Classified(routes, values, None, 0.0, decide_s, complete)
         emb, embed_s = await self.embed(text)
-        return self.decide(text, emb, embed_s)
+        return self.decide(text, emb, embed_s, values)
 
     async def complete(self, text: str, partial: Classified, emb: torch.Tensor | None = None) -> Classified:
         """Every candidate route of a request `classify` left incomplete (the text embedded now unless its
@@ -107,11 +108,15 @@ class RouteClassifier:
         embed_s = 0.0
         if emb is None:
             emb, embed_s = await self.embed(text)
-        return self.decide(text, emb, embed_s)
+        return self.decide(text, emb, embed_s, partial.values)
 
-    def decide(self, text: str, emb: torch.Tensor | None, embed_s: float = 0.0) -> Classified:
+    def decide(
+        self, text: str, emb: torch.Tensor | None, embed_s: float = 0.0, values: SignalValues | None = None
+    ) -> Classified:
+        """Every candidate route; `values`: the text's cheap signals when already computed (taken over)."""
         t0 = time.perf_counter()
-        values = self.signals.text_values(text)
+        if values is None:
+            values = self.signals.text_values(text)
         if emb is not None:
             self.signals.embedding_values(emb, values)
         values.pending.clear()

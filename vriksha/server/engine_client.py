@@ -13,7 +13,8 @@ from vriksha.engine.outputs import RequestOutput
 from vriksha.engine.protocol import EngineProtocol
 from vriksha.engine.sampling_params import SamplingParams
 from vriksha.server.admission import Admission
-from vriksha.server.context import check_context, prompt_length
+from vriksha.server.context import EnginePrompt, check_context, prompt_length
+from vriksha.server.errors import StructuredOutputFailedError
 from vriksha.server.metrics import ServerMetrics
 
 logger = logging.getLogger(__name__)
@@ -26,12 +27,17 @@ class EngineClient:
         self.admission = admission
 
     def open(
-        self, prompt: str | list[int], params: SamplingParams, endpoint: str, request_id: str | None = None
+        self,
+        prompt: str | EnginePrompt,
+        params: SamplingParams,
+        endpoint: str,
+        request_id: str | None = None,
     ) -> RequestStream:
-        """Check the request against the context (400 when prompt + max_tokens do not fit), admit it (503 when
-        the waiting queue is full) and return its not-yet-started stream."""
+        """Check the request against the context (400 when prompt + max_tokens do not fit), admit its `n`
+        sequences (503 when the waiting queue is full) and return its not-yet-started stream. Give the prompt
+        tokenized (`PromptEncoder.engine_prompt`, off the event loop): text is tokenized here."""
         check_context(prompt_length(self.engine.tokenizer, prompt), params, int(self.engine.max_model_len))
-        self.admission.admit()
+        self.admission.admit(params.n)
         return RequestStream(self, prompt, params, endpoint, request_id or uuid.uuid4().hex)
 
     async def abort(self, request_id: str) -> None:
@@ -49,7 +55,7 @@ class RequestStream:
     def __init__(
         self,
         client: EngineClient,
-        prompt: str | list[int],
+        prompt: str | EnginePrompt,
         params: SamplingParams,
         endpoint: str,
         request_id: str,
@@ -63,23 +69,30 @@ class RequestStream:
         self._entered = False
         self.last: RequestOutput | None = None
 
-    async def _run(self, prompt: str | list[int]) -> AsyncIterator[RequestOutput]:
+    async def _run(self, prompt: str | EnginePrompt) -> AsyncIterator[RequestOutput]:
         self._entered = True
         client, m = self.client, self.client.metrics
         t0 = time.perf_counter()
         t_first: float | None = None
         finished = False
         failed = False
-        waiting = True
+        running = False  # the engine still runs sequences of this request
+        started = 0  # sequences with a first token: they no longer count as waiting
         agen = client.engine.generate(prompt, self.params, request_id=self.request_id)
         try:
             async for out in agen:
+                running = True
                 if t_first is None:
                     t_first = time.perf_counter()
                     m.ttft.observe(t_first - t0)
-                    client.admission.started()
-                    waiting = False
+                now_started = sum(1 for c in out.outputs if c.token_ids or c.finish_reason is not None)
+                if now_started > started:
+                    client.admission.started(now_started - started)
+                    started = now_started
                 self.last = out
+                broken = next((c for c in out.outputs if c.finish_reason == "error"), None)
+                if broken is not None:
+                    raise StructuredOutputFailedError(broken.error or "the output failed during generation")
                 if out.finished:
                     finished = True
                     self._record(out, t0, t_first)
@@ -90,12 +103,13 @@ class RequestStream:
             failed = True
             raise
         finally:
-            if waiting:
-                client.admission.started()
+            client.admission.started(self.params.n - started)
             client.admission.done()
             if not finished:
                 m.requests.labels(self.endpoint, "error" if failed else "abort").inc()
-                if not failed:  # a failed request is gone (or never added: its id may belong to another)
+                # a request that failed before its first output is gone (or was never added: its id may
+                # belong to another); one that failed after it may still run sequences
+                if not failed or running:
                     await client.abort(self.request_id)
             await _aclose(agen)
 
@@ -138,7 +152,7 @@ class RequestStream:
     async def aclose(self) -> None:
         if not self._entered:  # never started: only the admission needs releasing
             self._entered = True
-            self.client.admission.started()
+            self.client.admission.started(self.params.n)
             self.client.admission.done()
         await _aclose(self._gen)
 

@@ -79,6 +79,17 @@ class TransferFailedError(ServerError, status=502, type="server_error", code="kv
     """A K/V transfer between replicas could not be made; the request that needed it is not served."""
 
 
+class StructuredOutputFailedError(
+    ServerError, status=400, type="invalid_request_error", code="structured_output_failed"
+):
+    """The request's grammar failed during generation (past the grammar engine's limits at some token): the
+    output cannot be trusted to match it, so none is returned."""
+
+
+class ToolCallMissingError(ServerError, status=500, code="tool_call_missing"):
+    """`tool_choice` forced a call and the reply holds none."""
+
+
 class ClientDisconnected(ServerError, status=499, type="client_closed_request"):
     """The client went away before its response was ready; its engine requests were aborted."""
 

@@ -83,7 +83,7 @@ class _EngineCollector(Collector):
         yield gauge("num_requests_waiting", "requests queued in the engine, not yet scheduled", s.num_waiting)
         yield gauge(
             "server_requests_waiting",
-            "requests admitted by the server without a first token yet",
+            "sequences (prompts x n) admitted by the server without a first token yet (bound: --max-waiting)",
             self._waiting(),
         )
         yield gauge("server_requests_in_flight", "requests the server is serving", self._in_flight())

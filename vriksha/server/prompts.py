@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from vriksha.server.errors import BadRequestError
@@ -62,10 +63,16 @@ def _bos_added(tokenizer: Any) -> bool:
     return bool(ids) and ids[0] == bos
 
 
-def render_chat(tokenizer: Any, req: ChatCompletionRequest, plan: ToolPlan | None = None) -> list[int]:
+def render_chat(
+    tokenizer: Any,
+    req: ChatCompletionRequest,
+    plan: ToolPlan | None = None,
+    encode: Callable[[str], list[int]] | None = None,
+) -> list[int]:
     """Chat template -> text -> token ids. The template writes its own special tokens, so encode adds none,
     except a BOS the tokenizer always adds and the template left out. Tools reach the template when it renders
-    them, else the system message (`server/tools.py`)."""
+    them, else the system message (`server/tools.py`). `encode`: text -> ids without special tokens (default:
+    the tokenizer's; a server passes its `PromptEncoder.encode`, which refuses a text far past the context)."""
     if not getattr(tokenizer, "chat_template", None):
         raise BadRequestError(
             "this model's tokenizer has no chat template; use /v1/completions with a plain prompt"
@@ -94,7 +101,7 @@ def render_chat(tokenizer: Any, req: ChatCompletionRequest, plan: ToolPlan | Non
         raise
     except Exception as exc:  # jinja errors: raise_exception() in templates, bad roles or orders
         raise BadRequestError(f"the chat template rejected these messages: {exc}", param="messages") from exc
-    ids = tokenizer.encode(text, add_special_tokens=False)
+    ids = encode(text) if encode is not None else tokenizer.encode(text, add_special_tokens=False)
     bos = getattr(tokenizer, "bos_token", None)
     if bos and not text.startswith(bos) and _bos_added(tokenizer):
         ids = [tokenizer.bos_token_id, *ids]

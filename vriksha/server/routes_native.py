@@ -11,14 +11,17 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
+from vriksha.engine.sampling_params import SamplingParams
+from vriksha.net.offload import body_size, off_loop
+from vriksha.server.context import EnginePrompt, prompt_length
 from vriksha.server.deltas import DeltaTracker
 from vriksha.server.engine_client import RequestStream, merge, start_all
 from vriksha.server.errors import BadRequestError, ConflictError, to_response
 from vriksha.server.protocol import GenerateRequest, ProfileRequest
 from vriksha.server.responses import GenerateOutput, GenerateResponse
-from vriksha.server.sampling import native_params
+from vriksha.server.sampling import check_prompt_logprobs, native_params
 from vriksha.server.sse import DONE, error_event, event, sse_response, unless_disconnected
-from vriksha.server.state import StateDep
+from vriksha.server.state import ServerState, StateDep
 
 router = APIRouter()
 
@@ -53,8 +56,8 @@ def _response(out: RequestOutput, with_text: bool) -> GenerateResponse:
     )
 
 
-@router.post("/generate")
-async def generate(req: GenerateRequest, request: Request, state: StateDep) -> Response:
+def _prepare(req: GenerateRequest, state: ServerState) -> tuple[bool, list[EnginePrompt], SamplingParams]:
+    """(a batch of prompts?, the prompts tokenized, the sampling parameters), off the event loop when large."""
     if (req.input_ids is None) == (req.text is None):
         raise BadRequestError("send exactly one of input_ids (token ids) or text", param="input_ids")
     params = native_params(req.sampling_params)
@@ -68,6 +71,16 @@ async def generate(req: GenerateRequest, request: Request, state: StateDep) -> R
         raise BadRequestError(
             "stream=true takes a single prompt; send input_ids as one list of token ids", param="stream"
         )
+    state.admission.check_size(len(prompts) * params.n, len(prompts), params.n)
+    tokenized = [state.encoder.engine_prompt(p) for p in prompts]
+    lengths = [prompt_length(state.tokenizer, p) for p in tokenized]
+    check_prompt_logprobs(params, lengths, 1, state.config.max_prompt_logprobs)
+    return batch, tokenized, params
+
+
+@router.post("/generate")
+async def generate(req: GenerateRequest, request: Request, state: StateDep) -> Response:
+    batch, prompts, params = await off_loop(body_size(request.headers), _prepare, req, state)
     streams: list[RequestStream] = []
     try:
         for i, p in enumerate(prompts):

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
+from vriksha.net.offload import body_size, off_loop
 from vriksha.server.prompts import completion_prompts, render_chat
 from vriksha.server.protocol import ChatCompletionRequest, CompletionRequest, OpenAISampling
 from vriksha.server.responses import new_id
@@ -33,16 +34,21 @@ def _rendered(state: ServerState, req: OpenAISampling, token_ids: list[int], pre
 
 
 @router.post("/v1/completions/render")
-async def completions_render(req: CompletionRequest, state: StateDep) -> Response:
+async def completions_render(req: CompletionRequest, request: Request, state: StateDep) -> Response:
     state.check_model(req.model)
-    out = []
-    for p in completion_prompts(req):
-        ids = state.tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p)
-        out.append(_rendered(state, req, ids, "cmpl"))
-    return JSONResponse(out)
+
+    def render() -> list[dict[str, Any]]:
+        out = []
+        for p in completion_prompts(req):
+            ids = state.tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else list(p)
+            out.append(_rendered(state, req, ids, "cmpl"))
+        return out
+
+    return JSONResponse(await off_loop(body_size(request.headers), render))
 
 
 @router.post("/v1/chat/completions/render")
-async def chat_render(req: ChatCompletionRequest, state: StateDep) -> Response:
+async def chat_render(req: ChatCompletionRequest, request: Request, state: StateDep) -> Response:
     state.check_model(req.model)
-    return JSONResponse(_rendered(state, req, render_chat(state.tokenizer, req), "chatcmpl"))
+    ids = await off_loop(body_size(request.headers), render_chat, state.tokenizer, req)
+    return JSONResponse(_rendered(state, req, ids, "chatcmpl"))

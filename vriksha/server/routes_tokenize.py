@@ -4,14 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import Field
 
+from vriksha.net.offload import body_size, off_loop
 from vriksha.server.errors import BadRequestError
 from vriksha.server.prompts import render_chat
 from vriksha.server.protocol import ChatCompletionRequest, ChatMessage, Strict
-from vriksha.server.state import StateDep
+from vriksha.server.state import ServerState, StateDep
 from vriksha.server.tools import plan_tools
 
 router = APIRouter()
@@ -34,11 +35,15 @@ class DetokenizeRequest(Strict):
 
 
 @router.post("/tokenize")
-async def tokenize(req: TokenizeRequest, state: StateDep) -> Response:
+async def tokenize(req: TokenizeRequest, request: Request, state: StateDep) -> Response:
     if req.model is not None:
         state.check_model(req.model)
     if (req.prompt is None) == (req.messages is None):
         raise BadRequestError("send exactly one of prompt or messages", param="prompt")
+    return JSONResponse(await off_loop(body_size(request.headers), _tokenized, req, state))
+
+
+def _tokenized(req: TokenizeRequest, state: ServerState) -> dict[str, Any]:
     tok = state.tokenizer
     if req.messages is not None:
         chat = ChatCompletionRequest(
@@ -53,7 +58,7 @@ async def tokenize(req: TokenizeRequest, state: StateDep) -> Response:
         ids = tok.encode(req.prompt, add_special_tokens=req.add_special_tokens)
     body: dict[str, Any] = {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids}
     body["token_strs"] = tok.convert_ids_to_tokens(ids) if req.return_token_strs else None
-    return JSONResponse(body)
+    return body
 
 
 @router.post("/detokenize")

@@ -8,7 +8,10 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
+from vriksha.engine.sampling_params import SamplingParams
+from vriksha.net.offload import body_size, off_loop
 from vriksha.profiling import phase
+from vriksha.server.call_repeats import RepeatGuard
 from vriksha.server.deltas import DeltaTracker
 from vriksha.server.engine_client import RequestStream
 from vriksha.server.errors import BadRequestError, to_response
@@ -27,10 +30,10 @@ from vriksha.server.responses import (
     new_id,
     now,
 )
-from vriksha.server.sampling import chat_params
+from vriksha.server.sampling import chat_params, check_prompt_logprobs
 from vriksha.server.sse import DONE, error_event, event, sse_response, unless_disconnected
 from vriksha.server.state import ServerState
-from vriksha.server.tools import ToolPlan, forced_call_grammar, message_fields, plan_tools
+from vriksha.server.tools import ToolPlan, forced_call_grammar, message_fields, missing_call, plan_tools
 from vriksha.toolcalls import ContentDelta, ToolCallStream
 
 
@@ -38,6 +41,12 @@ def _usage(out: RequestOutput) -> Usage:
     return Usage.of(
         len(out.prompt_token_ids), sum(len(c.token_ids) for c in out.outputs), out.num_cached_tokens
     )
+
+
+def _usage_before(stream: RequestStream) -> Usage:
+    """The usage before any completion token (the first chunk of a stream, which only names the role)."""
+    first = stream.last
+    return Usage.of(len(first.prompt_token_ids), 0, first.num_cached_tokens) if first else Usage()
 
 
 def _logprobs(
@@ -51,13 +60,11 @@ def _logprobs(
     )
 
 
-async def create_chat_completion(
-    req: ChatCompletionRequest, state: ServerState, request: Request
-) -> Response:
+def _prepare(req: ChatCompletionRequest, state: ServerState) -> tuple[ToolPlan, list[int], SamplingParams]:
+    """The request's tools, prompt token ids and sampling parameters (off the event loop when large)."""
     with phase("server.parse"):
-        model = state.check_model(req.model)
         plan = plan_tools(req, state.tool_parser_name)
-        prompt_ids = render_chat(state.tokenizer, req, plan)
+        prompt_ids = render_chat(state.tokenizer, req, plan, state.encoder.encode)
         params = chat_params(req, len(prompt_ids), state.max_model_len)
         if plan.forced is not None:
             if params.structured_outputs is not None:
@@ -67,18 +74,32 @@ async def create_chat_completion(
                     param="tool_choice",
                 )
             params.structured_outputs = forced_call_grammar(plan)
+        check_prompt_logprobs(params, [len(prompt_ids)], 1, state.config.max_prompt_logprobs)
+    return plan, prompt_ids, params
+
+
+async def create_chat_completion(
+    req: ChatCompletionRequest, state: ServerState, request: Request
+) -> Response:
+    model = state.check_model(req.model)
+    plan, prompt_ids, params = await off_loop(body_size(request.headers), _prepare, req, state)
     stream = state.client.open(prompt_ids, params, "chat")
     try:
         await unless_disconnected(request, stream.start(), state.drain)
     except BaseException:
         await stream.aclose()
         raise
+    guard = RepeatGuard(plan) if plan.forced is not None else None
     if req.stream:
-        return sse_response(_stream(req, state, model, stream, plan), [stream], state.drain)
-    final = await unless_disconnected(request, stream.final(), state.drain)
+        return sse_response(_stream(req, state, model, stream, plan, guard), [stream], state.drain)
+    final = await unless_disconnected(request, _final(stream, guard), state.drain)
     choices = []
     for c in final.outputs:
+        if guard is not None:
+            c = guard.view(c)
         content, calls, finish = message_fields(plan, c.text, c.finish_reason)
+        if plan.forced is not None and not calls:
+            raise missing_call(plan, c.finish_reason)
         choices.append(
             ChatChoice(
                 index=c.index,
@@ -88,11 +109,30 @@ async def create_chat_completion(
             )
         )
     body = ChatCompletionResponse(id=new_id("chatcmpl"), model=model, choices=choices, usage=_usage(final))
-    if req.prompt_logprobs is not None:
+    if req.prompt_logprobs is None:
+        return JSONResponse(body.model_dump())
+
+    def with_prompt_logprobs() -> JSONResponse:  # a large body: built off the event loop
         body.prompt_logprobs = vllm_prompt_logprobs(
             state.text_of, final.prompt_token_ids, final.prompt_logprobs
         )
-    return JSONResponse(body.model_dump())
+        return JSONResponse(body.model_dump())
+
+    return await off_loop(None, with_prompt_logprobs)
+
+
+async def _final(stream: RequestStream, guard: RepeatGuard | None) -> RequestOutput:
+    """The last output: the engine's final one, or the one at which every choice repeated a forced call
+    (the request is then aborted)."""
+    if guard is None or not guard.active:
+        return await stream.final()
+    last = None
+    async for out in stream:
+        last = out
+        if guard.settled(out):
+            break
+    assert last is not None
+    return last
 
 
 class _ToolDeltas:
@@ -122,15 +162,23 @@ class _ToolDeltas:
 
 
 async def _stream(
-    req: ChatCompletionRequest, state: ServerState, model: str, stream: RequestStream, plan: ToolPlan
+    req: ChatCompletionRequest,
+    state: ServerState,
+    model: str,
+    stream: RequestStream,
+    plan: ToolPlan,
+    guard: RepeatGuard | None,
 ) -> AsyncIterator[bytes]:
     rid, created = new_id("chatcmpl"), now()
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    continuous = bool(req.stream_options and req.stream_options.continuous)
     tracker = DeltaTracker()
     last: RequestOutput | None = None
     tools: dict[int, _ToolDeltas] = {}
 
     def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> bytes:
+        if usage is None and continuous:  # vLLM's continuous_usage_stats: the usage so far
+            usage = _usage(last) if last is not None else _usage_before(stream)
         body = ChatCompletionChunk(id=rid, created=created, model=model, choices=choices, usage=usage)
         return event(body.model_dump(exclude=None if include_usage else {"usage"}))
 
@@ -141,6 +189,8 @@ async def _stream(
             last = out
             choices = []
             for c in out.outputs:
+                if guard is not None:
+                    c = guard.view(c)
                 d = tracker.advance(c.index, c)
                 if d is None:
                     continue
@@ -151,6 +201,8 @@ async def _stream(
                     delta = Delta(content=body.get("content"), tool_calls=body.get("tool_calls"))
                     if parsed.calls and finish == "stop":
                         finish = "tool_calls"
+                    if finish is not None and plan.forced is not None and not parsed.calls:
+                        raise missing_call(plan, finish)
                 else:
                     delta = Delta(content=d.text or None)
                 choices.append(
@@ -163,6 +215,8 @@ async def _stream(
                 )
             if choices:
                 yield chunk(choices)
+            if guard is not None and guard.settled(out):
+                break
         if include_usage and last is not None:
             yield chunk([], _usage(last))
     except Exception as exc:  # headers are sent: report in-band, as OpenAI does

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
+from vriksha.engine.sampling_params import SamplingParams
+from vriksha.net.offload import body_size, off_loop
 from vriksha.profiling import phase
+from vriksha.server.context import EnginePrompt, prompt_length
 from vriksha.server.deltas import DeltaTracker
 from vriksha.server.engine_client import RequestStream, merge, start_all
 from vriksha.server.errors import BadRequestError, to_response
@@ -16,22 +20,34 @@ from vriksha.server.logprobs import completion_logprobs, prompt_completion_logpr
 from vriksha.server.prompts import completion_prompts
 from vriksha.server.protocol import CompletionRequest
 from vriksha.server.responses import CompletionChoice, CompletionResponse, Usage, new_id, now
-from vriksha.server.sampling import completion_params
+from vriksha.server.sampling import check_prompt_logprobs, completion_params, echo_only
 from vriksha.server.sse import DONE, error_event, event, sse_response, unless_disconnected
 from vriksha.server.state import ServerState
 
 
-def _usage(finals: list[RequestOutput]) -> Usage:
+def _usage(finals: list[RequestOutput], prompt_only: bool = False) -> Usage:
     return Usage.of(
         sum(len(o.prompt_token_ids) for o in finals),
-        sum(len(c.token_ids) for o in finals for c in o.outputs),
+        0 if prompt_only else sum(len(c.token_ids) for o in finals for c in o.outputs),
         sum(o.num_cached_tokens for o in finals),
     )
 
 
-async def create_completion(req: CompletionRequest, state: ServerState, request: Request) -> Response:
+def _without_completion(c: CompletionOutput) -> CompletionOutput:
+    """A choice of an `echo` request with `max_tokens: 0`: its prompt alone (finished: "length", as OpenAI)."""
+    return replace(
+        c,
+        text="",
+        token_ids=[],
+        token_logprobs=[],
+        logprobs=[] if c.logprobs is not None else None,
+        finish_reason="length" if c.finished else None,
+    )
+
+
+def _prepare(req: CompletionRequest, state: ServerState) -> tuple[list[EnginePrompt], SamplingParams]:
+    """The request's prompts, tokenized, and its sampling parameters (off the event loop when large)."""
     with phase("server.parse"):
-        model = state.check_model(req.model)
         prompts = completion_prompts(req)
         params = completion_params(req)
         if req.stream and req.echo and req.logprobs is not None:
@@ -39,6 +55,16 @@ async def create_completion(req: CompletionRequest, state: ServerState, request:
                 "echo with logprobs is answered whole; send stream=false for the prompt's log-probabilities",
                 param="echo",
             )
+        state.admission.check_size(len(prompts) * params.n, len(prompts), params.n)
+        tokenized = [state.encoder.engine_prompt(p) for p in prompts]
+        lengths = [prompt_length(state.tokenizer, p) for p in tokenized]
+        check_prompt_logprobs(params, lengths, params.n, state.config.max_prompt_logprobs)
+    return tokenized, params
+
+
+async def create_completion(req: CompletionRequest, state: ServerState, request: Request) -> Response:
+    model = state.check_model(req.model)
+    prompts, params = await off_loop(body_size(request.headers), _prepare, req, state)
     streams: list[RequestStream] = []
     try:
         for p in prompts:
@@ -51,7 +77,9 @@ async def create_completion(req: CompletionRequest, state: ServerState, request:
     if req.stream:
         return sse_response(_stream(req, state, model, streams), streams, state.drain)
     finals = await unless_disconnected(request, _finals(streams), state.drain)
-    return JSONResponse(_response(req, state, model, finals).model_dump())
+    # prompt log-probabilities make a large body: built off the event loop
+    size = None if params.prompt_logprobs is not None else 0
+    return await off_loop(size, lambda: JSONResponse(_response(req, state, model, finals).model_dump()))
 
 
 async def _finals(streams: list[RequestStream]) -> list[RequestOutput]:
@@ -78,9 +106,17 @@ def _response(
     req: CompletionRequest, state: ServerState, model: str, finals: list[RequestOutput]
 ) -> CompletionResponse:
     n = req.n or 1
+    prompt_only = echo_only(req)
     choices = []
     for i, out in enumerate(finals):
+        prompt_logprobs = (  # one list, shared by the prompt's choices
+            vllm_prompt_logprobs(state.text_of, out.prompt_token_ids, out.prompt_logprobs)
+            if req.prompt_logprobs is not None
+            else None
+        )
         for c in out.outputs:
+            if prompt_only:
+                c = _without_completion(c)
             prefix = ""
             if req.echo:
                 prefix = (
@@ -95,14 +131,12 @@ def _response(
                     text=prefix + c.text,
                     logprobs=logprobs,
                     finish_reason=c.finish_reason,
-                    prompt_logprobs=vllm_prompt_logprobs(
-                        state.text_of, out.prompt_token_ids, out.prompt_logprobs
-                    )
-                    if req.prompt_logprobs is not None
-                    else None,
+                    prompt_logprobs=prompt_logprobs,
                 )
             )
-    return CompletionResponse(id=new_id("cmpl"), model=model, choices=choices, usage=_usage(finals))
+    return CompletionResponse(
+        id=new_id("cmpl"), model=model, choices=choices, usage=_usage(finals, prompt_only)
+    )
 
 
 def _echoed(state: ServerState, out: RequestOutput, k: int, completion, prefix_len: int):
@@ -119,11 +153,15 @@ async def _stream(
     req: CompletionRequest, state: ServerState, model: str, streams: list[RequestStream]
 ) -> AsyncIterator[bytes]:
     rid, created, n = new_id("cmpl"), now(), req.n or 1
+    prompt_only = echo_only(req)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    continuous = bool(req.stream_options and req.stream_options.continuous)
     tracker = DeltaTracker()
     finals: list[RequestOutput | None] = [None] * len(streams)
 
     def chunk(choices: list[dict], usage: Usage | None = None) -> bytes:
+        if usage is None and continuous:  # vLLM's continuous_usage_stats: the usage so far
+            usage = _usage([s.last for s in streams if s.last is not None], prompt_only)
         body = {
             "id": rid,
             "object": "text_completion",
@@ -154,6 +192,8 @@ async def _stream(
             finals[i] = out
             choices = []
             for c in out.outputs:
+                if prompt_only:
+                    c = _without_completion(c)
                 d = tracker.advance(i * n + c.index, c)
                 if d is None:
                     continue
@@ -169,7 +209,7 @@ async def _stream(
             if choices:
                 yield chunk(choices)
         if include_usage:
-            yield chunk([], _usage([f for f in finals if f is not None]))
+            yield chunk([], _usage([f for f in finals if f is not None], prompt_only))
     except Exception as exc:  # headers are sent: report in-band, as OpenAI does
         resp = to_response(exc)
         yield error_event(str(exc), "server_error" if resp.status_code >= 500 else "invalid_request_error")

@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from vriksha.engine.protocol import EngineProtocol
 from vriksha.server.admission import Admission
 from vriksha.server.config import ServerConfig
+from vriksha.server.context import PromptEncoder
 from vriksha.server.drain import Drain
 from vriksha.server.engine_client import EngineClient
 from vriksha.server.errors import ModelNotFoundError
@@ -29,6 +30,7 @@ class ServerState:
     drain: Drain
     _text_of: TokenText | None = None
     _tool_parser: str | None = None
+    _encoder: PromptEncoder | None = None
 
     @property
     def model_names(self) -> list[str]:
@@ -51,6 +53,12 @@ class ServerState:
         if self._text_of is None:
             self._text_of = TokenText(self.tokenizer)
         return self._text_of
+
+    @property
+    def encoder(self) -> PromptEncoder:
+        if self._encoder is None:
+            self._encoder = PromptEncoder(self.tokenizer, self.max_model_len)
+        return self._encoder
 
     @property
     def tool_parser_name(self) -> str:

@@ -10,7 +10,7 @@ from typing import Any
 
 from vriksha.engine.grammar import JSON_OPTIONS
 from vriksha.engine.structured_outputs import StructuredOutputsParams
-from vriksha.server.errors import BadRequestError
+from vriksha.server.errors import BadRequestError, ServerError, ToolCallMissingError
 from vriksha.server.protocol import ChatCompletionRequest
 from vriksha.server.sampling import check_structured
 from vriksha.toolcalls import ToolParser, get_parser
@@ -104,13 +104,19 @@ def plan_tools(req: ChatCompletionRequest, parser_name: str) -> ToolPlan:
     return ToolPlan(tools, get_parser(parser_name, tools), parallel, forced)
 
 
+def several_calls(plan: ToolPlan) -> bool:
+    """Whether a forced reply may hold more than one call: `required` with parallel calls allowed."""
+    return plan.forced == "required" and plan.parallel
+
+
 def _lark_literal(text: str) -> str:
     return json.dumps(text)
 
 
 def forced_call_grammar(plan: ToolPlan) -> StructuredOutputsParams:
-    """A Lark grammar whose every sentence is one call (or several, with parallel calls) in the parser's format,
-    each function's arguments constrained by its parameter schema."""
+    """A Lark grammar whose every sentence is one call in the parser's format (or, for `required` with parallel
+    calls, several), each function's arguments constrained by its parameter schema. A named function is
+    called exactly once, as vLLM does: the model cannot repeat it."""
     assert plan.parser is not None and plan.forced is not None
     names = [t["function"]["name"] for t in plan.tools]
     if plan.forced != "required":
@@ -131,7 +137,7 @@ def forced_call_grammar(plan: ToolPlan) -> StructuredOutputsParams:
         rules.append(f"call{i}: {_lark_literal(delims[0])} args{i} {_lark_literal(delims[1])}")
         rules.append(f"args{i}: %json {json.dumps(schema)}")
         alts.append(f"call{i}")
-    start = "start: call" + (' ("\\n" call)*' if plan.parallel else "")
+    start = "start: call" + (' ("\\n" call)*' if several_calls(plan) else "")
     grammar = "\n".join([start, "call: " + " | ".join(alts), *rules])
     return check_structured(StructuredOutputsParams(grammar=grammar), "tools")
 
@@ -168,6 +174,20 @@ def prompt_messages(
         else:
             out.insert(0, {"role": "system", "content": section})
     return out
+
+
+def missing_call(plan: ToolPlan, finish_reason: str | None) -> ServerError:
+    """The error for a reply without a tool call although `tool_choice` forced one (never a 200)."""
+    forced = "a call" if plan.forced == "required" else f"a call of {plan.forced!r}"
+    if finish_reason == "length":
+        return BadRequestError(
+            f"tool_choice forced {forced}, and max_tokens ran out before the call was complete; raise max_tokens",
+            param="max_tokens",
+        )
+    return ToolCallMissingError(
+        f"tool_choice forced {forced}, but the reply holds no tool call (it ended with finish_reason "
+        f"{finish_reason!r})"
+    )
 
 
 def message_fields(
