@@ -87,7 +87,7 @@ def test_the_chat_templates_tool_calls_parse(tokenizer):
     assert name == "qwen"
     call = {
         "type": "function",
-        "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "c"}},
+        "function": {"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}},
     }
     messages = [
         {"role": "user", "content": "Weather in Paris?"},
