@@ -67,7 +67,7 @@ def test_core_modules_load_no_backend_when_imported():
 def test_no_platform_decision_is_taken_after_load(default_tokenizer, monkeypatch):
     """Once loaded, steps of every kind (prefill chunks, decodes, prompt log-probs, grammar masks) run without
     asking any platform decision again."""
-    from vriksha.engine.attention.paged import backend
+    from vriksha.engine.attention import backend
     from vriksha.engine.platform import (
         compute_dtype,
         fp32_precision,
@@ -76,7 +76,7 @@ def test_no_platform_decision_is_taken_after_load(default_tokenizer, monkeypatch
         plan,
         quantization,
     )
-    from vriksha.engine.runner import native_decode_choice
+    from vriksha.engine.runner import model_runner, native_decode_choice
 
     vocab = len(default_tokenizer)  # the grammar's tokenizer covers the whole vocabulary
     llm = LLM.from_module(tiny_model("llama", vocab), default_tokenizer, **ENGINE_TEST_OPTIONS)
@@ -94,6 +94,7 @@ def test_no_platform_decision_is_taken_after_load(default_tokenizer, monkeypatch
         (quantization, "apply"),
         (quantization, "packed_activations"),
         (backend, "select_backend"),
+        (model_runner, "select_backend"),  # where the runner looks it up
         (native_decode_choice, "set_up"),
     ):
         monkeypatch.setattr(module, name, decided_again)
