@@ -10,7 +10,6 @@ push its weights again and repeat the request, so no episode is ever trained on 
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import json
 import logging
 import os
@@ -27,8 +26,8 @@ import torch
 import torch.distributed as dist
 
 from vriksha.engine.config import EngineConfig
-from vriksha.engine.outputs import CompletionOutput, RequestOutput
-from vriksha.engine.sampling_params import SamplingParams
+from vriksha.engine.core.outputs import CompletionOutput, RequestOutput
+from vriksha.engine.core.sampling_params import SamplingParams
 from vriksha.envs.rollout_engine import TokenPrompt
 from vriksha.errors import VrikshaError
 from vriksha.net.launch import free_port
@@ -48,18 +47,7 @@ STARTUP_TIMEOUT_S = 300.0
 
 def engine_flags(engine: EngineConfig, dtype: str) -> list[str]:
     """`vriksha serve` flags for the options of `rollout.engine` that differ from the defaults."""
-    flags = ["--dtype", dtype]
-    changed = engine.to_dict(changed_only=True)
-    for f in dataclasses.fields(EngineConfig):
-        if f.name not in changed or f.name in ("model", "dtype", "device"):
-            continue
-        name = f.metadata.get("flag") or f.name.replace("_", "-")
-        value = changed[f.name]
-        if isinstance(value, bool):
-            flags.append(f"--{name}" if value else f"--no-{name}")
-        elif value is not None:
-            flags += [f"--{name}", str(value)]
-    return flags
+    return ["--dtype", dtype, *engine.to_args(exclude=("model", "dtype", "device"))]
 
 
 class WeightVersionError(VrikshaError):
