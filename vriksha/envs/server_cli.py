@@ -79,7 +79,7 @@ def register_serve(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from vriksha.envs.server import ServerConfig, resolve_env_class, serve
+    from vriksha.envs.server import EnvServerConfig, resolve_env_class, serve
     from vriksha.net import FrontConfig, from_args
 
     for name, value, low in (
@@ -95,7 +95,7 @@ def run_serve(args: argparse.Namespace) -> int:
     front = from_args(FrontConfig, args)
     front.validate()
     env_cls = resolve_env_class(args.name)
-    config = ServerConfig(
+    config = EnvServerConfig(
         host=args.host,
         port=args.port,
         max_sessions=args.max_sessions,
