@@ -21,12 +21,12 @@ from vriksha.envs.sandbox import require_sandbox
 from vriksha.repo2env.archive import UnpackLimits
 from vriksha.repo2env.baseline import run_baseline
 from vriksha.repo2env.bootstrap import Venv, bootstrap, cache_root
+from vriksha.repo2env.candidate_check import Outcome, validate_candidate
 from vriksha.repo2env.errors import Repo2EnvError
 from vriksha.repo2env.pipelines import PIPELINES, BuildContext, Candidate, Pipeline
 from vriksha.repo2env.report import YieldReport
 from vriksha.repo2env.source import prepare_source
 from vriksha.repo2env.task import DatasetManifest, write_manifest, write_task
-from vriksha.repo2env.validation import Outcome, validate_candidate
 
 logger = logging.getLogger(__name__)
 

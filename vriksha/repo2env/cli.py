@@ -68,12 +68,18 @@ def register(subparsers) -> None:
         default=100_000,
         help="an sdist SOURCE holding more entries than this is refused (default 100000)",
     )
-    p.add_argument(
-        "--sandbox", action="store_true", help="validate: kept for compatibility; every test run is sandboxed"
-    )
+    p.add_argument("--sandbox", action=_SandboxRemoved, nargs=0, help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=handle)
+
+
+class _SandboxRemoved(argparse.Action):
+    """`--sandbox` changed nothing (every test run is sandboxed) and is gone; say so instead of a bare
+    'unrecognized arguments'."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        parser.error("--sandbox is gone: every test run is sandboxed already; drop the flag")
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -105,11 +111,11 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from vriksha.repo2env.validate import validate_dataset
+    from vriksha.repo2env.dataset_check import validate_dataset
 
     if not args.dataset:
         raise ConfigError("usage: vriksha repo2env validate DIR")
-    checks = validate_dataset(args.dataset, sandbox=args.sandbox, progress=not args.no_progress)
+    checks = validate_dataset(args.dataset, progress=not args.no_progress)
     bad = [c for c in checks if not c.ok]
     if args.json:
         print(

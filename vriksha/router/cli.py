@@ -206,7 +206,7 @@ def handler(args: argparse.Namespace) -> int:
     front.validate()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per forwarded request otherwise
     if args.config:
-        from vriksha.semantic.serve import semantic_app
+        from vriksha.router.semantic.serve import semantic_app
 
         app = semantic_app(args.config, config_from_args(args, need_replicas=False))
         ready = f"routing by meaning ({args.config})"

@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from vriksha.repo2env.bootstrap import Venv
+from vriksha.repo2env.grading import verify
 from vriksha.repo2env.layout import file_of, is_source_file, is_test_file
 from vriksha.repo2env.pipelines.base import Candidate, Pipeline
 from vriksha.repo2env.source import Project, copy_tree, iter_files
 from vriksha.repo2env.task import TaskFiles, TaskMeta
 from vriksha.repo2env.testrun import run_tests
-from vriksha.repo2env.verify import verify
 
 logger = logging.getLogger(__name__)
 
