@@ -22,7 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from tests.lanes import (  # noqa: F401  (the two lanes: server fixtures' tests are slow; the guard)
+from tests.lanes import (  # noqa: F401  (the two lanes: slow fixtures' tests are slow; the guard)
     pytest_collection_modifyitems,
     pytest_runtest_protocol,
 )

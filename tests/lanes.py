@@ -5,8 +5,8 @@ trainer as a subprocess, run torchrun or several processes, build a virtual envi
 more than a few seconds. So that a test which starts such a process cannot slip into the fast lane unmarked, a
 test outside `slow` that starts one fails (in both lanes), naming what it started and the marker it needs. A
 short `python -c` probe or the sandbox's interpreter is not such a process; `HEAVY_MODULES` and
-`HEAVY_PROGRAMS` say what is. A test that uses a server fixture (`SERVER_FIXTURES`) is marked `slow` here, so
-the fixture's tests need no marker of their own.
+`HEAVY_PROGRAMS` say what is. A test that uses a server or venv-building fixture (`SLOW_FIXTURES`) is marked `slow`
+here, so the fixture's tests need no marker of their own.
 """
 
 from __future__ import annotations
@@ -24,8 +24,9 @@ HEAVY_MODULES = frozenset(
      "venv", "virtualenv", "pip", "uv", "uvicorn"}
 )  # fmt: skip
 HEAVY_PROGRAMS = frozenset({"vriksha", "torchrun", "uvicorn", "uv", "pip", "pip3", "virtualenv"})
-# fixtures that start a server subprocess: every test that uses one (directly or through another fixture) is `slow`
-SERVER_FIXTURES = frozenset({"server_factory", "replicas", "routed", "weight_server"})
+# fixtures that start a server subprocess or build a venv (repo2env's dataset): every test that uses one, directly
+# or through another fixture, is `slow`
+SLOW_FIXTURES = frozenset({"server_factory", "replicas", "routed", "weight_server", "tiny_dataset"})
 
 
 class FastLaneViolation(Exception):
@@ -83,7 +84,7 @@ _guard = _Guard()
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if SERVER_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
 
 
