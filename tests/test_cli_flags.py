@@ -5,10 +5,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_flags import flag_table
+from tests.cli_flags import flag_table, shown
 from vriksha.cli import build_parser
 
 SNAPSHOT = Path(__file__).with_name("cli_flags.json")
+
+
+def _same(want: object, have: object) -> bool:
+    if isinstance(have, dict) and not isinstance(want, dict):  # now declared by a config class
+        # a None default may be described in words ("the embedded model")
+        return have["declared"] == shown(want) or want is None
+    return want == have
 
 
 def test_every_command_keeps_its_flags_and_defaults():
@@ -18,11 +25,8 @@ def test_every_command_keeps_its_flags_and_defaults():
         gone = sorted(set(want[command]) - set(have[command]))
         new = sorted(set(have[command]) - set(want[command]))
         assert not gone and not new, f"{command}: flags gone {gone}, new {new}"
-        moved = {
-            f: (want[command][f], have[command][f])
-            for f in want[command]
-            if want[command][f] != have[command][f]
-        }
+        was, now = want[command], have[command]
+        moved = {f: (was[f], now[f]) for f in was if not _same(was[f], now[f])}
         assert not moved, f"{command}: defaults changed (was, now): {moved}"
 
 
@@ -30,3 +34,46 @@ def test_the_removed_sandbox_flag_says_why(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["repo2env", "validate", "DIR", "--sandbox"])
     assert "--sandbox is gone: every test run is sandboxed already" in capsys.readouterr().err
+
+
+def test_the_router_flags_build_the_config_they_built_before(monkeypatch):
+    from vriksha.router.cli import config_from_args
+
+    monkeypatch.delenv("VRIKSHA_API_KEY", raising=False)
+    monkeypatch.delenv("VRIKSHA_INTERNAL_KEY", raising=False)
+    plain = config_from_args(build_parser().parse_args(["router", "--replica", "http://a:1/"]))
+    assert [(r.url, r.events, r.role) for r in plain.replicas] == [("http://a:1", None, "both")]
+    assert (plain.policy, plain.model, plain.api_key, plain.internal_key) == ("precise", None, None, None)
+    assert (plain.host, plain.port, plain.session_header) == ("127.0.0.1", 8080, "x-session-id")
+    assert (plain.health_interval_s, plain.load_interval_s, plain.request_timeout_s) == (1.0, 0.25, 600.0)
+    assert (plain.cache_threshold, plain.balance_abs_threshold, plain.balance_rel_threshold) == (0.3, 32, 1.5)
+    assert (plain.queue_cost_tokens, plain.kv_cost_tokens, plain.affinity_bound_tokens) == (
+        64.0,
+        256.0,
+        512.0,
+    )
+    assert (plain.affinity_min_share, plain.pd_threshold_tokens, plain.pd_timeout_s) == (0.3, 256, 30.0)
+    flags = [
+        "--policy",
+        "least_load",
+        "--session-header",
+        "X-User",
+        "--health-interval",
+        "2",
+        "--kv-cost",
+        "9",
+    ]
+    flags += ["--pd-threshold", "7", "--pd-timeout", "3", "--api-key", "k", "--port", "9000"]
+    given = config_from_args(build_parser().parse_args(["router", "--replica", "http://a:1", *flags]))
+    assert (given.policy, given.session_header, given.health_interval_s, given.kv_cost_tokens) == (
+        "least_load",
+        "x-user",
+        2.0,
+        9.0,
+    )
+    assert (given.pd_threshold_tokens, given.pd_timeout_s, given.api_key, given.port) == (7, 3.0, "k", 9000)
+    monkeypatch.setenv("VRIKSHA_API_KEY", "from-env")
+    assert (
+        config_from_args(build_parser().parse_args(["router", "--replica", "http://a:1"])).api_key
+        == "from-env"
+    )
