@@ -17,20 +17,26 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from vriksha.engine.config import EngineConfig
 from vriksha.engine.core.outputs import CompletionOutput, RequestOutput
+from vriksha.engine.core.sampling_params import SamplingParams
+from vriksha.envs.rollout_engine import TokenPrompt
 from vriksha.errors import VrikshaError
 from vriksha.net.launch import free_port
 from vriksha.net.trust import WEIGHTS_KEY_ENV, env_key, new_key
 from vriksha.train.config import ModelConfig, RolloutConfig
 from vriksha.weights import WeightSyncClient, digest
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +109,7 @@ class LocalServer:
 
 def start_server(
     model_cfg: ModelConfig,
-    engine_module: torch.nn.Module,
+    engine_module: PreTrainedModel,
     tokenizer: Any,
     engine: EngineConfig,
     out_dir: Path,
@@ -137,10 +143,8 @@ _NATIVE_FIELDS = (
 )
 
 
-def native_sampling(params: Any) -> dict[str, Any]:
+def native_sampling(params: SamplingParams) -> dict[str, Any]:
     """The native /generate `sampling_params` for engine `SamplingParams` (fields at their defaults left out)."""
-    from vriksha.engine.core.sampling_params import SamplingParams
-
     default = SamplingParams()
     out = {}
     for name in _NATIVE_FIELDS:
@@ -163,13 +167,14 @@ def eos_token_ids(module: torch.nn.Module, tokenizer: Any) -> frozenset[int]:
 
 
 class ServerRollout:
-    """`generate` like `LLM.generate`, on servers; `weights_updated()` pushes the engine module to them."""
+    """A `TrainingEngine` (`rollout_engine.py`) on servers: `generate` like `LLM.generate`;
+    `weights_updated()` and `set_weight_version()` push the engine module to them."""
 
     def __init__(
         self,
         cfg: RolloutConfig,
         model_cfg: ModelConfig,
-        engine_module: torch.nn.Module,
+        engine_module: PreTrainedModel,
         tokenizer: Any,
         out_dir: Path,
         rank: int,
@@ -292,7 +297,7 @@ class ServerRollout:
 
     # -- generation -------------------------------------------------------
 
-    def _request(self, url: str, prompt: dict, params: Any) -> dict:
+    def _request(self, url: str, prompt: TokenPrompt, params: SamplingParams) -> dict[str, Any]:
         body = {
             "input_ids": list(prompt["prompt_token_ids"]),
             "sampling_params": native_sampling(params),
@@ -303,7 +308,7 @@ class ServerRollout:
             raise VrikshaError(f"{url}/generate answered {r.status_code}: {r.text[:500]}")
         return r.json()
 
-    def _one(self, i: int, prompt: dict, params: Any) -> RequestOutput:
+    def _one(self, i: int, prompt: TokenPrompt, params: SamplingParams) -> RequestOutput:
         url = self.urls[(self._next + i) % len(self.urls)]
         body = self._request(url, prompt, params)
         if int(body.get("weight_version", -1)) != self.version:
@@ -332,11 +337,16 @@ class ServerRollout:
             weight_version=int(body["weight_version"]),
         )
 
-    def generate(self, prompts: list[dict], params: list[Any], use_tqdm: bool = False) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Sequence[TokenPrompt],
+        sampling_params: Sequence[SamplingParams],
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
         for attempt in range(2):
             futures = [
                 self._pool.submit(self._one, i, p, sp)
-                for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
+                for i, (p, sp) in enumerate(zip(prompts, sampling_params, strict=True))
             ]
             try:
                 outs = [f.result() for f in futures]

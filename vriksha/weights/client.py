@@ -18,6 +18,7 @@ import torch
 from vriksha.net.trust import WEIGHTS_KEY_ENV, env_key, weights_headers
 from vriksha.weights.counters import CopyCounter
 from vriksha.weights.plan import TensorSpec, WeightTransferError, check_specs
+from vriksha.weights.protocol import WeightSender
 from vriksha.weights.shm import shm_available
 from vriksha.weights.source import full_parameters
 
@@ -68,7 +69,7 @@ class WeightSyncClient:
         self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=weights_headers(key))
         self.token: str | None = None  # this transfer's, answered by the init
         self.backend: str | None = None
-        self.sender: Any = None
+        self.sender: WeightSender | None = None
         self.specs: dict[str, TensorSpec] = {}
 
     # ---- http ---------------------------------------------------------------------------------------
@@ -199,16 +200,15 @@ class WeightSyncClient:
         tensors = list(full_parameters(module, dtypes))
         check_specs([TensorSpec.of(n, t) for n, t in tensors], {n: _meta(s) for n, s in self.specs.items()})
         counter = CopyCounter()
+        sender = self.sender
+        if sender is None:
+            raise WeightTransferError(f"no weight transfer to {self.base_url} is set up; connect() first")
         self._post("/start_weight_update", {"version": version, "rewind": rewind})
         try:
-            if self.backend == "fs":
-                info = self.sender.prepare(tensors, counter, version=version)
-            else:
-                info = self.sender.prepare(tensors, counter)
-            body = {"update_info": info}
+            body = {"update_info": sender.prepare(tensors, counter, version)}
             reply = self._concurrently(
                 lambda: self._post("/update_weights", body),
-                lambda _failed: self.sender.transmit(tensors, counter),
+                lambda _failed: sender.transmit(tensors, counter),
             )
             done = self._post("/finish_weight_update", {})
         except BaseException:

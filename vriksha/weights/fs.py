@@ -16,6 +16,7 @@ import torch
 
 from vriksha.weights.counters import CopyCounter
 from vriksha.weights.plan import TensorSpec, WeightTransferError, check_sent
+from vriksha.weights.protocol import NamedTensors
 
 MARKER = "COMPLETE"
 FILE = "model.safetensors"
@@ -44,12 +45,10 @@ class FsSender:
         self.root = Path(root)
         self.keep = keep
 
-    def init_info(self) -> dict:
+    def init_info(self) -> dict[str, Any]:
         return {"root": str(self.root)}
 
-    def prepare(
-        self, tensors: list[tuple[str, torch.Tensor]], counter: CopyCounter, version: int = 0
-    ) -> dict:
+    def prepare(self, tensors: NamedTensors, counter: CopyCounter, version: int = 0) -> dict[str, Any]:
         from safetensors.torch import save_file
 
         d = version_dir(self.root, version)
@@ -66,7 +65,7 @@ class FsSender:
         self._prune(version)
         return {"dir": str(d), "version": version}
 
-    def transmit(self, tensors: list[tuple[str, torch.Tensor]], counter: CopyCounter) -> None:
+    def transmit(self, tensors: NamedTensors, counter: CopyCounter) -> None:
         return None
 
     def _prune(self, version: int) -> None:
@@ -130,7 +129,9 @@ def file_specs(path: Path, target: Mapping[str, torch.Tensor]) -> tuple[int, lis
 class FsReceiver:
     name = "fs"
 
-    def receive(self, info: dict, target: dict[str, torch.Tensor], counter: CopyCounter) -> list[str]:
+    def receive(
+        self, info: dict[str, Any], target: dict[str, torch.Tensor], counter: CopyCounter
+    ) -> list[str]:
         d = Path(str(info["dir"]))
         if not (d / MARKER).is_file():
             raise WeightTransferError(f"{d} has no {MARKER} marker: the version is incomplete; send it again")

@@ -29,6 +29,7 @@ from vriksha.errors import VrikshaError
 from vriksha.weights.counters import CopyCounter
 from vriksha.weights.fs import FILE, FsReceiver, file_specs
 from vriksha.weights.plan import TensorSpec, WeightTransferError, check_sent, digest, layout, parse_specs
+from vriksha.weights.protocol import WeightReceiver
 from vriksha.weights.shm import ShmReceiver
 
 logger = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ class Update:
 class UpdateState:
     transfers: list[Transfer] = field(default_factory=list)
     backend: str | None = None
-    receiver: Any = None
+    receiver: WeightReceiver | None = None
     update: Update | None = None
 
     @property
@@ -150,8 +151,9 @@ class WeightUpdater:
         if backend not in BACKENDS:
             raise WeightTransferError(f"unknown weight transfer backend {backend!r}; use one of {BACKENDS}")
         self.close_backend()
+        receiver: WeightReceiver
         if backend == "shm":
-            receiver: Any = ShmReceiver()
+            receiver = ShmReceiver()
         elif backend == "fs":
             receiver = FsReceiver()
         else:
@@ -163,7 +165,7 @@ class WeightUpdater:
     def close_backend(self) -> None:
         if self.state.receiver is not None:
             self.state.receiver.close()
-        self.state.backend = self.state.receiver = None
+        self.state.backend, self.state.receiver = None, None
 
     def release(self, token: str, close: bool = True) -> None:
         """End the transfer `token` (its unfinished update rolled back); the last one closes the data plane
@@ -209,9 +211,14 @@ class WeightUpdater:
             if spec.name not in upd.staged:
                 upd.staged[spec.name] = torch.empty_like(params[spec.name])
         target = {spec.name: upd.staged[spec.name] for spec in specs}
+        receiver = self.state.receiver
+        if receiver is None:
+            raise WeightTransferError(
+                "no weight transfer is initialised; POST /init_weight_transfer_engine first"
+            )
         try:
             with torch.no_grad():
-                got = self.state.receiver.receive(info, target, upd.counter)
+                got = receiver.receive(info, target, upd.counter)
         except WeightTransferError:
             raise
         except Exception as exc:  # the data plane failed mid-way (a dead peer, a vanished buffer)
