@@ -103,7 +103,10 @@ def config_from_args(args: argparse.Namespace, need_replicas: bool = True) -> Ro
             "--policy precise without event streams: it sees load only (add ,tcp://... to --replica)"
         )
     return config.replace(
-        replicas=specs, api_key=api_key, internal_key=internal_key, session_header=config.session_header.lower()
+        replicas=specs,
+        api_key=api_key,
+        internal_key=internal_key,
+        session_header=config.session_header.lower(),
     )
 
 
