@@ -77,3 +77,33 @@ def test_the_router_flags_build_the_config_they_built_before(monkeypatch):
         config_from_args(build_parser().parse_args(["router", "--replica", "http://a:1"])).api_key
         == "from-env"
     )
+
+
+def test_env_serve_flags_build_the_server_config():
+    from vriksha.envs.server import EnvServerConfig
+
+    args = build_parser().parse_args(["env", "serve", "arithmetic"])
+    plain = EnvServerConfig.from_args(args)
+    assert plain == EnvServerConfig()
+    assert (plain.host, plain.port, plain.max_sessions, plain.workers) == ("127.0.0.1", 8000, 64, None)
+    assert (plain.idle_timeout_s, plain.detach_grace_s, plain.heartbeat_s) == (300.0, 30.0, 15.0)
+    flags = [
+        "--port",
+        "9",
+        "--idle-timeout",
+        "5",
+        "--detach-grace",
+        "0",
+        "--heartbeat",
+        "2",
+        "--workers",
+        "3",
+    ]
+    given = EnvServerConfig.from_args(build_parser().parse_args(["env", "serve", "arithmetic", *flags]))
+    assert (given.port, given.idle_timeout_s, given.detach_grace_s, given.heartbeat_s, given.workers) == (
+        9,
+        5.0,
+        0.0,
+        2.0,
+        3,
+    )

@@ -13,12 +13,13 @@ handed to the routes through `Depends`):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
@@ -29,24 +30,43 @@ from vriksha.envs.core import Environment
 from vriksha.envs.protocol import HTTP_STATUS, PROTOCOL_VERSION, EnvServerError
 from vriksha.envs.sessions import Dispatcher, SessionManager
 from vriksha.net import FrontConfig
+from vriksha.options import Options, option
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
-class EnvServerConfig:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    max_sessions: int = 64
-    idle_timeout_s: float = 300.0
-    detach_grace_s: float = 30.0
-    heartbeat_s: float = 15.0
-    workers: int | None = None  # env thread pool size; default max_sessions + 4 (at most 64)
-    mcp: bool = True
-    openenv: bool = True
-    env_kwargs: dict[str, Any] = field(default_factory=dict)
+class EnvServerConfig(Options):
+    """The environment server's options; those declared with `option()` are also `vriksha env serve`'s flags."""
+
+    options_label: ClassVar[str] = "environment server"
+    flag_dest_prefix: ClassVar[str] = "env_server_"
+
+    host: str = option("127.0.0.1", "interface to bind (127.0.0.1: loopback only)")
+    port: int = option(8000, "TCP port")
+    max_sessions: int = option(64, "cap on concurrent sessions of all kinds")
+    idle_timeout_s: float = option(
+        300.0, "close a session after this many seconds without a request", flag="idle-timeout"
+    )
+    detach_grace_s: float = option(
+        30.0, "keep a session whose WebSocket dropped resumable for this many seconds", flag="detach-grace"
+    )
+    heartbeat_s: float = option(
+        15.0,
+        "send an application heartbeat to each WebSocket client every this many seconds",
+        flag="heartbeat",
+    )
+    workers: int | None = option(None, "threads running env code (default: sessions + 4, at most 64)")
+    mcp: bool = True  # `--no-mcp`
+    openenv: bool = True  # `--no-openenv`
+    env_kwargs: dict[str, Any] = field(default_factory=dict)  # `--env-arg KEY=VALUE`
     # connections, deadlines, body and header caps, descriptor limit, log rate (`--max-connections`, ...)
     front: FrontConfig = field(default_factory=FrontConfig)
+
+    @classmethod
+    def internal_fields(cls) -> tuple[str, ...]:
+        """Fields that are not options of their own here (flags of another form, sections)."""
+        return tuple(f.name for f in dataclasses.fields(cls) if "help" not in f.metadata)
 
 
 def resolve_env_class(env: str | type[Environment]) -> type[Environment]:
