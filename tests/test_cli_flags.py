@@ -107,3 +107,26 @@ def test_env_serve_flags_build_the_server_config():
         2.0,
         3,
     )
+
+
+def test_generate_sampling_flags_build_the_sampling_params():
+    from vriksha.engine.cli import GenerateSampling
+
+    plain = GenerateSampling.from_args(build_parser().parse_args(["generate", "--prompt", "x"]))
+    assert plain.to_dict() == {"max_tokens": 128, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "seed": None}
+    flags = ["--max-tokens", "4", "--temperature", "0.5", "--top-p", "0.9", "--top-k", "7", "--seed", "3"]
+    given = GenerateSampling.from_args(build_parser().parse_args(["generate", "--prompt", "x", *flags]))
+    assert given.to_dict() == {"max_tokens": 4, "temperature": 0.5, "top_p": 0.9, "top_k": 7, "seed": 3}
+
+
+def test_repo2env_flags_build_the_build_config():
+    from vriksha.repo2env.build_config import DEFAULT_PIPELINES, BuildConfig
+
+    plain = BuildConfig.from_args(build_parser().parse_args(["repo2env", "src", "--out", "o"]))
+    assert plain == BuildConfig() and plain.pipelines == DEFAULT_PIPELINES
+    assert (plain.max_tasks, plain.max_candidates, plain.workers, plain.seed) == (20, None, 1, 0)
+    assert (plain.baseline_runs, plain.per_function, plain.timeout_s) == (2, 1, 900.0)
+    assert (plain.max_unpacked_mb, plain.max_unpacked_files) == (1024.0, 100_000)
+    flags = ["--max-tasks", "3", "--mutations-per-function", "2", "--timeout", "5", "--max-candidates", "9"]
+    given = BuildConfig.from_args(build_parser().parse_args(["repo2env", "src", "--out", "o", *flags]))
+    assert (given.max_tasks, given.per_function, given.timeout_s, given.max_candidates) == (3, 2, 5.0, 9)
