@@ -15,7 +15,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel
 
 from vriksha.net.offload import off_loop
-from vriksha.router.app import _parse
+from vriksha.router.app import parse_request
 from vriksha.router.proxy import NoReplicaError
 from vriksha.router.semantic import rewrite
 from vriksha.router.semantic.cache import SemanticCache, scope_key
@@ -80,7 +80,7 @@ class SemanticRouting:
     async def answer(self) -> Response:
         state, metrics = self.state, self.state.metrics
         raw = await self.request.body()
-        self.req = _parse(self.model, raw)
+        self.req = parse_request(self.model, raw)
         self.body = json.loads(raw)
         self.text = rewrite.routing_text(self.body)
         async for route in self._routes(await self._classified()):
@@ -202,7 +202,7 @@ class SemanticRouting:
         """The pool's relabelled answer, or None when the pool had no replica to take it."""
         step = step or _CacheStep()
         new_raw = json.dumps(out).encode()
-        new_req = _parse(self.model, new_raw)
+        new_req = parse_request(self.model, new_raw)
         tokenize = rt.tokens.chat if self.path.endswith("chat/completions") else rt.tokens.completion
         ids = await off_loop(len(new_raw), tokenize, new_req)  # a long prompt: tokenized on a thread
         try:
