@@ -95,12 +95,19 @@ def _read_tree(root: Path) -> dict[str, bytes]:
     return {p.as_posix(): (root / p).read_bytes() for p in iter_files(root)}
 
 
+class _Dropped(Exception):
+    """The candidate fails a check: why (a drop reason) and the detail."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(reason)
+        self.reason, self.detail = reason, detail
+
+
 def validate_candidate(
     cand: Candidate, pipeline: Pipeline, project: Project, venv: Venv, baseline
 ) -> Outcome:
     start = time.monotonic()
     base_line = cand.baseline or baseline
-    base = cand.base or project.root
 
     def drop(reason: str, detail: str = "", covered: bool = True) -> Outcome:
         return Outcome(
@@ -115,106 +122,133 @@ def validate_candidate(
     timings: dict[str, float] = {}
     broken_dir = Path(tempfile.mkdtemp(prefix="vriksha-r2e-broken-"))
     try:
-        copy_tree(base, broken_dir)
-        for rel, text in cand.broken.items():
-            path = broken_dir / rel
-            if text is None:
-                path.unlink(missing_ok=True)
-            else:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                path.write_text(text)
-        t0 = time.monotonic()
-        timeout = base_line.timeout_for(covering)
-        run = run_tests(
-            venv.python,
-            broken_dir,
-            select=sorted(covering),
-            timeout_s=timeout,
-            extra_args=base_line.extra_args,
-        )
-        timings["broken_run_s"] = time.monotonic() - t0
-        if run.timed_out:
-            return drop("timeout", f"the covering tests ran past {timeout:.0f} s on the broken tree")
-        f2p = sorted(t for t in covering if t in run.failed or t not in run.results)
-        f2p = [t for t in f2p if is_test_file(file_of(t))]
-        if not f2p:
-            return drop("no_fail_to_pass", "no covering test fails on the broken tree")
-        hidden_files = {file_of(t) for t in f2p} | {f for f in cand.hidden_extra if is_test_file(f)}
-        excluded = {t for t in covering if t in run.failed or t not in run.results} - set(f2p)
-        p2p = sorted(base_line.stable_pass - set(f2p) - excluded)
-        if not p2p:
-            return drop("no_pass_to_pass", "no test stays passing besides the fail-to-pass ones")
-        tree = _read_tree(broken_dir)
-        base_files = _read_tree(base)
-        workspace = {rel: data for rel, data in tree.items() if rel not in hidden_files}
-        hidden = {rel: base_files[rel] for rel in sorted(hidden_files) if rel in base_files}
-        solution = {rel: text.encode() for rel, text in cand.solution.items() if text is not None}
-        deleted = [rel for rel, text in cand.solution.items() if text is None]
-        secrets = list(cand.secrets)
-        for rel, text in cand.solution.items():
-            if text is not None and cand.broken.get(rel) is not None:
-                secrets += solution_windows(text, cand.broken[rel] or "")
-        leaks = find_leaks(workspace, secrets, hidden)
-        if leaks:
-            return drop("leak", "; ".join(leaks[:3]))
-        if pipeline.name == "implement_function":
-            visible = {rel: d for rel, d in workspace.items() if is_source_file(rel) or is_test_file(rel)}
-            cand.info["usage"] = _usage(visible, cand.info["name"], cand.info["file"])
-        instruction = pipeline.instruction(cand, run, f2p)
-        tid = f"{pipeline.name}-{hashlib.sha256((project.content_hash + cand.cid).encode()).hexdigest()[:12]}"
-        meta = TaskMeta(
-            id=tid,
-            repo=project.name,
-            repo_origin=project.origin,
-            base_hash=project.content_hash if cand.base is None else cand.target,
-            workspace_hash="",
-            pipeline=pipeline.name,
-            target=cand.target,
-            fail_to_pass=f2p,
-            pass_to_pass=p2p,
-            hidden_files=sorted(hidden),
-            solution_files=sorted(cand.solution),
-            venv_key=venv.key,
-            pytest_extra_args=base_line.extra_args,
-            timeout_s=base_line.timeout_for(set(f2p) | set(p2p)),
-        )
-        task = TaskFiles(
-            meta=meta,
-            instruction=instruction,
-            workspace=workspace,
-            hidden=hidden,
-            solution=solution,
-            deleted=deleted,
-        )
-        t0 = time.monotonic()
-        empty = verify(task, venv.path)
-        timings["empty_check_s"] = time.monotonic() - t0
-        if empty.timed_out:
-            return drop("timeout", "the hidden tests ran past their limit on the untouched workspace")
-        if empty.p2p_failed:
-            return drop(
-                "broke_pass_to_pass",
-                f"{len(empty.p2p_failed)} pass-to-pass test(s) fail on the workspace, "
-                f"e.g. {empty.p2p_failed[0]}",
-            )
-        if empty.f2p_passed:
-            return drop("flaky", f"{empty.f2p_passed[0]} passed on the untouched workspace this time")
-        t0 = time.monotonic()
-        oracle = verify(task, venv.path, solution=True)
-        timings["oracle_s"] = time.monotonic() - t0
-        if oracle.timed_out:
-            return drop("timeout", "the oracle ran past its limit")
-        if not oracle.resolved:
-            bad = (oracle.f2p_failed + oracle.p2p_failed)[:1]
-            return drop("flaky", f"the reference solution does not pass {bad}")
+        task = _broken_task(cand, pipeline, project, venv, base_line, covering, broken_dir, timings)
+        _check_task(task, venv, timings)
         timings["total_s"] = time.monotonic() - start
-        meta.timings = timings
+        task.meta.timings = timings
         return Outcome(task=task, seconds=timings["total_s"], timings=timings)
+    except _Dropped as dropped:
+        return drop(dropped.reason, dropped.detail)
     except Exception as exc:  # one candidate's failure must not stop the build
         logger.exception("candidate %s failed", cand.target)
         return drop("error", f"{type(exc).__name__}: {exc}")
     finally:
         shutil.rmtree(broken_dir, ignore_errors=True)
+
+
+def _write_broken(base: Path, broken_dir: Path, cand: Candidate) -> None:
+    copy_tree(base, broken_dir)
+    for rel, text in cand.broken.items():
+        path = broken_dir / rel
+        if text is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+
+
+def _broken_task(
+    cand: Candidate,
+    pipeline: Pipeline,
+    project: Project,
+    venv: Venv,
+    base_line,
+    covering: set[str],
+    broken_dir: Path,
+    timings: dict[str, float],
+) -> TaskFiles:
+    """Run the covering tests on the broken tree and cut the task: its fail-to-pass and pass-to-pass tests,
+    workspace, hidden tests and solution. Raises `_Dropped` when the candidate cannot make a task."""
+    base = cand.base or project.root
+    _write_broken(base, broken_dir, cand)
+    t0 = time.monotonic()
+    timeout = base_line.timeout_for(covering)
+    run = run_tests(
+        venv.python,
+        broken_dir,
+        select=sorted(covering),
+        timeout_s=timeout,
+        extra_args=base_line.extra_args,
+    )
+    timings["broken_run_s"] = time.monotonic() - t0
+    if run.timed_out:
+        raise _Dropped("timeout", f"the covering tests ran past {timeout:.0f} s on the broken tree")
+    f2p = sorted(t for t in covering if t in run.failed or t not in run.results)
+    f2p = [t for t in f2p if is_test_file(file_of(t))]
+    if not f2p:
+        raise _Dropped("no_fail_to_pass", "no covering test fails on the broken tree")
+    hidden_files = {file_of(t) for t in f2p} | {f for f in cand.hidden_extra if is_test_file(f)}
+    excluded = {t for t in covering if t in run.failed or t not in run.results} - set(f2p)
+    p2p = sorted(base_line.stable_pass - set(f2p) - excluded)
+    if not p2p:
+        raise _Dropped("no_pass_to_pass", "no test stays passing besides the fail-to-pass ones")
+    tree = _read_tree(broken_dir)
+    base_files = _read_tree(base)
+    workspace = {rel: data for rel, data in tree.items() if rel not in hidden_files}
+    hidden = {rel: base_files[rel] for rel in sorted(hidden_files) if rel in base_files}
+    solution = {rel: text.encode() for rel, text in cand.solution.items() if text is not None}
+    deleted = [rel for rel, text in cand.solution.items() if text is None]
+    secrets = list(cand.secrets)
+    for rel, text in cand.solution.items():
+        if text is not None and cand.broken.get(rel) is not None:
+            secrets += solution_windows(text, cand.broken[rel] or "")
+    leaks = find_leaks(workspace, secrets, hidden)
+    if leaks:
+        raise _Dropped("leak", "; ".join(leaks[:3]))
+    if pipeline.name == "implement_function":
+        visible = {rel: d for rel, d in workspace.items() if is_source_file(rel) or is_test_file(rel)}
+        cand.info["usage"] = _usage(visible, cand.info["name"], cand.info["file"])
+    instruction = pipeline.instruction(cand, run, f2p)
+    tid = f"{pipeline.name}-{hashlib.sha256((project.content_hash + cand.cid).encode()).hexdigest()[:12]}"
+    meta = TaskMeta(
+        id=tid,
+        repo=project.name,
+        repo_origin=project.origin,
+        base_hash=project.content_hash if cand.base is None else cand.target,
+        workspace_hash="",
+        pipeline=pipeline.name,
+        target=cand.target,
+        fail_to_pass=f2p,
+        pass_to_pass=p2p,
+        hidden_files=sorted(hidden),
+        solution_files=sorted(cand.solution),
+        venv_key=venv.key,
+        pytest_extra_args=base_line.extra_args,
+        timeout_s=base_line.timeout_for(set(f2p) | set(p2p)),
+    )
+    return TaskFiles(
+        meta=meta,
+        instruction=instruction,
+        workspace=workspace,
+        hidden=hidden,
+        solution=solution,
+        deleted=deleted,
+    )
+
+
+def _check_task(task: TaskFiles, venv: Venv, timings: dict[str, float]) -> None:
+    """The empty check (the untouched workspace fails every fail-to-pass test, passes every pass-to-pass one)
+    and the oracle (the reference solution passes all). Raises `_Dropped` when either does not hold."""
+    t0 = time.monotonic()
+    empty = verify(task, venv.path)
+    timings["empty_check_s"] = time.monotonic() - t0
+    if empty.timed_out:
+        raise _Dropped("timeout", "the hidden tests ran past their limit on the untouched workspace")
+    if empty.p2p_failed:
+        raise _Dropped(
+            "broke_pass_to_pass",
+            f"{len(empty.p2p_failed)} pass-to-pass test(s) fail on the workspace, e.g. {empty.p2p_failed[0]}",
+        )
+    if empty.f2p_passed:
+        raise _Dropped("flaky", f"{empty.f2p_passed[0]} passed on the untouched workspace this time")
+    t0 = time.monotonic()
+    oracle = verify(task, venv.path, solution=True)
+    timings["oracle_s"] = time.monotonic() - t0
+    if oracle.timed_out:
+        raise _Dropped("timeout", "the oracle ran past its limit")
+    if not oracle.resolved:
+        bad = (oracle.f2p_failed + oracle.p2p_failed)[:1]
+        raise _Dropped("flaky", f"the reference solution does not pass {bad}")
 
 
 def _usage(files: dict[str, bytes], name: str, own_file: str, limit: int = 4) -> list[str]:
