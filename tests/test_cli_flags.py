@@ -130,3 +130,26 @@ def test_repo2env_flags_build_the_build_config():
     flags = ["--max-tasks", "3", "--mutations-per-function", "2", "--timeout", "5", "--max-candidates", "9"]
     given = BuildConfig.from_args(build_parser().parse_args(["repo2env", "src", "--out", "o", *flags]))
     assert (given.max_tasks, given.per_function, given.timeout_s, given.max_candidates) == (3, 2, 5.0, 9)
+
+
+def test_fleet_flags_build_the_fleet_config(monkeypatch):
+    from vriksha.router.fleet import FleetConfig
+
+    monkeypatch.setenv("VRIKSHA_API_KEY", "from-env")
+    plain = FleetConfig.from_args(build_parser().parse_args(["fleet"]), api_key="from-env")
+    assert (plain.replicas, plain.prefill, plain.decode, plain.pd_threshold, plain.model) == (
+        2,
+        0,
+        1,
+        None,
+        None,
+    )
+    assert (plain.host, plain.port, plain.policy, plain.startup_timeout_s) == (
+        "127.0.0.1",
+        8080,
+        "precise",
+        600.0,
+    )
+    args = build_parser().parse_args(["fleet", "--prefill", "1", "--startup-timeout", "9", "--api-key", "k"])
+    given = FleetConfig.from_args(args, api_key="from-env")
+    assert (given.prefill, given.startup_timeout_s, given.api_key) == (1, 9.0, "k")
