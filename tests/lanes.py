@@ -15,6 +15,7 @@ import multiprocessing.process
 import os
 import subprocess
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,10 @@ HEAVY_MODULES = frozenset(
      "venv", "virtualenv", "pip", "uv", "uvicorn"}
 )  # fmt: skip
 HEAVY_PROGRAMS = frozenset({"vriksha", "torchrun", "uvicorn", "uv", "pip", "pip3", "virtualenv"})
+# tests measured to take more than a few seconds of CPU (tests/slow_tests.txt: node ids, or a file or a test's name
+# for all of its cases); they are `slow` without a marker in their file, and the list is refreshed from the
+# durations CI prints
+SLOW_LIST = Path(__file__).with_name("slow_tests.txt")
 # fixtures that start a server subprocess or build a venv (repo2env's dataset): every test that uses one, directly
 # or through another fixture, is `slow`
 SLOW_FIXTURES = frozenset({"server_factory", "replicas", "routed", "weight_server", "tiny_dataset"})
@@ -81,10 +86,22 @@ class _Guard:
 _guard = _Guard()
 
 
+def measured_slow() -> frozenset[str]:
+    """The entries of `SLOW_LIST` (comments and blank lines left out)."""
+    lines = SLOW_LIST.read_text().splitlines() if SLOW_LIST.exists() else []
+    return frozenset(x.split("#", 1)[0].strip() for x in lines if x.split("#", 1)[0].strip())
+
+
+def _listed(nodeid: str, listed: frozenset[str]) -> bool:
+    file, _, rest = nodeid.partition("::")
+    return nodeid in listed or file in listed or f"{file}::{rest.split('[', 1)[0]}" in listed
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    listed = measured_slow()
     for item in items:
-        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+        if SLOW_FIXTURES.intersection(getattr(item, "fixturenames", ())) or _listed(item.nodeid, listed):
             item.add_marker(pytest.mark.slow)
 
 

@@ -48,3 +48,15 @@ def test_a_short_probe_still_runs():
 def test_the_slow_lane_may_start_processes():
     done = subprocess.run(vriksha_command("--help"), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "serve" in done.stdout
+
+
+def test_the_measured_list_marks_whole_files_tests_and_cases(tmp_path, monkeypatch):
+    import tests.lanes as lanes
+
+    listed = frozenset({"tests/a.py", "tests/b.py::test_x", "tests/c.py::test_y[1]"})
+    assert lanes._listed("tests/a.py::test_any[p]", listed)
+    assert lanes._listed("tests/b.py::test_x[2]", listed) and not lanes._listed("tests/b.py::test_z", listed)
+    assert lanes._listed("tests/c.py::test_y[1]", listed) and not lanes._listed("tests/c.py::test_y[2]", listed)
+    (tmp_path / "slow.txt").write_text("# measured\ntests/a.py  # 40 s\n\n")
+    monkeypatch.setattr(lanes, "SLOW_LIST", tmp_path / "slow.txt")
+    assert lanes.measured_slow() == {"tests/a.py"}
