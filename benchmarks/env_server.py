@@ -35,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def serve_vriksha(port: int, max_sessions: int, heartbeat_s: float) -> None:
     sys.path.insert(0, ROOT)
     from vriksha.envs.core import Environment, Observation, StepResult
-    from vriksha.envs.server import ServerConfig, serve
+    from vriksha.envs.server import EnvServerConfig, serve
 
     class EchoEnv(Environment):
         """Echoes the action's text back."""
@@ -49,7 +49,7 @@ def serve_vriksha(port: int, max_sessions: int, heartbeat_s: float) -> None:
         def _step(self, action: Any) -> StepResult:
             return StepResult(observation=Observation(text=action.text), reward=1.0)
 
-    config = ServerConfig(port=port, max_sessions=max_sessions, heartbeat_s=heartbeat_s, mcp=True)
+    config = EnvServerConfig(port=port, max_sessions=max_sessions, heartbeat_s=heartbeat_s, mcp=True)
     serve(EchoEnv, config)
 
 

@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from vriksha.repo2env.builder import BuildConfig, build_dataset
+from vriksha.repo2env.candidate_check import find_leaks, solution_windows
 from vriksha.repo2env.dataset import Dataset
-from vriksha.repo2env.validate import validate_dataset
-from vriksha.repo2env.validation import find_leaks, solution_windows
+from vriksha.repo2env.dataset_check import validate_dataset
 
 DEFAULT_PROJECTS = ["inflection==0.5.1", "cachetools==5.5.0", "toolz==1.0.0"]
 

@@ -29,7 +29,7 @@ from router import Child, Fleet, free_port, launch, ready  # noqa: E402
 from server_load import pct  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-PROMPTS = REPO / "vriksha/semantic/prompts"
+PROMPTS = REPO / "vriksha/router/semantic/prompts"
 
 # (cached request, a paraphrase that deserves the same answer)
 PARAPHRASES = [
@@ -69,9 +69,9 @@ NEAR_MISSES = [
 def fitted_routes(tmp: Path, mode: str) -> tuple[Path, object, object, float]:
     """The example routes in `tmp` with the embedding in `mode`, its classifier head fitted on the shipped
     training prompts; and the seconds the embedding took to load (static: the table read or built)."""
-    from vriksha.semantic.config import load_routes
-    from vriksha.semantic.embedder import embedder_for
-    from vriksha.semantic.examples import fit_signal, load_examples
+    from vriksha.router.semantic.config import load_routes
+    from vriksha.router.semantic.embedder import embedder_for
+    from vriksha.router.semantic.examples import fit_signal, load_examples
 
     tmp.mkdir(parents=True, exist_ok=True)
     routes = tmp / "routes.yaml"
@@ -89,8 +89,8 @@ def fitted_routes(tmp: Path, mode: str) -> tuple[Path, object, object, float]:
 
 
 def accuracy(cfg, embedder) -> dict:
-    from vriksha.semantic.examples import encode_all, load_examples
-    from vriksha.semantic.signals import SignalSet
+    from vriksha.router.semantic.examples import encode_all, load_examples
+    from vriksha.router.semantic.signals import SignalSet
 
     sig = cfg.signals.classifier[0]
     held = load_examples(PROMPTS / "heldout.jsonl", sig.labels)
@@ -107,9 +107,9 @@ async def _latency(
     is cycled). `plain`: as before the latency work: every text embedded (no cheap-signal shortcut), each
     batch padded to its longest text. `cached`: a cacheable request's path, the routing and then the
     vector the semantic cache compares by (the transformer's, `cache_embedder`, when routing is static)."""
-    from vriksha.semantic.cache import SemanticCache
-    from vriksha.semantic.classify import RouteClassifier
-    from vriksha.semantic.examples import load_examples
+    from vriksha.router.semantic.cache import SemanticCache
+    from vriksha.router.semantic.classify import RouteClassifier
+    from vriksha.router.semantic.examples import load_examples
 
     cfg = cfg.model_copy(update={"embedding": cfg.embedding.model_copy(update={"memo_entries": 0})})
     if plain:
@@ -183,7 +183,7 @@ async def _latency(
 def cache_quality(cfg, embedder) -> dict:
     """Hits on paraphrases and false hits on near misses, with the vectors the cache compares by (`embedder`:
     the transformer's, whichever embedding routes)."""
-    from vriksha.semantic.cache import SemanticCache
+    from vriksha.router.semantic.cache import SemanticCache
 
     def run(pairs: list[tuple[str, str]]) -> int:
         cache = SemanticCache(cfg.cache)
@@ -234,7 +234,7 @@ async def _drive(url: str, bodies: list[dict], concurrency: int) -> tuple[float,
 def fleet_throughput(args: argparse.Namespace, tmp: Path, routes_path: Path, head: Path) -> dict:
     """`routes_path` (its classifier head fitted at `head`) in front of a fast and a careful replica,
     against one pool of both replicas answering everything with the careful settings."""
-    from vriksha.semantic.examples import load_examples
+    from vriksha.router.semantic.examples import load_examples
 
     held = load_examples(PROMPTS / "heldout.jsonl")[: args.fleet_requests]
     args.replicas, args.kv_tokens = 2, 0  # two replicas, each with the engine's default KV pool
@@ -391,7 +391,7 @@ def report(res: dict) -> str:
 
 def measure(mode: str, args: argparse.Namespace, tmp: Path) -> tuple[dict, Path, Path]:
     """Every in-process figure for one embedding mode; and its routes file and fitted head."""
-    from vriksha.semantic.embedder import embedder_for
+    from vriksha.router.semantic.embedder import embedder_for
 
     routes, cfg, embedder, load_s = fitted_routes(tmp / mode, mode)
     cache_embedder = embedder if mode == "transformer" else embedder_for(cfg, "transformer")
@@ -433,7 +433,7 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="threads per replica")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args()
-    from vriksha.semantic.config import EmbeddingConfig
+    from vriksha.router.semantic.config import EmbeddingConfig
 
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
     bad = [m for m in modes if m not in ("static", "transformer")]

@@ -22,6 +22,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from tests.lanes import (  # noqa: F401  (the two lanes: slow fixtures' tests are slow; the guard)
+    pytest_collection_modifyitems,
+    pytest_runtest_protocol,
+)
 from vriksha.artifact_store import cache_dir
 
 os.environ.setdefault("VRIKSHA_DTYPE", "float32")

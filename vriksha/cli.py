@@ -16,7 +16,7 @@ SUBCOMMANDS: dict[str, str] = {
     "serve": "vriksha.server.cli",
     "router": "vriksha.router.cli",
     "fleet": "vriksha.router.fleet",
-    "route": "vriksha.semantic.cli",
+    "route": "vriksha.router.semantic.cli",
     "env": "vriksha.envs.cli",
     "repo2env": "vriksha.repo2env.cli",
     "train": "vriksha.train.cli",

@@ -13,7 +13,7 @@ import pytest
 from vriksha.envs.client import AsyncEnvClient, EnvClient
 from vriksha.envs.core import Environment, Observation, State, StepResult, Tool, ToolSpec
 from vriksha.envs.protocol import EnvConnectionError, RemoteEnvError
-from vriksha.envs.server import ServerConfig, ServerThread, create_app
+from vriksha.envs.server import EnvServerConfig, ServerThread, create_app
 from vriksha.net.launch import free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -43,7 +43,7 @@ class TallyEnv(Environment):
 
 @pytest.fixture(scope="module")
 def url():
-    with ServerThread(create_app(TallyEnv, ServerConfig(max_sessions=12, heartbeat_s=0.3))) as base:
+    with ServerThread(create_app(TallyEnv, EnvServerConfig(max_sessions=12, heartbeat_s=0.3))) as base:
         yield base
 
 
@@ -104,7 +104,7 @@ def test_async_clients_run_concurrently_and_in_isolation(url):
 
 
 def test_capacity_error_surfaces():
-    with ServerThread(create_app(TallyEnv, ServerConfig(max_sessions=1))) as base:
+    with ServerThread(create_app(TallyEnv, EnvServerConfig(max_sessions=1))) as base:
         with EnvClient(base):
             other = EnvClient(base)
             with pytest.raises(RemoteEnvError) as err:
@@ -197,7 +197,7 @@ def test_server_heartbeats_keep_last_seen_fresh(url):
 def test_client_against_builtin_arithmetic():
     from vriksha.envs.builtin import ArithmeticEnv
 
-    with ServerThread(create_app(ArithmeticEnv, ServerConfig(max_sessions=2))) as base:
+    with ServerThread(create_app(ArithmeticEnv, EnvServerConfig(max_sessions=2))) as base:
         with EnvClient(base) as env:
             prompt = env.reset(seed=5, options={"split": "test"}).observation.text
             assert prompt and env.reset(seed=5, options={"split": "test"}).observation.text == prompt
@@ -219,14 +219,14 @@ class BoardEnv(TallyEnv):
 
 
 def test_observation_subclass_fields_reach_the_client():
-    with ServerThread(create_app(BoardEnv, ServerConfig(max_sessions=2))) as base:
+    with ServerThread(create_app(BoardEnv, EnvServerConfig(max_sessions=2))) as base:
         with EnvClient(base, observation_type=BoardObservation) as env:
             first = env.reset(seed=3)
             assert isinstance(first.observation, BoardObservation) and first.observation.board == [3, 4]
 
 
 def test_a_reaped_session_is_reported_clearly():
-    config = ServerConfig(max_sessions=2, idle_timeout_s=0.5, heartbeat_s=30, detach_grace_s=0.5)
+    config = EnvServerConfig(max_sessions=2, idle_timeout_s=0.5, heartbeat_s=30, detach_grace_s=0.5)
     with ServerThread(create_app(TallyEnv, config)) as base:
         with EnvClient(base, reconnect_backoff_s=0.05) as env:
             env.reset(seed=0)

@@ -15,7 +15,7 @@ from vriksha.envs.eval import evaluate
 from vriksha.envs.openenv_compat import from_openenv
 from vriksha.envs.play import Sampling, play_groups
 from vriksha.envs.registry import unregister_env
-from vriksha.envs.server import ServerConfig, ServerThread, create_app
+from vriksha.envs.server import EnvServerConfig, ServerThread, create_app
 from vriksha.envs.trl_adapter import build_rows, make_reward_func
 from vriksha.train.config import EnvConfig, RolloutConfig
 from vriksha.train.rollout import RolloutWorker
@@ -118,7 +118,7 @@ def _through_trainer(llm, tok, name):
 
 def _through_openenv(llm, tok, name):
     cls = get_env_class(name)
-    with ServerThread(create_app(cls, ServerConfig(max_sessions=4))) as url:
+    with ServerThread(create_app(cls, EnvServerConfig(max_sessions=4))) as url:
         groups = play_groups(
             llm,
             tok,

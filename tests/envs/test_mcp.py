@@ -12,7 +12,7 @@ from mcp.shared._httpx_utils import create_mcp_http_client
 
 from vriksha.envs.client import EnvClient
 from vriksha.envs.core import Environment, Observation, StepResult, Tool
-from vriksha.envs.server import ServerConfig, ServerThread, create_app
+from vriksha.envs.server import EnvServerConfig, ServerThread, create_app
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -55,7 +55,7 @@ class NotebookEnv(Environment):
 
 @pytest.fixture(scope="module")
 def server_url():
-    app = create_app(NotebookEnv, ServerConfig(max_sessions=8, heartbeat_s=1.0))
+    app = create_app(NotebookEnv, EnvServerConfig(max_sessions=8, heartbeat_s=1.0))
     with ServerThread(app) as url:
         yield url
 
@@ -119,7 +119,7 @@ def test_unknown_bound_session_is_reported(server_url):
 def test_builtin_calculator_tools_over_mcp():
     from vriksha.envs.builtin import CalculatorToolsEnv
 
-    app = create_app(CalculatorToolsEnv, ServerConfig(max_sessions=4))
+    app = create_app(CalculatorToolsEnv, EnvServerConfig(max_sessions=4))
     with ServerThread(app) as url:
 
         async def body(session: ClientSession) -> Any:

@@ -16,7 +16,7 @@ from openenv.core.mcp_client import MCPToolClient
 from pydantic import BaseModel
 
 from vriksha.envs.core import Environment, Observation, StepResult, Tool
-from vriksha.envs.server import ServerConfig, ServerThread, create_app
+from vriksha.envs.server import EnvServerConfig, ServerThread, create_app
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -45,7 +45,7 @@ class ShoutEnv(Environment):
 
 @pytest.fixture(scope="module")
 def url():
-    with ServerThread(create_app(ShoutEnv, ServerConfig(max_sessions=8))) as base:
+    with ServerThread(create_app(ShoutEnv, EnvServerConfig(max_sessions=8))) as base:
         yield base
 
 
@@ -136,7 +136,7 @@ def test_openenv_http_endpoints(url):
 
 
 def test_openenv_capacity_error():
-    with ServerThread(create_app(ShoutEnv, ServerConfig(max_sessions=1))) as base:
+    with ServerThread(create_app(ShoutEnv, EnvServerConfig(max_sessions=1))) as base:
 
         async def run() -> None:
             async with GenericEnvClient(base_url=base) as first:
@@ -154,7 +154,7 @@ def test_openenv_capacity_error():
 def test_openenv_client_drives_builtin_arithmetic():
     from vriksha.envs.builtin import ArithmeticEnv
 
-    with ServerThread(create_app(ArithmeticEnv, ServerConfig(max_sessions=2))) as base:
+    with ServerThread(create_app(ArithmeticEnv, EnvServerConfig(max_sessions=2))) as base:
         with GenericEnvClient(base_url=base).sync() as env:
             a = env.reset(seed=123).observation["text"]
             assert a and env.reset(seed=123).observation["text"] == a  # same seed, same episode

@@ -18,7 +18,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from vriksha.envs.core import Environment, Observation, StepResult, Tool
-from vriksha.envs.server import ServerConfig, ServerThread, create_app
+from vriksha.envs.server import EnvServerConfig, ServerThread, create_app
 from vriksha.net.launch import free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -88,7 +88,7 @@ class WS:
 @pytest.fixture(scope="module")
 def url():
     app = create_app(
-        CounterEnv, ServerConfig(max_sessions=16, heartbeat_s=0.2, idle_timeout_s=60, detach_grace_s=2.0)
+        CounterEnv, EnvServerConfig(max_sessions=16, heartbeat_s=0.2, idle_timeout_s=60, detach_grace_s=2.0)
     )
     with ServerThread(app) as base:
         yield base
@@ -241,7 +241,7 @@ def test_slow_session_does_not_block_others(url):
 
 
 def test_capacity_cap_reported_and_enforced():
-    app = create_app(CounterEnv, ServerConfig(max_sessions=2, heartbeat_s=5))
+    app = create_app(CounterEnv, EnvServerConfig(max_sessions=2, heartbeat_s=5))
     with ServerThread(app) as base:
         a, b = WS(base), WS(base)
         try:
@@ -293,7 +293,7 @@ def test_http_session_api(url):
 
 def test_idle_sessions_are_reaped():
     app = create_app(
-        CounterEnv, ServerConfig(max_sessions=4, idle_timeout_s=0.6, heartbeat_s=5, detach_grace_s=0.3)
+        CounterEnv, EnvServerConfig(max_sessions=4, idle_timeout_s=0.6, heartbeat_s=5, detach_grace_s=0.3)
     )
     with ServerThread(app) as base:
         sid = httpx.post(base + "/v1/sessions").json()["session_id"]
@@ -404,7 +404,7 @@ def test_cli_serves_arithmetic_in_a_subprocess():
 
 def test_many_concurrent_sessions_are_isolated():
     errors: list[BaseException] = []
-    server = ServerThread(create_app(CounterEnv, ServerConfig(max_sessions=8)))
+    server = ServerThread(create_app(CounterEnv, EnvServerConfig(max_sessions=8)))
     url = server.start()
 
     def one(seed: int) -> None:

@@ -11,7 +11,7 @@ import pytest
 from websockets.sync.client import connect
 
 from vriksha.envs.builtin import ArithmeticEnv
-from vriksha.envs.server import ServerConfig, ServerThread, create_app
+from vriksha.envs.server import EnvServerConfig, ServerThread, create_app
 from vriksha.net import FrontConfig
 
 pytestmark = pytest.mark.timeout(120)
@@ -21,7 +21,7 @@ FRONT = FrontConfig(max_connections=6, header_timeout_s=1.0, max_body_bytes=2000
 
 @pytest.fixture(scope="module")
 def base():
-    with ServerThread(create_app(ArithmeticEnv, ServerConfig(max_sessions=4, front=FRONT))) as url:
+    with ServerThread(create_app(ArithmeticEnv, EnvServerConfig(max_sessions=4, front=FRONT))) as url:
         yield url
 
 

@@ -18,7 +18,7 @@ from websockets.sync.client import connect
 from tests.envs.test_server import WS, CounterEnv
 from vriksha.envs.client import EnvClient
 from vriksha.envs.protocol import EnvConnectionError
-from vriksha.envs.server import ServerConfig, ServerThread, create_app
+from vriksha.envs.server import EnvServerConfig, ServerThread, create_app
 from vriksha.net.launch import free_port
 
 pytestmark = pytest.mark.timeout(120)
@@ -28,7 +28,7 @@ TOKEN = "X-Vriksha-Resume-Token"
 
 @pytest.fixture(scope="module")
 def url():
-    config = ServerConfig(max_sessions=16, heartbeat_s=5, idle_timeout_s=60, detach_grace_s=5)
+    config = EnvServerConfig(max_sessions=16, heartbeat_s=5, idle_timeout_s=60, detach_grace_s=5)
     with ServerThread(create_app(CounterEnv, config)) as base:
         yield base
 

@@ -124,7 +124,7 @@ def test_curve_admits_only_the_same_internal_key() -> None:
 
 
 def test_semantic_cache_scope_is_per_end_user() -> None:
-    from vriksha.semantic.cache import scope_key
+    from vriksha.router.semantic.cache import scope_key
 
     def body(user: str | None) -> dict:
         b = {"messages": [{"role": "user", "content": "What is my balance?"}]}

@@ -6,9 +6,9 @@ import pytest
 
 from vriksha.repo2env.baseline import Baseline, run_baseline
 from vriksha.repo2env.bootstrap import bootstrap, cache_root
+from vriksha.repo2env.candidate_check import validate_candidate
 from vriksha.repo2env.pipelines import PIPELINES, Candidate
 from vriksha.repo2env.source import prepare_source
-from vriksha.repo2env.validation import validate_candidate
 
 pytestmark = pytest.mark.slow
 

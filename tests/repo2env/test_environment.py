@@ -105,7 +105,7 @@ def test_wrong_fix_is_not_resolved(tiny_dataset):
 def test_judge_tampering_scores_zero(tiny_dataset, path, monkeypatch):
     """A conftest that forces every report to pass (or a sitecustomize that exits 0) would resolve the
     task if it reached the verifier; submit removes it first."""
-    import vriksha.repo2env.verify as verify_mod
+    import vriksha.repo2env.grading as verify_mod
     from vriksha.repo2env.environment import EXPLOITS
 
     _, _, out = tiny_dataset

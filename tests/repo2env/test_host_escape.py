@@ -155,7 +155,7 @@ def test_a_pth_file_of_a_dependency_runs_only_inside_the_sandbox(tmp_path, r2e_c
 
 
 def test_copy_workspace_keeps_links_inside_and_drops_links_out(tmp_path):
-    from vriksha.repo2env.verify import copy_workspace
+    from vriksha.repo2env.grading import copy_workspace
 
     outside = tmp_path / "secret.txt"
     outside.write_text("host secret")
@@ -196,9 +196,9 @@ def test_reads_what_the_workspace_links_to():
 @pytest.mark.slow
 def test_submit_does_not_follow_symlinks_out_of_the_workspace(tmp_path, r2e_cache):
     from vriksha.repo2env.bootstrap import bootstrap
+    from vriksha.repo2env.grading import verify
     from vriksha.repo2env.source import prepare_source
     from vriksha.repo2env.task import TaskFiles, TaskMeta
-    from vriksha.repo2env.verify import verify
 
     project = prepare_source(tiny_project(tmp_path / "tiny"), r2e_cache / "sources")
     venv = bootstrap(project.root, project.content_hash, project.name)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from vriksha.repo2env.dataset_check import validate_dataset
 from vriksha.repo2env.task import load_manifest
-from vriksha.repo2env.validate import validate_dataset
 
 pytestmark = pytest.mark.slow
 

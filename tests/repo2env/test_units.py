@@ -120,7 +120,7 @@ def test_tampered_task_is_refused(tiny_dataset):
 
 
 def test_solution_windows_catch_an_untouched_copy_of_the_fixed_code():
-    from vriksha.repo2env.validation import find_leaks, solution_windows
+    from vriksha.repo2env.candidate_check import find_leaks, solution_windows
 
     fixed = "def a(k):\n    v = get(k)\n    if k in self:\n        touch(k)\n    return v\n"
     broken = fixed.replace("if k in self", "if k not in self")

@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 
 from vriksha.kv_events.token_tree import TokenTree
 from vriksha.prefix_tree import common_prefix_len
-from vriksha.router.app import _parse
+from vriksha.router.app import parse_request
 from vriksha.router.tokens import CachedEncoder
 from vriksha.server.protocol import CompletionRequest
 
@@ -60,15 +60,15 @@ def test_cached_encoder_gives_the_tokenizers_ids(tokenizer) -> None:
 
 def test_parse_errors_as_a_replica_words_them() -> None:
     body = json.dumps({"model": "m", "prompt": "Hi", "max_tokens": 1}).encode()
-    assert _parse(CompletionRequest, body).prompt == "Hi"
+    assert parse_request(CompletionRequest, body).prompt == "Hi"
     with pytest.raises(RequestValidationError) as bad_json:
-        _parse(CompletionRequest, b'{"model": "m", ')
+        parse_request(CompletionRequest, b'{"model": "m", ')
     assert bad_json.value.errors()[0]["type"] == "json_invalid"
     with pytest.raises(RequestValidationError) as unknown:
-        _parse(CompletionRequest, json.dumps({"model": "m", "prompt": "x", "nope": 1}).encode())
+        parse_request(CompletionRequest, json.dumps({"model": "m", "prompt": "x", "nope": 1}).encode())
     assert any(e["loc"][-1] == "nope" for e in unknown.value.errors())
     with pytest.raises(RequestValidationError) as empty:
-        _parse(CompletionRequest, b"  ")
+        parse_request(CompletionRequest, b"  ")
     assert empty.value.errors()[0]["type"] == "missing"
 
 
@@ -84,7 +84,7 @@ def test_parse_errors_as_a_replica_words_them() -> None:
 )
 def test_parse_refuses_what_a_replica_refuses(body: bytes) -> None:
     with pytest.raises(RequestValidationError):
-        _parse(CompletionRequest, body)
+        parse_request(CompletionRequest, body)
 
 
 def test_pending_prompts_count_until_they_expire_or_settle() -> None:

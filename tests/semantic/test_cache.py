@@ -7,8 +7,8 @@ import time
 
 import torch
 
-from vriksha.semantic.cache import SemanticCache, scope_key
-from vriksha.semantic.config import CacheConfig
+from vriksha.router.semantic.cache import SemanticCache, scope_key
+from vriksha.router.semantic.config import CacheConfig
 
 
 def _unit(*xs: float) -> torch.Tensor:
@@ -70,7 +70,7 @@ def test_scopes_separate_keys_pools_endpoints_and_contexts():
 
 
 def test_number_words_count_as_numbers_and_word_order_matters():
-    from vriksha.semantic.cache import numbers, same_order, words
+    from vriksha.router.semantic.cache import numbers, same_order, words
 
     assert numbers("give me three tips, then the 2nd one twice") == ("3", "2", "2")  # "one": a pronoun
     assert numbers("give me 3 tips") == numbers("Give me three tips")

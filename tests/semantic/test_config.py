@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vriksha.errors import ConfigError
-from vriksha.semantic.config import load_routes, parse_routes
+from vriksha.router.semantic.config import load_routes, parse_routes
 
 GOOD = {
     "pools": [
@@ -91,7 +91,7 @@ def test_unreadable_and_non_yaml_files(tmp_path: Path):
 
 
 def test_shipped_example_config_is_valid():
-    cfg = load_routes(Path(__file__).resolve().parents[2] / "vriksha/semantic/prompts/routes.yaml")
+    cfg = load_routes(Path(__file__).resolve().parents[2] / "vriksha/router/semantic/prompts/routes.yaml")
     assert {p.name for p in cfg.pools} == {"fast", "careful"}
     assert cfg.signals.classifier[0].labels == ["chitchat", "math", "code", "writing", "factual"]
 

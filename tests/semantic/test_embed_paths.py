@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from vriksha.semantic.batcher import EmbeddingMemo
-from vriksha.semantic.config import parse_routes
-from vriksha.semantic.decisions import candidates, settled
-from vriksha.semantic.embedder import runs
-from vriksha.semantic.signals import SignalSet
+from vriksha.router.semantic.batcher import EmbeddingMemo
+from vriksha.router.semantic.config import parse_routes
+from vriksha.router.semantic.decisions import candidates, settled
+from vriksha.router.semantic.embedder import runs
+from vriksha.router.semantic.signals import SignalSet
 
-PROMPTS = Path(__file__).resolve().parents[2] / "vriksha/semantic/prompts"
+PROMPTS = Path(__file__).resolve().parents[2] / "vriksha/router/semantic/prompts"
 
 
 def _padded(lengths: list[int], ends: list[int], call: int) -> int:
@@ -99,9 +99,9 @@ def test_cheap_signals_settle_what_they_can_and_stop_at_the_first_pending_rule()
 
 @pytest.mark.slow
 def test_runs_embed_as_one_padded_batch_and_the_classifier_skips_or_memoises(tmp_path: Path):
-    from vriksha.semantic.classify import RouteClassifier
-    from vriksha.semantic.config import load_routes
-    from vriksha.semantic.embedder import Embedder
+    from vriksha.router.semantic.classify import RouteClassifier
+    from vriksha.router.semantic.config import load_routes
+    from vriksha.router.semantic.embedder import Embedder
 
     embedder = Embedder(device="cpu")
     long = "Here is my code: " + " ".join(f"x{i} = compute(x{i - 1}) + {i}" for i in range(1, 60))

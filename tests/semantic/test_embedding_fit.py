@@ -13,10 +13,10 @@ import yaml
 
 from vriksha.cli import main
 from vriksha.errors import ModelLoadError
-from vriksha.semantic.batcher import EmbedBatcher
-from vriksha.semantic.embedder import Embedder, packaged_model_dir
+from vriksha.router.semantic.batcher import EmbedBatcher
+from vriksha.router.semantic.embedder import Embedder, packaged_model_dir
 
-PROMPTS = Path(__file__).resolve().parents[2] / "vriksha/semantic/prompts"
+PROMPTS = Path(__file__).resolve().parents[2] / "vriksha/router/semantic/prompts"
 pytestmark = pytest.mark.slow
 
 
@@ -103,8 +103,8 @@ def test_fit_then_eval(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
 
 
 def test_a_missing_head_is_fitted_at_start_from_the_named_examples(tmp_path: Path, embedder: Embedder):
-    from vriksha.semantic.classify import RouteClassifier
-    from vriksha.semantic.config import load_routes
+    from vriksha.router.semantic.classify import RouteClassifier
+    from vriksha.router.semantic.config import load_routes
 
     _subset(PROMPTS / "train.jsonl", tmp_path / "train.jsonl", 10)
     shutil.copy(PROMPTS / "routes.yaml", tmp_path / "routes.yaml")

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from vriksha.semantic.safety import has_email, jailbreak, pii
+from vriksha.router.semantic.safety import has_email, jailbreak, pii
 
 SIZE = 120_000
 HOSTILE = {

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vriksha.semantic.config import parse_routes
-from vriksha.semantic.decisions import candidates, holds
-from vriksha.semantic.safety import jailbreak, luhn_ok, pii
-from vriksha.semantic.signals import Fired, SignalSet, SignalValues
+from vriksha.router.semantic.config import parse_routes
+from vriksha.router.semantic.decisions import candidates, holds
+from vriksha.router.semantic.safety import jailbreak, luhn_ok, pii
+from vriksha.router.semantic.signals import Fired, SignalSet, SignalValues
 
 
 def _cfg(decisions, signals=None):

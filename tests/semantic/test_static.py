@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from vriksha.errors import ConfigError
-from vriksha.semantic.embedder import load_model, load_tokenizer, packaged_model_dir
-from vriksha.semantic.static import Recipe, StaticEmbedder, StaticEncoder, load_or_build, table_path
+from vriksha.router.semantic.embedder import load_model, load_tokenizer, packaged_model_dir
+from vriksha.router.semantic.static import Recipe, StaticEmbedder, StaticEncoder, load_or_build, table_path
 
-PROMPTS = Path(__file__).resolve().parents[2] / "vriksha/semantic/prompts"
+PROMPTS = Path(__file__).resolve().parents[2] / "vriksha/router/semantic/prompts"
 SMALL = Recipe(tokens=2100)  # [PAD] .. the first ~100 words: a table built in seconds
 
 
@@ -75,7 +75,7 @@ def test_vectors_have_unit_norm_and_do_not_depend_on_the_batch(tokenizer):
 
 
 def test_embedding_mode_and_model_are_checked_by_name():
-    from vriksha.semantic.config import parse_routes
+    from vriksha.router.semantic.config import parse_routes
 
     base = {"pools": [{"name": "a", "replicas": ["http://127.0.0.1:1"]}], "default": {"pool": "a"}}
     assert parse_routes(base).embedding.mode == "static"
@@ -90,9 +90,9 @@ def test_embedding_mode_and_model_are_checked_by_name():
 def test_static_head_reaches_090_on_the_held_out_prompts_and_heads_keep_their_mode(tmp_path: Path):
     import yaml
 
-    from vriksha.semantic.config import load_routes
-    from vriksha.semantic.examples import encode_all, fit_signal, load_examples
-    from vriksha.semantic.head import Head
+    from vriksha.router.semantic.config import load_routes
+    from vriksha.router.semantic.examples import encode_all, fit_signal, load_examples
+    from vriksha.router.semantic.head import Head
 
     embedder = StaticEmbedder(device="cpu")  # the real table, from the shared cache (built on first use)
     assert embedder.dim == 384 and embedder.inline

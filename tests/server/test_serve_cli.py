@@ -6,7 +6,7 @@ import argparse
 from dataclasses import fields
 
 from vriksha.engine.config import EngineConfig
-from vriksha.server.cli import engine_kwargs, register
+from vriksha.server.cli import engine_kwargs, register, server_config_from_args
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -37,16 +37,22 @@ def test_engine_options_are_engine_config_fields():
     assert cfg.max_num_batched_tokens == 256 and cfg.chunked_prefill_size == 128
 
 
-def test_defaults_leave_the_engine_its_own_defaults():
+def test_defaults_leave_the_engine_its_own_defaults(monkeypatch):
+    for name in ("VRIKSHA_API_KEY", "VRIKSHA_INTERNAL_KEY", "VRIKSHA_WEIGHTS_KEY"):
+        monkeypatch.delenv(name, raising=False)
     args = parse([])
     assert engine_kwargs(args) == {}
-    assert (args.host, args.port, args.max_waiting, args.auth_exempt) == (
+    config = server_config_from_args(args)
+    assert (config.host, config.port, config.max_waiting, args.auth_exempt) == (
         "127.0.0.1",
         8000,
         256,
         ["/health", "/metrics"],
     )
+    assert (config.max_prompt_logprobs, config.shutdown_timeout_s, config.api_key) == (1 << 18, 30.0, None)
     assert parse(["--auth-exempt"]).auth_exempt == []
+    given = server_config_from_args(parse(["--port", "9001", "--max-waiting", "3", "--shutdown-timeout", "2"]))
+    assert (given.port, given.max_waiting, given.shutdown_timeout_s) == (9001, 3, 2.0)
 
 
 def test_front_limits_are_flags_of_serve_built_from_front_config():

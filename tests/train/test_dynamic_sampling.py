@@ -1,5 +1,7 @@
 """Dynamic sampling: extra rounds of fresh prompts until a step's groups carry signal."""
 
+import pytest
+
 from tests.train.trainer_runs import read_rows, run_trainer, write_config
 from vriksha.train.dynamic_sampling import sample_with_signal
 from vriksha.train.grpo import has_signal
@@ -47,6 +49,7 @@ def test_rounds_are_bounded_and_the_batch_is_filled_without_signal():
     assert len(out.groups) == 2 and has_signal(out.groups[0]) and not has_signal(out.groups[1])
 
 
+@pytest.mark.slow
 def test_trainer_plays_extra_rounds_and_counts_them(tiny_model_dir, tmp_path):
     cfg = write_config(tmp_path, tiny_model_dir, "dyn", steps=2, eval_episodes=0, export=False)
     run_trainer([str(cfg), "--set", "rollout.dynamic_sampling_rounds=3"])

@@ -13,6 +13,7 @@ from vriksha.weights import WeightSyncClient, WeightTransferError, digest
 from vriksha.weights.fs import MARKER, version_dir
 
 
+@pytest.mark.slow  # two `vriksha serve` processes, one after the other
 def test_killed_server_restarts_on_last_complete_version(tiny_model_dir, tmp_path):
     root = tmp_path / "weights"
     args = ["--model", str(tiny_model_dir), *SERVER_ARGS]

@@ -5,8 +5,26 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import dataclass
+from typing import ClassVar
 
 from vriksha.engine.config import EngineConfig
+from vriksha.options import Options, option
+
+
+@dataclass(slots=True)
+class GenerateSampling(Options):
+    """`vriksha generate`'s sampling options (a command-line tool's defaults: greedy, 128 new tokens), the
+    fields of the `SamplingParams` every prompt gets."""
+
+    options_label: ClassVar[str] = "sampling"
+    flag_dest_prefix: ClassVar[str] = "sampling_"
+
+    max_tokens: int = option(128, "new tokens per completion")
+    temperature: float = option(0.0, "0 is greedy")
+    top_p: float = option(1.0, "nucleus sampling: the smallest set of tokens holding this much probability")
+    top_k: int = option(-1, "sample among the k most likely tokens (-1: all)")
+    seed: int | None = option(None, "per-request seed: same seed, same output")
 
 
 def register(subparsers) -> None:
@@ -27,11 +45,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "--chat", action="store_true", help="wrap each prompt as a user message in the chat template"
     )
-    p.add_argument("--max-tokens", type=int, default=128, help="new tokens per completion")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=-1)
-    p.add_argument("--seed", type=int, default=None, help="per-request seed: same seed, same output")
+    GenerateSampling.add_arguments(p)
     p.add_argument("-n", type=int, default=1, help="completions per prompt")
     p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object per completion")
@@ -55,15 +69,7 @@ def run(args: argparse.Namespace) -> int:
     from vriksha.engine.core.sampling_params import SamplingParams
     from vriksha.profiling import ProfileConfig, StepProfiler
 
-    params = SamplingParams(
-        n=args.n,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        max_tokens=args.max_tokens,
-        stop=args.stop,
-    )
+    params = SamplingParams(n=args.n, stop=args.stop, **GenerateSampling.from_args(args).to_dict())
     llm = LLM(config=EngineConfig.from_args(args))
     if args.verbose:
         engine = llm.engine

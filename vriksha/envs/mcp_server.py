@@ -28,7 +28,7 @@ from vriksha.envs.sessions import Session, SessionManager
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from vriksha.envs.server import ServerConfig
+    from vriksha.envs.server import EnvServerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 class McpApp:
     """The MCP server for one environment server: tools of the right session, mounted at `/mcp`."""
 
-    def __init__(self, manager: SessionManager, env_cls: type[Environment], config: ServerConfig) -> None:
+    def __init__(self, manager: SessionManager, env_cls: type[Environment], config: EnvServerConfig) -> None:
         self.manager = manager
         self.env_cls = env_cls
         self._by_mcp_session: dict[str, str] = {}
@@ -128,5 +128,5 @@ def _error_result(message: str) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=message)], is_error=True)
 
 
-def build_mcp(manager: SessionManager, env_cls: type[Environment], config: ServerConfig) -> McpApp:
+def build_mcp(manager: SessionManager, env_cls: type[Environment], config: EnvServerConfig) -> McpApp:
     return McpApp(manager, env_cls, config)

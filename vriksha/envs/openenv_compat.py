@@ -21,9 +21,10 @@ import contextlib
 import logging
 from typing import Any
 
-from fastapi import FastAPI, Request, WebSocket
+from fastapi import APIRouter, FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse
 
+from vriksha.envs.app_state import EnvState
 from vriksha.envs.core import Environment, StepResult
 from vriksha.envs.episode import EpisodeDriver, answer_tool_call
 from vriksha.envs.protocol import (
@@ -150,115 +151,134 @@ def _error(message: str, code: str, **extra: Any) -> dict[str, Any]:
     return {"type": "error", "data": {"message": message, "code": code, **extra}}
 
 
+router = APIRouter()
+
+
 def register_openenv_routes(app: FastAPI, manager: SessionManager, env_cls: type[Environment]) -> None:
-    @app.websocket("/ws")
-    async def openenv_ws(websocket: WebSocket) -> None:
-        await websocket.accept()
-        try:
-            session = await manager.create("openenv")
-        except Exception as exc:
-            code = "CAPACITY_REACHED" if isinstance(exc, SessionCapacityError) else "FACTORY_ERROR"
-            details = exc.details if isinstance(exc, SessionCapacityError) else {}
-            # answer the client's first message (OpenEnv clients always speak first), then close:
-            # an error sent before that races the client's send against our close
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(websocket.receive_text(), 10.0)
-            with contextlib.suppress(Exception):
-                await websocket.send_text(dumps(_error(str(exc), code, **details)))
-                await websocket.close()
-            return
+    """OpenEnv's paths on the environment server's app (whose `EnvAppState` holds `manager`)."""
+    app.include_router(router)
 
-        async def on_close(reason: str) -> None:
-            with contextlib.suppress(Exception):
-                await websocket.close(code=1001)
 
-        session.on_close = on_close
-        drivers: dict[int, EpisodeDriver] = {}
-        try:
-            while True:
-                raw = await websocket.receive_text()
-                reply = await _handle(session, raw, drivers)
-                if reply is None:
-                    break
-                await websocket.send_text(reply)
-        except Exception:
-            logger.debug("openenv websocket session %s ended", session.id, exc_info=True)
-        finally:
-            await manager.close(session.id, reason="openenv client left")
-            with contextlib.suppress(Exception):
-                await websocket.close()
+@router.websocket("/ws")
+async def openenv_ws(websocket: WebSocket, state: EnvState) -> None:
+    manager = state.manager
+    await websocket.accept()
+    try:
+        session = await manager.create("openenv")
+    except Exception as exc:
+        code = "CAPACITY_REACHED" if isinstance(exc, SessionCapacityError) else "FACTORY_ERROR"
+        details = exc.details if isinstance(exc, SessionCapacityError) else {}
+        # answer the client's first message (OpenEnv clients always speak first), then close:
+        # an error sent before that races the client's send against our close
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(websocket.receive_text(), 10.0)
+        with contextlib.suppress(Exception):
+            await websocket.send_text(dumps(_error(str(exc), code, **details)))
+            await websocket.close()
+        return
 
-    async def _handle(session: Session, raw: str, drivers: dict[int, EpisodeDriver]) -> str | None:
-        try:
-            msg = loads(raw)
-        except Exception as exc:
-            return dumps(_error(f"Invalid JSON: {exc}", "INVALID_JSON"))
-        if not isinstance(msg, dict):
-            return dumps(_error("a message must be a JSON object with a 'type'", "VALIDATION_ERROR"))
-        kind = msg.get("type", "")
-        env = session.env
-        try:
-            if kind == "reset":
-                data = await manager.run(session, _reset, env, msg.get("data") or {}, drivers)
-                return dumps({"type": "observation", "data": data})
-            if kind == "step":
-                session.steps += 1
-                data = await manager.run(session, _step, env, msg.get("data"), drivers)
-                return dumps({"type": "observation", "data": data})
-            if kind == "state":
-                return dumps({"type": "state", "data": await manager.run(session, _state, env)})
-            if kind == "close":
-                return None
-            return dumps(_error(f"Unknown message type: {kind}", "UNKNOWN_TYPE"))
-        except Exception as exc:
-            err = error_from_exception(exc)
-            return dumps(_error(str(err), _OPENENV_CODES.get(err.code, "EXECUTION_ERROR")))
+    async def on_close(reason: str) -> None:
+        with contextlib.suppress(Exception):
+            await websocket.close(code=1001)
 
-    async def _oneshot(fn: Any, *args: Any) -> Any:
-        env = await manager.workers.submit(manager.factory)
-        try:
-            return await manager.workers.submit(fn, env, *args)
-        finally:
-            env.close()
+    session.on_close = on_close
+    drivers: dict[int, EpisodeDriver] = {}
+    try:
+        while True:
+            raw = await websocket.receive_text()
+            reply = await _handle(manager, session, raw, drivers)
+            if reply is None:
+                break
+            await websocket.send_text(reply)
+    except Exception:
+        logger.debug("openenv websocket session %s ended", session.id, exc_info=True)
+    finally:
+        await manager.close(session.id, reason="openenv client left")
+        with contextlib.suppress(Exception):
+            await websocket.close()
 
-    async def _json(request: Request) -> dict[str, Any]:
-        raw = await request.body()
-        data = loads(raw) if raw else {}
-        if not isinstance(data, dict):
-            raise ValueError("the body must be a JSON object")
-        return data
 
-    def _http_error(exc: Exception) -> JSONResponse:
+async def _handle(
+    manager: SessionManager, session: Session, raw: str, drivers: dict[int, EpisodeDriver]
+) -> str | None:
+    try:
+        msg = loads(raw)
+    except Exception as exc:
+        return dumps(_error(f"Invalid JSON: {exc}", "INVALID_JSON"))
+    if not isinstance(msg, dict):
+        return dumps(_error("a message must be a JSON object with a 'type'", "VALIDATION_ERROR"))
+    kind = msg.get("type", "")
+    env = session.env
+    try:
+        if kind == "reset":
+            data = await manager.run(session, _reset, env, msg.get("data") or {}, drivers)
+            return dumps({"type": "observation", "data": data})
+        if kind == "step":
+            session.steps += 1
+            data = await manager.run(session, _step, env, msg.get("data"), drivers)
+            return dumps({"type": "observation", "data": data})
+        if kind == "state":
+            return dumps({"type": "state", "data": await manager.run(session, _state, env)})
+        if kind == "close":
+            return None
+        return dumps(_error(f"Unknown message type: {kind}", "UNKNOWN_TYPE"))
+    except Exception as exc:
         err = error_from_exception(exc)
-        status = 422 if err.code in (ErrorCode.INVALID_ACTION, ErrorCode.INVALID_MESSAGE) else 500
-        return JSONResponse({"detail": str(err), "code": str(err.code)}, status_code=status)
+        return dumps(_error(str(err), _OPENENV_CODES.get(err.code, "EXECUTION_ERROR")))
 
-    @app.post("/reset")
-    async def openenv_reset(request: Request) -> Any:
-        try:
-            return await _oneshot(_reset, await _json(request), {})
-        except Exception as exc:
-            return _http_error(exc)
 
-    def _reset_then_step(env: Environment, body: dict[str, Any]) -> dict[str, Any]:
-        drivers = {}
-        _driver(env, drivers).reset(_seed(body.get("seed")), None)
-        return _step(env, body.get("action"), drivers)
+async def _oneshot(manager: SessionManager, fn: Any, *args: Any) -> Any:
+    env = await manager.workers.submit(manager.factory)
+    try:
+        return await manager.workers.submit(fn, env, *args)
+    finally:
+        env.close()
 
-    @app.post("/step")
-    async def openenv_step(request: Request) -> Any:
-        try:
-            return await _oneshot(_reset_then_step, await _json(request))
-        except Exception as exc:
-            return _http_error(exc)
 
-    def _fresh_state(env: Environment) -> dict[str, Any]:
-        env.reset(0, None)
-        return _state(env)
+async def _json(request: Request) -> dict[str, Any]:
+    raw = await request.body()
+    data = loads(raw) if raw else {}
+    if not isinstance(data, dict):
+        raise ValueError("the body must be a JSON object")
+    return data
 
-    @app.get("/state")
-    async def openenv_state() -> Any:
-        try:
-            return await _oneshot(_fresh_state)
-        except Exception as exc:
-            return _http_error(exc)
+
+def _http_error(exc: Exception) -> JSONResponse:
+    err = error_from_exception(exc)
+    status = 422 if err.code in (ErrorCode.INVALID_ACTION, ErrorCode.INVALID_MESSAGE) else 500
+    return JSONResponse({"detail": str(err), "code": str(err.code)}, status_code=status)
+
+
+@router.post("/reset")
+async def openenv_reset(request: Request, state: EnvState) -> Any:
+    try:
+        return await _oneshot(state.manager, _reset, await _json(request), {})
+    except Exception as exc:
+        return _http_error(exc)
+
+
+def _reset_then_step(env: Environment, body: dict[str, Any]) -> dict[str, Any]:
+    drivers: dict[int, EpisodeDriver] = {}
+    _driver(env, drivers).reset(_seed(body.get("seed")), None)
+    return _step(env, body.get("action"), drivers)
+
+
+@router.post("/step")
+async def openenv_step(request: Request, state: EnvState) -> Any:
+    try:
+        return await _oneshot(state.manager, _reset_then_step, await _json(request))
+    except Exception as exc:
+        return _http_error(exc)
+
+
+def _fresh_state(env: Environment) -> dict[str, Any]:
+    env.reset(0, None)
+    return _state(env)
+
+
+@router.get("/state")
+async def openenv_state(state: EnvState) -> Any:
+    try:
+        return await _oneshot(state.manager, _fresh_state)
+    except Exception as exc:
+        return _http_error(exc)

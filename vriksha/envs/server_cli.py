@@ -32,35 +32,9 @@ def register_serve(subparsers: Any) -> argparse.ArgumentParser:
         "plus /health, /metadata and /schema. See docs/env_server.md.",
     )
     p.add_argument("name", help="environment name (see `vriksha env list`) or package.module:ClassName")
-    p.add_argument("--host", default="127.0.0.1", help="interface to bind (default 127.0.0.1: loopback only)")
-    p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000)")
-    p.add_argument(
-        "--max-sessions", type=int, default=64, help="cap on concurrent sessions of all kinds (default 64)"
-    )
-    p.add_argument(
-        "--idle-timeout",
-        type=float,
-        default=300.0,
-        metavar="S",
-        help="close a session after S seconds without a request (default 300)",
-    )
-    p.add_argument(
-        "--detach-grace",
-        type=float,
-        default=30.0,
-        metavar="S",
-        help="keep a session whose WebSocket dropped resumable for S seconds (default 30)",
-    )
-    p.add_argument(
-        "--heartbeat",
-        type=float,
-        default=15.0,
-        metavar="S",
-        help="send an application heartbeat to each WebSocket client every S seconds (default 15)",
-    )
-    p.add_argument(
-        "--workers", type=int, default=None, help="threads running env code (default sessions + 4)"
-    )
+    from vriksha.envs.server import EnvServerConfig
+
+    EnvServerConfig.add_arguments(p, exclude=EnvServerConfig.internal_fields(), title="environment server")
     p.add_argument("--no-mcp", action="store_true", help="do not serve the tools over MCP at /mcp")
     p.add_argument("--no-openenv", action="store_true", help="do not serve OpenEnv's wire format")
     p.add_argument(
@@ -79,43 +53,34 @@ def register_serve(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from vriksha.envs.server import ServerConfig, resolve_env_class, serve
+    from vriksha.envs.server import EnvServerConfig, resolve_env_class, serve
     from vriksha.net import FrontConfig, from_args
 
+    given = EnvServerConfig.from_args(args)
     for name, value, low in (
-        ("--max-sessions", args.max_sessions, 1),
-        ("--idle-timeout", args.idle_timeout, 1e-3),
-        ("--heartbeat", args.heartbeat, 1e-3),
-        ("--detach-grace", args.detach_grace, 0),
+        ("--max-sessions", given.max_sessions, 1),
+        ("--idle-timeout", given.idle_timeout_s, 1e-3),
+        ("--heartbeat", given.heartbeat_s, 1e-3),
+        ("--detach-grace", given.detach_grace_s, 0),
     ):
         if value < low:
             raise ConfigError(f"{name} must be at least {low}, got {value}")
-    if not 0 <= args.port < 65536:
-        raise ConfigError(f"--port must be in 0..65535, got {args.port}")
+    if not 0 <= given.port < 65536:
+        raise ConfigError(f"--port must be in 0..65535, got {given.port}")
     front = from_args(FrontConfig, args)
     front.validate()
     env_cls = resolve_env_class(args.name)
-    config = ServerConfig(
-        host=args.host,
-        port=args.port,
-        max_sessions=args.max_sessions,
-        idle_timeout_s=args.idle_timeout,
-        detach_grace_s=args.detach_grace,
-        heartbeat_s=args.heartbeat,
-        workers=args.workers,
-        mcp=not args.no_mcp,
-        openenv=not args.no_openenv,
-        env_kwargs=dict(args.env_arg),
-        front=front,
+    config = given.replace(
+        mcp=not args.no_mcp, openenv=not args.no_openenv, env_kwargs=dict(args.env_arg), front=front
     )
     try:  # fail now, with the constructor's message, on a bad --env-arg
         env_cls(**config.env_kwargs).close()
     except TypeError as exc:
         raise ConfigError(f"{env_cls.name}: {exc}; check --env-arg") from None
     print(
-        f"serving {env_cls.name!r} on http://{args.host}:{args.port} "
+        f"serving {env_cls.name!r} on http://{config.host}:{config.port} "
         f"(WebSocket /v1/ws, HTTP /v1/sessions{', MCP /mcp' if config.mcp else ''}"
-        f"{', OpenEnv /ws' if config.openenv else ''}; max {args.max_sessions} sessions)",
+        f"{', OpenEnv /ws' if config.openenv else ''}; max {config.max_sessions} sessions)",
         file=sys.stderr,
         flush=True,
     )

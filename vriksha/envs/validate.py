@@ -155,92 +155,73 @@ def sandbox_problem() -> str | None:
     return rep.describe() + opted
 
 
-def validate_env(
-    name_or_cls: str | type[Environment],
-    *,
-    seeds: int = 12,
-    adversarial_episodes: int = 3,
-    env_kwargs: dict[str, Any] | None = None,
-    progress: Callable[[str], None] | None = None,
-) -> ValidationReport:
-    cls = get_env_class(name_or_cls) if isinstance(name_or_cls, str) else name_or_cls
-    kwargs = env_kwargs or {}
-    report = ValidationReport(cls.name)
-    say = progress or (lambda msg: None)
+class _Checks:
+    """The contract's checks on one environment class, each a method answering None (it holds) or the problem;
+    `env` and `twin` are two instances, compared for determinism."""
 
-    def check(name: str, fn: Callable[[], str | None]) -> None:
-        say(name)
-        try:
-            problem = fn()
-            report.checks.append(Check(name, problem is None, problem or "ok"))
-        except Exception as exc:  # a crashing check is a failed check, with the reason
-            logger.debug("check %s raised", name, exc_info=True)
-            report.checks.append(Check(name, False, f"raised {type(exc).__name__}: {exc}"))
+    def __init__(self, cls: type[Environment], kwargs: dict[str, Any], seeds: int, adversarial_episodes: int):
+        self.cls, self.seeds, self.adversarial_episodes = cls, seeds, adversarial_episodes
+        self.env, self.twin = cls(**kwargs), cls(**kwargs)
+        self.lo, self.hi = getattr(cls, "reward_range", (0.0, 1.0))
+        self.rewards: list[float] = []  # every reward the checks saw
 
-    if getattr(cls, "runs_untrusted_code", False):
-        say("sandbox_isolation")
-        problem = sandbox_problem()
-        report.checks.append(
-            Check("sandbox_isolation", problem is None, problem or sandbox_report().describe())
-        )
-        if problem is not None and (not sandbox_report().runs or not unsandboxed_allowed()):
-            return report  # the environment refuses to start: nothing else can be checked
-    env, twin = cls(**kwargs), cls(**kwargs)
-    lo, hi = getattr(cls, "reward_range", (0.0, 1.0))
-
-    def schemas() -> str | None:
-        s = cls.schemas()
+    def schemas(self) -> str | None:
+        s = self.cls.schemas()
         for key in ("action", "observation", "state"):
             json.dumps(s[key])
             if s[key].get("type") != "object":
                 return f"{key} schema is not an object schema"
         for seed in range(3):
-            r = env.reset(seed=seed)
+            r = self.env.reset(seed=seed)
             if StepResult.model_validate_json(r.model_dump_json()) != r:
                 return "StepResult does not survive a JSON round trip"
-            st = env.state
+            st = self.env.state
             if type(st).model_validate_json(st.model_dump_json()) != st:
                 return "State does not survive a JSON round trip"
             a = (
-                cls.action_type.model_validate({"text": "x"})
-                if ActionShape.of(cls.action_type).takes_text
+                self.cls.action_type.model_validate({"text": "x"})
+                if ActionShape.of(self.cls.action_type).takes_text
                 else None
             )
-            if a is not None and cls.action_type.model_validate_json(a.model_dump_json()) != a:
+            if a is not None and self.cls.action_type.model_validate_json(a.model_dump_json()) != a:
                 return "Action does not survive a JSON round trip"
         return None
 
-    def determinism() -> str | None:
-        for seed in range(seeds):
-            for split in cls.splits:
-                a = env.reset(seed=seed, options={"split": split})
-                b = twin.reset(seed=seed, options={"split": split})
+    def determinism(self) -> str | None:
+        for seed in range(self.seeds):
+            for split in self.cls.splits:
+                a = self.env.reset(seed=seed, options={"split": split})
+                b = self.twin.reset(seed=seed, options={"split": split})
                 if a != b:
                     return f"seed {seed} ({split}): two resets gave different observations"
-                if _public(env.state.model_dump()) != _public(twin.state.model_dump()):
+                if _public(self.env.state.model_dump()) != _public(self.twin.state.model_dump()):
                     return f"seed {seed} ({split}): two resets gave different state"
         # the same actions give the same results
         for seed in range(2):
-            ra = _run_actions(env, seed, {}, [{"text": "Answer: 7"}])[1]
-            rb = _run_actions(twin, seed, {}, [{"text": "Answer: 7"}])[1]
+            ra = _run_actions(self.env, seed, {}, [{"text": "Answer: 7"}])[1]
+            rb = _run_actions(self.twin, seed, {}, [{"text": "Answer: 7"}])[1]
             strip = [(r.reward, r.terminated, r.truncated, r.components, r.success) for r in ra]
             if strip != [(r.reward, r.terminated, r.truncated, r.components, r.success) for r in rb]:
                 return f"seed {seed}: the same action gave different rewards"
         return None
 
-    def variety() -> str | None:
-        texts = {env.reset(seed=s).observation.text for s in range(seeds)}
+    def variety(self) -> str | None:
+        texts = {self.env.reset(seed=s).observation.text for s in range(self.seeds)}
         return (
             None
-            if len(texts) > max(1, seeds // 3)
-            else f"only {len(texts)} distinct episodes in {seeds} seeds"
+            if len(texts) > max(1, self.seeds // 3)
+            else f"only {len(texts)} distinct episodes in {self.seeds} seeds"
         )
 
-    def splits() -> str | None:
-        if "test" not in cls.splits:
+    def splits(self) -> str | None:
+        if "test" not in self.cls.splits:
             return None
-        train = {env.reset(seed=s, options={"split": "train"}).observation.text for s in range(seeds * 2)}
-        test = {env.reset(seed=s, options={"split": "test"}).observation.text for s in range(seeds * 2)}
+        train = {
+            self.env.reset(seed=s, options={"split": "train"}).observation.text for s in range(self.seeds * 2)
+        }
+        test = {
+            self.env.reset(seed=s, options={"split": "test"}).observation.text for s in range(self.seeds * 2)
+        }
         both = train & test
         return (
             None
@@ -248,13 +229,11 @@ def validate_env(
             else f"{len(both)} episodes occur in both train and test, e.g. {next(iter(both))[:80]!r}"
         )
 
-    rewards: list[float] = []
-
-    def scored(results: list[StepResult], what: str) -> str | None:
+    def scored(self, results: list[StepResult], what: str) -> str | None:
         for r in results:
-            rewards.append(r.reward)
-            if not (math.isfinite(r.reward) and lo <= r.reward <= hi):
-                return f"{what}: reward {r.reward} outside [{lo}, {hi}]"
+            self.rewards.append(r.reward)
+            if not (math.isfinite(r.reward) and self.lo <= r.reward <= self.hi):
+                return f"{what}: reward {r.reward} outside [{self.lo}, {self.hi}]"
         last = results[-1] if results else None
         if last is not None and last.done:
             if last.success is None:
@@ -265,107 +244,146 @@ def validate_env(
                 return f"{what}: non-finite component in {last.components}"
         return None
 
-    def adversarial() -> str | None:
+    def adversarial(self) -> str | None:
         rng = random.Random(0)
         problems = []
-        for seed in range(adversarial_episodes):
-            obs = env.reset(seed=seed).observation
+        for seed in range(self.adversarial_episodes):
+            obs = self.env.reset(seed=seed).observation
             cases = generic_adversarial_actions(obs.text, rng)
-            hook = getattr(env, "_validation_exploits", None)
+            hook = getattr(self.env, "_validation_exploits", None)
             if hook is not None:
                 for i, seq in enumerate(hook(obs)):
                     cases[f"exploit_{i}"] = seq
             for label, actions in cases.items():
-                total, results = _run_actions(env, seed, {}, actions)
-                if err := scored(results, label):
+                total, results = _run_actions(self.env, seed, {}, actions)
+                if err := self.scored(results, label):
                     problems.append(err)
-                if total > lo:
+                if total > self.lo:
                     problems.append(f"seed {seed}: {label} scored {total:.3f}")
         return "; ".join(problems[:6]) or None
 
-    def solution() -> str | None:
-        hook = getattr(env, "_validation_solution", None)
+    def solution(self) -> str | None:
+        hook = getattr(self.env, "_validation_solution", None)
         if hook is None:
             return None
-        for seed in range(adversarial_episodes):
-            env.reset(seed=seed)
+        for seed in range(self.adversarial_episodes):
+            self.env.reset(seed=seed)
             actions = hook()
             if actions is None:
                 return None
-            total, results = _run_actions(env, seed, {}, actions)
-            if err := scored(results, "solution"):
+            total, results = _run_actions(self.env, seed, {}, actions)
+            if err := self.scored(results, "solution"):
                 return err
-            if not results or not results[-1].success or not math.isclose(total, hi):
+            if not results or not results[-1].success or not math.isclose(total, self.hi):
                 return f"seed {seed}: the known-good answer scored {total} (success={results[-1].success if results else None})"
         return None
 
-    def no_ground_truth() -> str | None:
-        hook = getattr(env, "_validation_ground_truth", None)
+    def no_ground_truth(self) -> str | None:
+        hook = getattr(self.env, "_validation_ground_truth", None)
         if hook is None:
             return "the environment offers no _validation_ground_truth() hook; leaks cannot be checked"
-        for seed in range(seeds):
-            for split in cls.splits:
-                r = env.reset(seed=seed, options={"split": split})
+        for seed in range(self.seeds):
+            for split in self.cls.splits:
+                r = self.env.reset(seed=seed, options={"split": split})
                 secrets = hook()
                 probes = []
-                for tool in env.tools():
+                for tool in self.env.tools():
                     props = tool.parameters.get("properties", {})
                     probe = {k: ("1 + 1" if v.get("type") == "string" else 1) for k, v in props.items()}
-                    probes.append(env.call_tool(tool.name, probe))
-                views = [_visible(r, env.state, probes)]
-                _, results = _run_actions(env, seed, {"split": split}, [{"text": "I do not know."}])
-                views += [_visible(x, env.state) for x in results]
+                    probes.append(self.env.call_tool(tool.name, probe))
+                views = [_visible(r, self.env.state, probes)]
+                _, results = _run_actions(self.env, seed, {"split": split}, [{"text": "I do not know."}])
+                views += [_visible(x, self.env.state) for x in results]
                 text = "\n".join(v[0] for v in views)
                 structured = "\n".join(v[1] for v in views)
                 if leaked := _leaks(secrets, text, structured):
                     return f"seed {seed} ({split}): ground truth {leaked[:3]} visible to the agent"
         return None
 
-    def invalid_actions() -> str | None:
-        env.reset(seed=1)
+    def invalid_actions(self) -> str | None:
+        self.env.reset(seed=1)
         for bad in ({"no_such_field": 1}, {"text": 12345}, "not an object", None):
             try:
-                env.step(bad)
+                self.env.step(bad)
                 return f"step({bad!r}) was accepted"
             except InvalidActionError:
                 pass
-        if env.state.step_count != 0:
+        if self.env.state.step_count != 0:
             return "a refused action still counted as a step"
-        _, results = _run_actions(env, 1, {}, [{"text": "Answer: 3"}])
+        _, results = _run_actions(self.env, 1, {}, [{"text": "Answer: 3"}])
         if not results:
             return "the episode did not continue after refused actions"
         try:
-            env.step({"text": "again"})
+            self.env.step({"text": "again"})
             return "step() after the episode ended was accepted"
         except EpisodeStateError:
             return None
 
-    def async_api() -> str | None:
+    def async_api(self) -> str | None:
         async def go() -> tuple[StepResult, StepResult]:
-            a = await env.areset(seed=4)
-            b = await env.astep({"text": "Answer: 1"})
+            a = await self.env.areset(seed=4)
+            b = await self.env.astep({"text": "Answer: 1"})
             return a, b
 
         a, b = asyncio.run(go())
-        c = twin.reset(seed=4)
-        d = twin.step({"text": "Answer: 1"})
+        c = self.twin.reset(seed=4)
+        d = self.twin.step({"text": "Answer: 1"})
         return None if (a, b.reward) == (c, d.reward) else "areset/astep disagree with reset/step"
 
-    def bounds() -> str | None:
-        if not rewards:
+    def bounds(self) -> str | None:
+        if not self.rewards:
             return "no rewards were observed"
-        return None if all(lo <= x <= hi for x in rewards) else f"rewards outside [{lo}, {hi}]"
+        return (
+            None
+            if all(self.lo <= x <= self.hi for x in self.rewards)
+            else f"rewards outside [{self.lo}, {self.hi}]"
+        )
 
-    check("schema_round_trip", schemas)
-    check("determinism_by_seed", determinism)
-    check("variety_across_seeds", variety)
-    check("held_out_split_disjoint", splits)
-    check("adversarial_floor", adversarial)
-    check("known_good_answer", solution)
-    check("reward_bounds", bounds)
-    check("no_ground_truth_reachable", no_ground_truth)
-    check("invalid_actions_refused", invalid_actions)
-    check("async_matches_sync", async_api)
-    env.close()
-    twin.close()
+    def close(self) -> None:
+        self.env.close()
+        self.twin.close()
+
+    ORDER = (
+        ("schema_round_trip", "schemas"),
+        ("determinism_by_seed", "determinism"),
+        ("variety_across_seeds", "variety"),
+        ("held_out_split_disjoint", "splits"),
+        ("adversarial_floor", "adversarial"),
+        ("known_good_answer", "solution"),
+        ("reward_bounds", "bounds"),
+        ("no_ground_truth_reachable", "no_ground_truth"),
+        ("invalid_actions_refused", "invalid_actions"),
+        ("async_matches_sync", "async_api"),
+    )
+
+
+def validate_env(
+    name_or_cls: str | type[Environment],
+    *,
+    seeds: int = 12,
+    adversarial_episodes: int = 3,
+    env_kwargs: dict[str, Any] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> ValidationReport:
+    cls = get_env_class(name_or_cls) if isinstance(name_or_cls, str) else name_or_cls
+    report = ValidationReport(cls.name)
+    say = progress or (lambda msg: None)
+    if getattr(cls, "runs_untrusted_code", False):
+        say("sandbox_isolation")
+        problem = sandbox_problem()
+        report.checks.append(
+            Check("sandbox_isolation", problem is None, problem or sandbox_report().describe())
+        )
+        if problem is not None and (not sandbox_report().runs or not unsandboxed_allowed()):
+            return report  # the environment refuses to start: nothing else can be checked
+    checks = _Checks(cls, env_kwargs or {}, seeds, adversarial_episodes)
+    for name, method in checks.ORDER:
+        say(name)
+        try:
+            problem = getattr(checks, method)()
+            report.checks.append(Check(name, problem is None, problem or "ok"))
+        except Exception as exc:  # a crashing check is a failed check, with the reason
+            logger.debug("check %s raised", name, exc_info=True)
+            report.checks.append(Check(name, False, f"raised {type(exc).__name__}: {exc}"))
+    checks.close()
     return report

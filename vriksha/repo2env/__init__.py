@@ -5,6 +5,6 @@
 
 from vriksha.repo2env.builder import BuildConfig, build_dataset
 from vriksha.repo2env.dataset import Dataset
-from vriksha.repo2env.validate import validate_dataset
+from vriksha.repo2env.dataset_check import validate_dataset
 
 __all__ = ["BuildConfig", "build_dataset", "Dataset", "validate_dataset"]

@@ -12,7 +12,6 @@ import shutil
 import time
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from tqdm import tqdm
@@ -21,34 +20,17 @@ from vriksha.envs.sandbox import require_sandbox
 from vriksha.repo2env.archive import UnpackLimits
 from vriksha.repo2env.baseline import run_baseline
 from vriksha.repo2env.bootstrap import Venv, bootstrap, cache_root
+from vriksha.repo2env.build_config import DEFAULT_PIPELINES, BuildConfig
+from vriksha.repo2env.candidate_check import Outcome, validate_candidate
 from vriksha.repo2env.errors import Repo2EnvError
 from vriksha.repo2env.pipelines import PIPELINES, BuildContext, Candidate, Pipeline
 from vriksha.repo2env.report import YieldReport
 from vriksha.repo2env.source import prepare_source
 from vriksha.repo2env.task import DatasetManifest, write_manifest, write_task
-from vriksha.repo2env.validation import Outcome, validate_candidate
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["BuildConfig", "build_dataset", "DEFAULT_PIPELINES"]
-
-DEFAULT_PIPELINES = ("implement_function", "fix_bug", "commit")
-
-
-@dataclass(slots=True)
-class BuildConfig:
-    pipelines: tuple[str, ...] = DEFAULT_PIPELINES
-    max_tasks: int = 20
-    max_candidates: int | None = None  # stop trying after this many candidates (None: until max_tasks)
-    workers: int = 1
-    seed: int = 0
-    baseline_runs: int = 2
-    per_function: int = 1
-    progress: bool = True
-    timeout_s: float = 900.0
-    keep: dict = field(default_factory=dict)
-    max_unpacked_mb: float = 1024.0  # an sdist SOURCE may unpack to at most this much
-    max_unpacked_files: int = 100_000  # ... and hold at most this many entries
 
 
 def _round_robin(iters: list[tuple[Pipeline, Iterator[Candidate]]]) -> Iterator[tuple[Pipeline, Candidate]]:

@@ -45,35 +45,22 @@ def register(subparsers) -> None:
         default=None,
         help="pipelines to run (implement_function fix_bug commit; default all)",
     )
-    p.add_argument(
-        "--max-tasks", type=int, default=20, help="stop after keeping this many tasks (default 20)"
-    )
-    p.add_argument("--max-candidates", type=int, default=None, help="stop after trying this many candidates")
-    p.add_argument("--workers", type=int, default=1, help="candidates validated in parallel (default 1)")
-    p.add_argument("--seed", type=int, default=0, help="seed for candidate order and mutation choice")
-    p.add_argument("--baseline-runs", type=int, default=2, help="baseline runs to tell flaky tests (>= 2)")
-    p.add_argument(
-        "--mutations-per-function", type=int, default=1, help="fix_bug mutations tried per function"
-    )
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds the whole baseline suite may take")
-    p.add_argument(
-        "--max-unpacked-mb",
-        type=float,
-        default=1024.0,
-        help="an sdist SOURCE that unpacks to more than this many MiB is refused (default 1024)",
-    )
-    p.add_argument(
-        "--max-unpacked-files",
-        type=int,
-        default=100_000,
-        help="an sdist SOURCE holding more entries than this is refused (default 100000)",
-    )
-    p.add_argument(
-        "--sandbox", action="store_true", help="validate: kept for compatibility; every test run is sandboxed"
-    )
+    from vriksha.repo2env.build_config import BuildConfig
+
+    names = BuildConfig.flag_names()
+    BuildConfig.add_arguments(p, exclude=[n for n in BuildConfig.option_names() if n not in names])
+    p.add_argument("--sandbox", action=_SandboxRemoved, nargs=0, help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=handle)
+
+
+class _SandboxRemoved(argparse.Action):
+    """`--sandbox` changed nothing (every test run is sandboxed) and is gone; say so instead of a bare
+    'unrecognized arguments'."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: object) -> None:
+        parser.error("--sandbox is gone: every test run is sandboxed already; drop the flag")
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -83,21 +70,11 @@ def handle(args: argparse.Namespace) -> int:
 
     if args.out is None:
         raise ConfigError("--out DIR is required to build tasks (vriksha repo2env SOURCE --out DIR)")
-    if args.baseline_runs < 2:
-        raise ConfigError("--baseline-runs must be at least 2 (flaky tests are told by comparing runs)")
-    cfg = BuildConfig(
-        pipelines=tuple(args.pipelines or DEFAULT_PIPELINES),
-        max_tasks=args.max_tasks,
-        max_candidates=args.max_candidates,
-        workers=args.workers,
-        seed=args.seed,
-        baseline_runs=args.baseline_runs,
-        per_function=args.mutations_per_function,
-        progress=not args.no_progress,
-        timeout_s=args.timeout,
-        max_unpacked_mb=args.max_unpacked_mb,
-        max_unpacked_files=args.max_unpacked_files,
+    cfg = BuildConfig.from_args(
+        args, pipelines=tuple(args.pipelines or DEFAULT_PIPELINES), progress=not args.no_progress
     )
+    if cfg.baseline_runs < 2:
+        raise ConfigError("--baseline-runs must be at least 2 (flaky tests are told by comparing runs)")
     report, manifest = build_dataset(args.source, args.out, cfg)
     print(json.dumps(report.to_dict(), indent=1) if args.json else report.render())
     print(f"{len(manifest.tasks)} task(s) written to {args.out}", file=sys.stderr)
@@ -105,11 +82,11 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from vriksha.repo2env.validate import validate_dataset
+    from vriksha.repo2env.dataset_check import validate_dataset
 
     if not args.dataset:
         raise ConfigError("usage: vriksha repo2env validate DIR")
-    checks = validate_dataset(args.dataset, sandbox=args.sandbox, progress=not args.no_progress)
+    checks = validate_dataset(args.dataset, progress=not args.no_progress)
     bad = [c for c in checks if not c.ok]
     if args.json:
         print(

@@ -6,7 +6,8 @@ pass-to-pass). Reward components: `fail_to_pass` (rate), `pass_to_pass` (rate), 
 the reward is `resolved`. The task directory (solution, hidden tests) never enters the workspace.
 
 Options: `dataset` (a directory made by `vriksha repo2env`, default `$VRIKSHA_REPO2ENV_DATASET`),
-`max_turns`, `sandbox` (default True), `test_timeout_s`. `reset(options={"task_id": ...})` picks a task;
+`max_turns`, `test_timeout_s`; `sandbox` is accepted so older configs load, and changes nothing: every test
+run is sandboxed. `reset(options={"task_id": ...})` picks a task;
 otherwise the seed picks one of the split (one task in ten by id hash, at least one, is in `test`).
 """
 
@@ -31,9 +32,9 @@ from vriksha.envs.rubrics import RubricScore
 from vriksha.profiling import phase
 from vriksha.repo2env.dataset import Dataset
 from vriksha.repo2env.errors import Repo2EnvError
+from vriksha.repo2env.grading import Verdict, materialize, verify
 from vriksha.repo2env.layout import is_test_file
 from vriksha.repo2env.task import TaskFiles
-from vriksha.repo2env.verify import Verdict, materialize, verify
 
 logger = logging.getLogger(__name__)
 
@@ -375,4 +376,4 @@ class RepoEnv(Environment):
 
     def submit(self) -> Verdict:
         assert self._task is not None and self._venv is not None and self._ws is not None
-        return verify(self._task, self._venv, self._ws, sandbox=self.sandbox)
+        return verify(self._task, self._venv, self._ws)

@@ -1,5 +1,6 @@
 """The router's FastAPI app: the endpoints of `vriksha serve`, each parsed and validated as a replica would,
-tokenized for the policy, then forwarded; plus /health, /metrics and /router/replicas."""
+tokenized for the policy, then forwarded (the hot paths, `fast_path.py`); plus its own endpoints (/health,
+/metrics, /router/replicas, /router/mirror), an `APIRouter` over the app's `RouterState` through `Depends`."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ import json
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import httpx
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
@@ -33,7 +35,8 @@ from vriksha.server.protocol import ChatCompletionRequest, CompletionRequest, Ge
 logger = logging.getLogger(__name__)
 
 
-def _parse(model: type[BaseModel], body: bytes) -> Any:
+def parse_request(model: type[BaseModel], body: bytes) -> Any:
+    """A request body as a replica would parse it: the same validation errors, the same 422."""
     if not body.strip():
         raise RequestValidationError(
             [{"type": "missing", "loc": ("body",), "msg": "Field required", "input": None}]
@@ -51,6 +54,81 @@ def _parse(model: type[BaseModel], body: bytes) -> Any:
 
 class InternalOnlyError(AuthenticationError, status=403, code="internal_only"):
     """A router endpoint for holders of the internal key, asked without it."""
+
+
+@dataclass(slots=True)
+class RouterState:
+    """What the router's own endpoints read, handed to them through `Depends`."""
+
+    config: RouterConfig
+    pool: ReplicaPool
+
+
+def router_state(request: Request) -> RouterState:
+    return request.app.state.router
+
+
+State = Annotated[RouterState, Depends(router_state)]
+router = APIRouter()
+
+
+@router.get("/health")
+async def health(state: State) -> Response:
+    healthy = state.pool.healthy()
+    ok = bool(healthy)
+    body = {"status": "ok" if ok else "no_healthy_replica", "healthy": len(healthy)}
+    return JSONResponse(body, status_code=200 if ok else 503)
+
+
+@router.get("/metrics")
+async def metrics(state: State) -> Response:
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    return Response(state.pool.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+def _replica_view(r: Any) -> dict[str, Any]:
+    ev = r.events
+    events = (
+        None
+        if ev is None
+        else {"synced": ev.synced, "instance": ev.instance, "seq": ev.seq, "tokens": ev.tree.size}
+    )
+    return {
+        "url": r.url,
+        "role": r.spec.role,
+        "healthy": r.healthy,
+        "in_flight": r.in_flight,
+        "queue": r.queue,
+        "kv_usage": r.load.kv_usage,
+        "events": events,
+    }
+
+
+@router.get("/router/replicas")
+async def replicas(state: State) -> Response:
+    return JSONResponse(
+        {"policy": state.pool.policy.name, "replicas": [_replica_view(r) for r in state.pool.replicas]}
+    )
+
+
+@router.get("/router/mirror")
+async def mirror(replica: int, request: Request, state: State) -> Response:
+    """A replica's mirrored tree as leaf paths (for tests and debugging): the cached prompts of every client,
+    so for holders of the internal key only, never a client's API key."""
+    given, key, pool = request.headers.get(INTERNAL_HEADER, ""), state.config.internal_key, state.pool
+    if not key or not hmac.compare_digest(given.encode(), key.encode()):
+        raise InternalOnlyError(
+            f"/router/mirror shows every client's cached prompts: send the internal key in `{INTERNAL_HEADER}`"
+        )
+    if not 0 <= replica < len(pool.replicas):
+        raise BadRequestError(
+            f"replica must be in 0..{len(pool.replicas) - 1}, got {replica}", param="replica"
+        )
+    r = pool.replicas[replica]
+    if r.events is None:
+        raise NoReplicaError("this replica has no event stream (--replica URL,EVENTS)")
+    return JSONResponse({"seq": r.events.seq, "paths": sorted(list(p) for p in r.events.tree.paths())})
 
 
 def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) -> FastAPI:
@@ -88,7 +166,7 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
 
     def endpoint(path: str, model: type[BaseModel], ids) -> Handler:
         def parsed(body: bytes) -> tuple[Any, list[int]]:
-            req = _parse(model, body)
+            req = parse_request(model, body)
             return req, ids(req)
 
         async def serve(headers: Headers, body: bytes, arrived: float) -> Response:
@@ -106,61 +184,8 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
     app.hot_paths(hot, wrap=(lambda inner: APIKeyMiddleware(inner, key, config.auth_exempt)) if key else None)
 
     passthrough.install(app, pool, http)
-
-    @app.get("/health")
-    async def health() -> Response:
-        ok = bool(pool.healthy())
-        body = {"status": "ok" if ok else "no_healthy_replica", "healthy": len(pool.healthy())}
-        return JSONResponse(body, status_code=200 if ok else 503)
-
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        from prometheus_client import CONTENT_TYPE_LATEST
-
-        return Response(pool.metrics.render(), media_type=CONTENT_TYPE_LATEST)
-
-    @app.get("/router/replicas")
-    async def replicas() -> Response:
-        out = []
-        for r in pool.replicas:
-            ev = r.events
-            out.append(
-                {
-                    "url": r.url,
-                    "role": r.spec.role,
-                    "healthy": r.healthy,
-                    "in_flight": r.in_flight,
-                    "queue": r.queue,
-                    "kv_usage": r.load.kv_usage,
-                    "events": None
-                    if ev is None
-                    else {
-                        "synced": ev.synced,
-                        "instance": ev.instance,
-                        "seq": ev.seq,
-                        "tokens": ev.tree.size,
-                    },
-                }
-            )
-        return JSONResponse({"policy": pool.policy.name, "replicas": out})
-
-    @app.get("/router/mirror")
-    async def mirror(replica: int, request: Request) -> Response:
-        """A replica's mirrored tree as leaf paths (for tests and debugging): the cached prompts of every
-        client, so for holders of the internal key only, never a client's API key."""
-        given = request.headers.get(INTERNAL_HEADER, "")
-        if not config.internal_key or not hmac.compare_digest(given.encode(), config.internal_key.encode()):
-            raise InternalOnlyError(
-                f"/router/mirror shows every client's cached prompts: send the internal key in `{INTERNAL_HEADER}`"
-            )
-        if not 0 <= replica < len(pool.replicas):
-            raise BadRequestError(
-                f"replica must be in 0..{len(pool.replicas) - 1}, got {replica}", param="replica"
-            )
-        r = pool.replicas[replica]
-        if r.events is None:
-            raise NoReplicaError("this replica has no event stream (--replica URL,EVENTS)")
-        return JSONResponse({"seq": r.events.seq, "paths": sorted(list(p) for p in r.events.tree.paths())})
+    app.state.router = RouterState(config, pool)
+    app.include_router(router)
 
     if config.api_key:
         # /router/mirror takes the internal key instead (checked above), never a client's

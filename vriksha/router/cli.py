@@ -10,10 +10,9 @@ from typing import Any
 
 from vriksha.errors import ConfigError
 from vriksha.net.trust import INTERNAL_KEY_ENV, check_keys, env_key
-from vriksha.router.config import POLICIES, ReplicaSpec, RouterConfig
+from vriksha.router.config import ReplicaSpec, RouterConfig
 
 logger = logging.getLogger(__name__)
-_D = RouterConfig()
 
 
 def register(subparsers: Any) -> None:
@@ -46,89 +45,15 @@ def register(subparsers: Any) -> None:
         help="a prefill replica (`vriksha serve --role prefill`): long prompts are computed there and their K/V "
         "moved to the decode replica (--replica, started with --role decode) before it decodes; repeatable",
     )
-    p.add_argument(
-        "--pd-threshold",
-        type=int,
-        default=_D.pd_threshold_tokens,
-        help="with --prefill: a prompt goes through a prefill replica when more than this many of its tokens "
-        f"are not cached on the chosen decode replica (default: {_D.pd_threshold_tokens})",
-    )
-    p.add_argument(
-        "--pd-timeout",
-        type=float,
-        default=_D.pd_timeout_s,
-        help="with --prefill: seconds a whole transfer (the decode replica's /kv/pull) may take; past it the "
-        f"request goes to the decode replica as is (default: {_D.pd_timeout_s:g})",
-    )
-    p.add_argument(
-        "--policy", choices=POLICIES, default=_D.policy, help=f"routing policy (default: {_D.policy})"
-    )
-    p.add_argument(
-        "--model", default=None, help="the replicas' model, for the tokenizer (default: the embedded one)"
-    )
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="port to bind (default: 8080)")
-    p.add_argument(
-        "--api-key",
-        default=os.environ.get("VRIKSHA_API_KEY"),
-        help="require `Authorization: Bearer KEY` (default: $VRIKSHA_API_KEY, else none); it is passed on to "
-        "the replicas unchanged, and presented on the router's own /load and /health polls",
-    )
-    p.add_argument(
-        "--internal-key",
-        default=None,
-        help="the replicas' --internal-key: presented on /load, /kv_events/snapshot and /kv/pull, and the CURVE "
-        "keys of their event streams; needed with event streams (URL,EVENTS) and --prefill (default: "
-        "$VRIKSHA_INTERNAL_KEY; prefer the variable: a flag shows in the process list)",
-    )
-    p.add_argument(
-        "--session-header",
-        default=_D.session_header,
-        help=f"requests with the same value of this header go to the same replica (default: {_D.session_header})",
-    )
-    p.add_argument(
-        "--health-interval", type=float, default=_D.health_interval_s, help="seconds between /health checks"
-    )
-    p.add_argument(
-        "--load-interval", type=float, default=_D.load_interval_s, help="seconds between /load polls"
-    )
-    p.add_argument(
-        "--request-timeout",
-        type=float,
-        default=_D.request_timeout_s,
-        help="seconds a replica may take per read",
-    )
     from vriksha.net import FrontConfig, add_flags
 
     add_flags(p, FrontConfig, "HTTP front (connection limits)")
-    g = p.add_argument_group("cache_aware")
-    g.add_argument(
-        "--cache-threshold", type=float, default=_D.cache_threshold, help="match rate to follow a prefix"
-    )
-    g.add_argument(
-        "--balance-abs-threshold", type=int, default=_D.balance_abs_threshold, help="load gap (requests)"
-    )
-    g.add_argument("--balance-rel-threshold", type=float, default=_D.balance_rel_threshold, help="load ratio")
-    g = p.add_argument_group("precise")
-    g.add_argument(
-        "--queue-cost", type=float, default=_D.queue_cost_tokens, help="token-equivalents per queued request"
-    )
-    g.add_argument(
-        "--kv-cost", type=float, default=_D.kv_cost_tokens, help="token-equivalents at a full KV pool"
-    )
-    g.add_argument(
-        "--affinity-bound",
-        type=float,
-        default=_D.affinity_bound_tokens,
-        help="keep the replica holding the prefix unless its estimate is worse by more than this (tokens)",
-    )
-    g.add_argument(
-        "--affinity-min-share",
-        type=float,
-        default=_D.affinity_min_share,
-        help="the affinity rule binds only a replica holding at least this share of the prompt (0..1) more "
-        "than the replica with the best estimate",
-    )
+    groups = RouterConfig.flag_groups()
+    grouped = {name for names in groups.values() for name in names}
+    RouterConfig.add_arguments(p, exclude=(*RouterConfig.internal_fields(), *grouped), title="router")
+    for title, names in groups.items():
+        others = [n for n in RouterConfig.option_names() if n not in names]
+        RouterConfig.add_arguments(p, exclude=others, title=title)
     p.set_defaults(func=handler, default_log_level="INFO")  # its address, replicas and policy, and "ready"
 
 
@@ -155,44 +80,33 @@ def config_from_args(args: argparse.Namespace, need_replicas: bool = True) -> Ro
         if not url.startswith(("http://", "https://")):
             raise ConfigError(f"--prefill {url!r}: the URL must start with http:// or https://")
         specs.append(ReplicaSpec(url.rstrip("/"), None, "prefill"))
-    if args.pd_threshold < 0:
-        raise ConfigError(f"--pd-threshold must be >= 0 tokens, got {args.pd_threshold}")
-    if not 0.0 <= args.affinity_min_share <= 1.0:
+    config = RouterConfig.from_args(args)
+    if config.pd_threshold_tokens < 0:
+        raise ConfigError(f"--pd-threshold must be >= 0 tokens, got {config.pd_threshold_tokens}")
+    if not 0.0 <= config.affinity_min_share <= 1.0:
         raise ConfigError(
-            f"--affinity-min-share must be in 0..1 (a share of the prompt), got {args.affinity_min_share}"
+            f"--affinity-min-share must be in 0..1 (a share of the prompt), got {config.affinity_min_share}"
         )
-    if not args.pd_timeout > 0:
-        raise ConfigError(f"--pd-timeout must be > 0 seconds, got {args.pd_timeout}")
-    internal_key = args.internal_key or env_key(INTERNAL_KEY_ENV)
-    check_keys(args.api_key or None, internal_key)
+    if not config.pd_timeout_s > 0:
+        raise ConfigError(f"--pd-timeout must be > 0 seconds, got {config.pd_timeout_s}")
+    given = RouterConfig.given_args(args)
+    api_key = (given["api_key"] if "api_key" in given else os.environ.get("VRIKSHA_API_KEY")) or None
+    internal_key = config.internal_key or env_key(INTERNAL_KEY_ENV)
+    check_keys(api_key, internal_key)
     if not internal_key and (args.prefill or any(s.events for s in specs)):
         raise ConfigError(
             "event streams (--replica URL,EVENTS) and --prefill need the replicas' internal key: pass "
             f"--internal-key or set ${INTERNAL_KEY_ENV} to the key the replicas were started with"
         )
-    if need_replicas and args.policy == "precise" and not any(s.events for s in specs):
+    if need_replicas and config.policy == "precise" and not any(s.events for s in specs):
         logger.warning(
             "--policy precise without event streams: it sees load only (add ,tcp://... to --replica)"
         )
-    return RouterConfig(
+    return config.replace(
         replicas=specs,
-        policy=args.policy,
-        model=args.model,
-        api_key=args.api_key or None,
+        api_key=api_key,
         internal_key=internal_key,
-        session_header=args.session_header.lower(),
-        health_interval_s=args.health_interval,
-        load_interval_s=args.load_interval,
-        request_timeout_s=args.request_timeout,
-        cache_threshold=args.cache_threshold,
-        balance_abs_threshold=args.balance_abs_threshold,
-        balance_rel_threshold=args.balance_rel_threshold,
-        queue_cost_tokens=args.queue_cost,
-        kv_cost_tokens=args.kv_cost,
-        affinity_bound_tokens=args.affinity_bound,
-        affinity_min_share=args.affinity_min_share,
-        pd_threshold_tokens=args.pd_threshold,
-        pd_timeout_s=args.pd_timeout,
+        session_header=config.session_header.lower(),
     )
 
 
@@ -200,13 +114,14 @@ def handler(args: argparse.Namespace) -> int:
     from vriksha.net import FrontConfig, from_args, front_config
     from vriksha.router.app import create_router_app
 
-    if not 0 <= args.port < 65536:
-        raise ConfigError(f"--port must be in 0..65535, got {args.port}")
+    host, port = (bound := RouterConfig.from_args(args)).host, bound.port
+    if not 0 <= port < 65536:
+        raise ConfigError(f"--port must be in 0..65535, got {port}")
     front = from_args(FrontConfig, args)
     front.validate()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per forwarded request otherwise
     if args.config:
-        from vriksha.semantic.serve import semantic_app
+        from vriksha.router.semantic.serve import semantic_app
 
         app = semantic_app(args.config, config_from_args(args, need_replicas=False))
         ready = f"routing by meaning ({args.config})"
@@ -217,8 +132,8 @@ def handler(args: argparse.Namespace) -> int:
     level = logging.getLogger().getEffectiveLevel()
     uv_config = front_config(
         app,
-        args.host,
-        args.port,
+        host,
+        port,
         front,
         log_level=max(level, logging.INFO) if level <= logging.INFO else level,
         access_log=level <= logging.DEBUG,
@@ -234,7 +149,7 @@ def handler(args: argparse.Namespace) -> int:
             close()
     if not server.started:
         raise ConfigError(
-            f"the router did not start on {args.host}:{args.port}; is the port in use? pick another --port"
+            f"the router did not start on {host}:{port}; is the port in use? pick another --port"
         )
     return 0
 

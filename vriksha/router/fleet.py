@@ -12,14 +12,47 @@ import os
 import signal
 import sys
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from vriksha.errors import ConfigError
 from vriksha.net.launch import Child, free_port, stop_all, vriksha_command
 from vriksha.net.trust import API_KEY_ENV, INTERNAL_KEY_ENV, check_keys, env_key, new_key
+from vriksha.options import Options, option
 from vriksha.router.config import POLICIES
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class FleetConfig(Options):
+    """`vriksha fleet`'s options, declared once with their flags (`vriksha.options`)."""
+
+    options_label: ClassVar[str] = "fleet"
+    flag_dest_prefix: ClassVar[str] = "fleet_"
+
+    replicas: int = option(2, "number of colocated replicas")
+    prefill: int = option(
+        0,
+        "prefill/decode disaggregation: this many `--role prefill` replicas (with --decode; replaces --replicas; "
+        "0: colocated)",
+    )
+    decode: int = option(1, "with --prefill: this many `--role decode` replicas")
+    pd_threshold: int | None = option(
+        None,
+        "with --prefill: the router's --pd-threshold (uncached prompt tokens above which a prompt is prefilled "
+        "on a prefill replica)",
+    )
+    model: str | None = option(None, "HF directory or .gguf (default: the embedded model)")
+    host: str = option("127.0.0.1", "the router's address")
+    port: int = option(8080, "the router's port")
+    policy: str = option("precise", "routing policy", choices=POLICIES)
+    api_key: str | None = option(
+        None,
+        "the clients' key, for the router and the replicas (default: $VRIKSHA_API_KEY, else none); the members "
+        "also share an internal key of their own ($VRIKSHA_INTERNAL_KEY, else a fresh one)",
+    )
+    startup_timeout_s: float = option(600.0, "seconds to wait for each replica", flag="startup-timeout")
 
 
 def register(subparsers: Any) -> None:
@@ -30,38 +63,7 @@ def register(subparsers: Any) -> None:
         "OMP_NUM_THREADS to match) and publishing KV events, then `vriksha router` over them. Stops them all "
         "on SIGINT/SIGTERM. Extra arguments after `--` go to every replica's `vriksha serve`.",
     )
-    p.add_argument("--replicas", type=int, default=2, help="number of colocated replicas (default: 2)")
-    p.add_argument(
-        "--prefill",
-        type=int,
-        default=0,
-        help="prefill/decode disaggregation: this many `--role prefill` replicas (with --decode; replaces "
-        "--replicas; default: 0, colocated)",
-    )
-    p.add_argument(
-        "--decode",
-        type=int,
-        default=1,
-        help="with --prefill: this many `--role decode` replicas (default: 1)",
-    )
-    p.add_argument(
-        "--pd-threshold",
-        type=int,
-        default=None,
-        help="with --prefill: the router's --pd-threshold (uncached prompt tokens above which a prompt is "
-        "prefilled on a prefill replica)",
-    )
-    p.add_argument("--model", default=None, help="HF directory or .gguf (default: the embedded model)")
-    p.add_argument("--host", default="127.0.0.1", help="the router's address (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="the router's port (default: 8080)")
-    p.add_argument("--policy", choices=POLICIES, default="precise", help="routing policy (default: precise)")
-    p.add_argument(
-        "--api-key",
-        default=os.environ.get("VRIKSHA_API_KEY"),
-        help="the clients' key, for the router and the replicas (default: $VRIKSHA_API_KEY, else none); the "
-        "members also share an internal key of their own ($VRIKSHA_INTERNAL_KEY, else a fresh one)",
-    )
-    p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for each replica")
+    FleetConfig.add_arguments(p, title="fleet")
     p.add_argument("serve_args", nargs=argparse.REMAINDER, help="-- then flags for every `vriksha serve`")
     p.set_defaults(func=handler)
 
@@ -160,20 +162,17 @@ def fleet_secrets(api_key: str | None, internal_key: str | None = None) -> dict[
 
 
 def handler(args: argparse.Namespace) -> int:
-    if args.replicas < 1:
-        raise ConfigError(f"--replicas must be >= 1, got {args.replicas}")
-    if args.prefill < 0 or (args.prefill and args.decode < 1):
-        raise ConfigError(
-            f"--prefill N needs N >= 0 and --decode M >= 1, got {args.prefill} and {args.decode}"
-        )
+    cfg = FleetConfig.from_args(args, api_key=os.environ.get("VRIKSHA_API_KEY"))
+    if cfg.replicas < 1:
+        raise ConfigError(f"--replicas must be >= 1, got {cfg.replicas}")
+    if cfg.prefill < 0 or (cfg.prefill and cfg.decode < 1):
+        raise ConfigError(f"--prefill N needs N >= 0 and --decode M >= 1, got {cfg.prefill} and {cfg.decode}")
     # each member's role: colocated replicas, or prefill replicas then decode replicas
-    roles = (
-        ["prefill"] * args.prefill + ["decode"] * args.decode if args.prefill else ["both"] * args.replicas
-    )
+    roles = ["prefill"] * cfg.prefill + ["decode"] * cfg.decode if cfg.prefill else ["both"] * cfg.replicas
     extra = [a for a in args.serve_args if a != "--"]
     shares = core_shares(usable_cores(), len(roles))
-    common = ["--model", args.model] if args.model else []
-    secrets = fleet_secrets(args.api_key)
+    common = ["--model", cfg.model] if cfg.model else []
+    secrets = fleet_secrets(cfg.api_key)
     members: list[Member] = []
     stopping = False
 
@@ -194,32 +193,32 @@ def handler(args: argparse.Namespace) -> int:
             if role == "prefill":
                 prefill_urls.append(m.url)
             specs += ["--prefill", m.url] if role == "prefill" else ["--replica", m.spec]
-        if args.prefill and args.pd_threshold is not None:
-            specs += ["--pd-threshold", str(args.pd_threshold)]
+        if cfg.prefill and cfg.pd_threshold is not None:
+            specs += ["--pd-threshold", str(cfg.pd_threshold)]
         for m in members:
-            m.wait_healthy(args.startup_timeout, hint="; raise --startup-timeout")
+            m.wait_healthy(cfg.startup_timeout_s, hint="; raise --startup-timeout")
         cmd = vriksha_command(
             "router",
             "--host",
-            args.host,
+            cfg.host,
             "--port",
-            str(args.port),
+            str(cfg.port),
             "--policy",
-            args.policy,
+            cfg.policy,
             *specs,
             *common,
             log_level=_log_level(),
         )
-        router_url = f"http://{args.host}:{args.port}"
+        router_url = f"http://{cfg.host}:{cfg.port}"
         router = _start(cmd, "router", router_url, None, None, secrets=secrets)
         members.append(router)
-        router.wait_healthy(args.startup_timeout, hint="; raise --startup-timeout")
+        router.wait_healthy(cfg.startup_timeout_s, hint="; raise --startup-timeout")
         logger.warning(
             "fleet of %d replicas (%s) behind %s (%s); Ctrl-C stops it",
             len(shares),
             ", ".join(f"{roles.count(x)} {x}" for x in ("both", "prefill", "decode") if x in roles),
             router_url,
-            args.policy,
+            cfg.policy,
         )
         while not stopping:
             for m in members:

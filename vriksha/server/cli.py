@@ -11,10 +11,8 @@ from vriksha.engine.config import EngineConfig
 from vriksha.errors import ConfigError, VrikshaError
 from vriksha.net.trust import INTERNAL_KEY_ENV, WEIGHTS_KEY_ENV, check_keys, env_key
 from vriksha.server.config import ServerConfig
-from vriksha.toolcalls import PARSERS
 
 logger = logging.getLogger(__name__)
-_DEFAULTS = ServerConfig()
 
 
 def register(subparsers: Any) -> None:
@@ -24,29 +22,7 @@ def register(subparsers: Any) -> None:
         description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
         "/v1/models), plus /generate on token ids, /health, /metrics, /flush_cache, /start_profile, /stop_profile.",
     )
-    p.add_argument(
-        "--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; 0.0.0.0 for all)"
-    )
-    p.add_argument("--port", type=int, default=8000, help="port to bind (default: 8000)")
-    p.add_argument(
-        "--api-key",
-        default=os.environ.get("VRIKSHA_API_KEY"),
-        help="require `Authorization: Bearer KEY` on requests (default: $VRIKSHA_API_KEY, else none)",
-    )
-    p.add_argument(
-        "--internal-key",
-        default=None,
-        help="the key replicas and routers present to each other (K/V transfer, /kv_events/snapshot, the KV "
-        "event stream's CURVE keys), never a client's key; needed by --role prefill|decode and "
-        "--kv-events-endpoint, and the same on every replica and router of a fleet (default: "
-        "$VRIKSHA_INTERNAL_KEY; prefer the variable: a flag shows in the process list)",
-    )
-    p.add_argument(
-        "--weights-key",
-        default=None,
-        help="the key trainers present to update the weights, pause and resume generation, and reset the "
-        "prefix cache; without it those endpoints are closed (default: $VRIKSHA_WEIGHTS_KEY)",
-    )
+    ServerConfig.add_arguments(p, exclude=ServerConfig.internal_fields(), title="server")
     p.add_argument(
         "--auth-exempt",
         nargs="*",
@@ -63,35 +39,6 @@ def register(subparsers: Any) -> None:
         help="model name(s) requests may use; the first is reported by /v1/models "
         "(default: the model's own name)",
     )
-    p.add_argument(
-        "--max-waiting",
-        type=int,
-        default=256,
-        help="sequences (prompts x n) allowed to wait for their first token; more get 503 with Retry-After, "
-        "and a request that alone asks for more gets 400 (default: 256)",
-    )
-    p.add_argument(
-        "--max-prompt-logprobs",
-        type=int,
-        default=_DEFAULTS.max_prompt_logprobs,
-        metavar="N",
-        help="prompt log-probabilities one request may ask for (prompt tokens x (prompt_logprobs + 1), in each "
-        f"choice that returns them); more get 400 (default: {_DEFAULTS.max_prompt_logprobs})",
-    )
-    p.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=30.0,
-        help="on SIGTERM, seconds in-flight requests may run before they are answered with 503 (or an error "
-        "event in a stream) and aborted; meanwhile /health says draining (default: 30)",
-    )
-    p.add_argument(
-        "--tool-call-parser",
-        default=None,
-        choices=sorted(PARSERS),
-        help="how the model writes tool calls (default: chosen from the chat template; hermes when it says "
-        "nothing)",
-    )
     from vriksha.net import FrontConfig, add_flags
 
     add_flags(p, FrontConfig, "HTTP front (connection limits)")
@@ -100,13 +47,6 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="let more than one trainer update the weights (default: the first trainer's transfer is exclusive "
         "until it closes it)",
-    )
-    p.add_argument(
-        "--load-weights-dir",
-        default=None,
-        metavar="DIR",
-        help="at startup, load the newest complete weight version under DIR (the filesystem weight transfer's "
-        "directory, e.g. a run's output_dir/weights); versions without their COMPLETE marker are skipped",
     )
     EngineConfig.add_arguments(p)
     k = p.add_argument_group("KV cache events (for a router)")
@@ -148,94 +88,75 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
     return EngineConfig.given_args(args)
 
 
-def handler(args: argparse.Namespace) -> int:
-    from vriksha.engine.core.async_engine import AsyncEngine
-    from vriksha.engine.core.llm_engine import LLMEngine
-    from vriksha.net import FrontConfig, from_args, front_config
-    from vriksha.server.app import create_app
-    from vriksha.server.shutdown import CUT_GRACE_S, GracefulServer
+def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
+    """The server's config from `vriksha serve`'s flags (keys from the environment where no flag gives them),
+    checked."""
+    from vriksha.net import FrontConfig, from_args
 
-    if args.max_waiting < 0:
-        raise ConfigError(f"--max-waiting must be >= 0, got {args.max_waiting}")
-    if args.max_prompt_logprobs < 0:
-        raise ConfigError(f"--max-prompt-logprobs must be >= 0, got {args.max_prompt_logprobs}")
-    if not 0 <= args.port < 65536:
-        raise ConfigError(f"--port must be in 0..65535, got {args.port}")
-    if not args.shutdown_timeout >= 0:
-        raise ConfigError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
+    config = ServerConfig.from_args(args)
+    if config.max_waiting < 0:
+        raise ConfigError(f"--max-waiting must be >= 0, got {config.max_waiting}")
+    if config.max_prompt_logprobs < 0:
+        raise ConfigError(f"--max-prompt-logprobs must be >= 0, got {config.max_prompt_logprobs}")
+    if not 0 <= config.port < 65536:
+        raise ConfigError(f"--port must be in 0..65535, got {config.port}")
+    if not config.shutdown_timeout_s >= 0:
+        raise ConfigError(f"--shutdown-timeout must be >= 0 seconds, got {config.shutdown_timeout_s}")
     front = from_args(FrontConfig, args)
     front.validate()
-    internal_key = args.internal_key or env_key(INTERNAL_KEY_ENV)
-    weights_key = args.weights_key or env_key(WEIGHTS_KEY_ENV)
-    check_keys(args.api_key or None, internal_key, weights_key)
-    config = ServerConfig(
+    given = ServerConfig.given_args(args)
+    api_key = (given["api_key"] if "api_key" in given else os.environ.get("VRIKSHA_API_KEY")) or None
+    internal_key = config.internal_key or env_key(INTERNAL_KEY_ENV)
+    weights_key = config.weights_key or env_key(WEIGHTS_KEY_ENV)
+    check_keys(api_key, internal_key, weights_key)
+    return config.replace(
         served_model_names=list(args.served_model_name or []),
-        api_key=args.api_key or None,
+        api_key=api_key,
         internal_key=internal_key,
         weights_key=weights_key,
         auth_exempt=frozenset(args.auth_exempt),
-        max_waiting=args.max_waiting,
-        max_prompt_logprobs=args.max_prompt_logprobs,
         profile_dir=args.profile_dir,
-        shutdown_timeout_s=args.shutdown_timeout,
-        tool_call_parser=args.tool_call_parser,
         front=front,
         allow_multiple_weight_clients=args.allow_multiple_weight_clients,
     )
+
+
+def handler(args: argparse.Namespace) -> int:
+    from vriksha.engine.core.async_engine import AsyncEngine
+    from vriksha.engine.core.llm_engine import LLMEngine
     from vriksha.profiling import ProfileConfig, StepProfiler
-
-    _check_events(args, internal_key)
     from vriksha.server import kv_roles
+    from vriksha.server.app import create_app
 
-    role_config = kv_roles.from_args(args, internal_key)
+    config = server_config_from_args(args)
+    _check_events(args, config.internal_key)
+    role_config = kv_roles.from_args(args, config.internal_key)
     engine_config = EngineConfig.from_args(args)
     if role_config.role != "both" and not engine_config.enable_prefix_caching:
         raise ConfigError(
             f"--role {role_config.role} needs the prefix cache; drop --no-enable-prefix-caching"
         )
-    publisher = _kv_events(args, internal_key)
+    publisher = _kv_events(args, config.internal_key)
     logger.info(
         "loading %s; the server listens on %s:%d once it is loaded",
         engine_config.model or "the embedded default model",
-        args.host,
-        args.port,
+        config.host,
+        config.port,
     )
     engine = AsyncEngine(LLMEngine(engine_config, cache_events=publisher))
-    if args.load_weights_dir:
+    if config.load_weights_dir:
         from vriksha.weights.fs import restore_latest
 
-        version = restore_latest(engine.engine, args.load_weights_dir)
-        logger.warning("weights: version %s from %s", version, args.load_weights_dir)
+        version = restore_latest(engine.engine, config.load_weights_dir)
+        logger.warning("weights: version %s from %s", version, config.load_weights_dir)
     step_profiler = StepProfiler(ProfileConfig.from_args(args), rank=0, name="serve")
     if step_profiler.enabled:
         engine.step_hooks.append(step_profiler.step)
         step_profiler.start()
     roles = None if role_config.role == "both" else kv_roles.KVRoles(engine, role_config)
     app = create_app(engine, config, kv_events=publisher, kv_roles=roles)
-    state = app.state.vriksha
-
-    level = logging.getLogger().getEffectiveLevel()
-    uv_config = front_config(
-        app,
-        args.host,
-        args.port,
-        front,
-        log_level=max(level, logging.INFO) if level <= logging.INFO else level,
-        access_log=level <= logging.DEBUG,
-        timeout_graceful_shutdown=int(CUT_GRACE_S),
-        lifespan="on",
-    )
-    server = GracefulServer(
-        uv_config,
-        front,
-        state.drain,
-        lambda: state.admission.in_flight,
-        lambda: engine.failure,
-        ready=f"serving {', '.join(state.model_names)} (POST /v1/chat/completions, /v1/completions, /generate; "
-        "GET /v1/models)",
-    )
     try:
-        server.run()
+        server = _run(app, engine, config)
     finally:
         for path in step_profiler.stop():
             logger.warning("trace: %s", path)
@@ -249,9 +170,39 @@ def handler(args: argparse.Namespace) -> int:
         raise err if isinstance(err, VrikshaError) else ConfigError(f"the engine failed to start: {err}")
     if not server.started:
         raise ConfigError(
-            f"the server did not start on {args.host}:{args.port}; is the port in use? pick another --port"
+            f"the server did not start on {config.host}:{config.port}; is the port in use? pick another --port"
         )
     return 0
+
+
+def _run(app: Any, engine: Any, config: ServerConfig) -> Any:
+    """Serve `app` under uvicorn behind the HTTP front until a signal drains it; the server, once stopped."""
+    from vriksha.net import front_config
+    from vriksha.server.shutdown import CUT_GRACE_S, GracefulServer
+
+    state = app.state.vriksha
+    level = logging.getLogger().getEffectiveLevel()
+    uv_config = front_config(
+        app,
+        config.host,
+        config.port,
+        config.front,
+        log_level=max(level, logging.INFO) if level <= logging.INFO else level,
+        access_log=level <= logging.DEBUG,
+        timeout_graceful_shutdown=int(CUT_GRACE_S),
+        lifespan="on",
+    )
+    server = GracefulServer(
+        uv_config,
+        config.front,
+        state.drain,
+        lambda: state.admission.in_flight,
+        lambda: engine.failure,
+        ready=f"serving {', '.join(state.model_names)} (POST /v1/chat/completions, /v1/completions, /generate; "
+        "GET /v1/models)",
+    )
+    server.run()
+    return server
 
 
 def _check_events(args: argparse.Namespace, internal_key: str | None) -> None:

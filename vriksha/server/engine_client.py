@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from vriksha.engine.core.outputs import RequestOutput
@@ -39,6 +39,26 @@ class EngineClient:
         check_context(prompt_length(self.engine.tokenizer, prompt), params, int(self.engine.max_model_len))
         self.admission.admit(params.n)
         return RequestStream(self, prompt, params, endpoint, request_id or uuid.uuid4().hex)
+
+    async def open_all(
+        self,
+        prompts: Sequence[str | EnginePrompt],
+        params: SamplingParams,
+        endpoint: str,
+        request_ids: Sequence[str | None] | None = None,
+    ) -> list[RequestStream]:
+        """`open` for each prompt; when one is refused, the ones opened before it are closed."""
+        streams: list[RequestStream] = []
+        try:
+            for i, prompt in enumerate(prompts):
+                streams.append(
+                    self.open(prompt, params, endpoint, None if request_ids is None else request_ids[i])
+                )
+        except BaseException:
+            for s in streams:
+                await s.aclose()
+            raise
+        return streams
 
     async def abort(self, request_id: str) -> None:
         try:

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import urlsplit
 
 import httpx
@@ -36,6 +36,7 @@ from vriksha.engine.kv_transfer import (
 from vriksha.errors import ConfigError
 from vriksha.net.curve import CurveKeys
 from vriksha.net.trust import INTERNAL_KEY_ENV, internal_headers
+from vriksha.options import Options, option
 
 logger = logging.getLogger(__name__)
 
@@ -43,14 +44,47 @@ ROLES = ("both", "prefill", "decode")
 
 
 @dataclass(slots=True)
-class KVRoleConfig:
-    role: str = "both"
-    transport: str = "auto"  # auto: shared memory to a replica on this host, the stream to others
-    endpoint: str = "tcp://127.0.0.1:*"  # the stream transport's socket on a prefill replica
-    timeout_s: float = 10.0  # a decode replica's bound on one fetch
-    hold_s: float = 30.0  # a prefill replica's bound on an offer nobody fetches
-    prefill_timeout_s: float = 10.0  # a decode replica's bound on the prefill replica's answer
-    peers: list[str] = field(default_factory=list)  # the prefill replicas a decode replica may ask
+class KVRoleConfig(Options):
+    """A replica's transfer role; the options declared with `option()` are also `vriksha serve`'s flags."""
+
+    options_label: ClassVar[str] = "prefill/decode disaggregation (see docs/router.md)"
+    flag_dest_prefix: ClassVar[str] = "kv_role_"
+
+    role: str = option(
+        "both",
+        "both: colocated serving; prefill: compute prompts for decode replicas and offer their K/V; decode: "
+        "fetch prompts' K/V from prefill replicas, then decode",
+        choices=ROLES,
+    )
+    transport: str = option(
+        "auto",
+        "how K/V moves: auto (shared memory between replicas on one host, the stream otherwise), shm, stream",
+        flag="kv-transport",
+        choices=("auto", *sorted(TRANSPORTS)),
+    )
+    endpoint: str = option(
+        "tcp://127.0.0.1:*",
+        "a prefill replica's stream socket (tcp://0.0.0.0:PORT to serve decode replicas on other hosts; the "
+        "default's * is a free port)",
+        flag="kv-transfer-endpoint",
+    )
+    timeout_s: float = option(
+        10.0, "decode: seconds one fetch may take before its slots are freed", flag="kv-transfer-timeout"
+    )
+    hold_s: float = option(
+        30.0,
+        "prefill: seconds an offer waits for its decode replica before it is freed",
+        flag="kv-transfer-hold",
+    )
+    prefill_timeout_s: float = option(
+        10.0,
+        "decode: seconds a prefill replica may take to compute a prompt and offer its K/V; past it the transfer "
+        "fails and the request is computed here (raise it for long prompts on slow prefill replicas)",
+        flag="kv-prefill-timeout",
+    )
+    peers: list[str] = field(
+        default_factory=list
+    )  # `--kv-peer`: the prefill replicas a decode replica may ask
     internal_key: str | None = None  # presented to the prefill replica; keys the stream socket's CURVE
 
     def validate(self) -> None:
@@ -117,44 +151,8 @@ def peer_origin(url: str) -> str:
 
 
 def add_arguments(p: Any) -> None:
-    d = KVRoleConfig()
-    g = p.add_argument_group("prefill/decode disaggregation (see docs/router.md)")
-    g.add_argument(
-        "--role",
-        choices=ROLES,
-        default=d.role,
-        help="both: colocated serving; prefill: compute prompts for decode replicas and offer their K/V; "
-        "decode: fetch prompts' K/V from prefill replicas, then decode (default: both)",
-    )
-    g.add_argument(
-        "--kv-transport",
-        default=d.transport,
-        choices=["auto", *sorted(TRANSPORTS)],
-        help="how K/V moves: auto (shared memory between replicas on one host, the stream otherwise), shm, "
-        "stream (default: auto)",
-    )
-    g.add_argument(
-        "--kv-transfer-endpoint",
-        default=d.endpoint,
-        metavar="ZMQ_ENDPOINT",
-        help="a prefill replica's stream socket (tcp://0.0.0.0:PORT to serve decode replicas on other hosts; "
-        "default: tcp://127.0.0.1:* , a free port)",
-    )
-    g.add_argument(
-        "--kv-transfer-timeout",
-        type=float,
-        default=d.timeout_s,
-        help=f"decode: seconds one fetch may take before its slots are freed (default: {d.timeout_s:g})",
-    )
-    g.add_argument(
-        "--kv-prefill-timeout",
-        type=float,
-        default=d.prefill_timeout_s,
-        help="decode: seconds a prefill replica may take to compute a prompt and offer its K/V; past it the "
-        "transfer fails and the request is computed here (raise it for long prompts on slow prefill "
-        f"replicas; default: {d.prefill_timeout_s:g})",
-    )
-    g.add_argument(
+    KVRoleConfig.add_arguments(p, exclude=("peers", "internal_key"))
+    p.add_argument_group("prefill/decode disaggregation: a decode replica's peers").add_argument(
         "--kv-peer",
         action="append",
         default=[],
@@ -162,25 +160,10 @@ def add_arguments(p: Any) -> None:
         help="decode: a prefill replica this replica may ask (its base URL); a /kv/pull naming any other is "
         "refused; repeat per prefill replica (default: none)",
     )
-    g.add_argument(
-        "--kv-transfer-hold",
-        type=float,
-        default=d.hold_s,
-        help="prefill: seconds an offer waits for its decode replica before it is freed (default: 30)",
-    )
 
 
 def from_args(args: Any, internal_key: str | None) -> KVRoleConfig:
-    config = KVRoleConfig(
-        role=args.role,
-        transport=args.kv_transport,
-        endpoint=args.kv_transfer_endpoint,
-        timeout_s=args.kv_transfer_timeout,
-        hold_s=args.kv_transfer_hold,
-        prefill_timeout_s=args.kv_prefill_timeout,
-        peers=list(args.kv_peer),
-        internal_key=internal_key,
-    )
+    config = KVRoleConfig.from_args(args, peers=list(args.kv_peer), internal_key=internal_key)
     config.validate()
     return config
 

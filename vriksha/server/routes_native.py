@@ -81,15 +81,11 @@ def _prepare(req: GenerateRequest, state: ServerState) -> tuple[bool, list[Engin
 @router.post("/generate")
 async def generate(req: GenerateRequest, request: Request, state: StateDep) -> Response:
     batch, prompts, params = await off_loop(body_size(request.headers), _prepare, req, state)
-    streams: list[RequestStream] = []
-    try:
-        for i, p in enumerate(prompts):
-            rid = req.request_id if not batch or req.request_id is None else f"{req.request_id}-{i}"
-            streams.append(state.client.open(p, params, "generate", rid))
-    except BaseException:
-        for s in streams:
-            await s.aclose()
-        raise
+    rids = [
+        req.request_id if not batch or req.request_id is None else f"{req.request_id}-{i}"
+        for i in range(len(prompts))
+    ]
+    streams = await state.client.open_all(prompts, params, "generate", rids)
     await unless_disconnected(request, start_all(streams), state.drain)
     if req.stream:
         return sse_response(_stream(streams[0], req.return_text), streams, state.drain)

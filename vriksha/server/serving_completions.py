@@ -65,14 +65,7 @@ def _prepare(req: CompletionRequest, state: ServerState) -> tuple[list[EnginePro
 async def create_completion(req: CompletionRequest, state: ServerState, request: Request) -> Response:
     model = state.check_model(req.model)
     prompts, params = await off_loop(body_size(request.headers), _prepare, req, state)
-    streams: list[RequestStream] = []
-    try:
-        for p in prompts:
-            streams.append(state.client.open(p, params, "completions"))
-    except BaseException:
-        for s in streams:
-            await s.aclose()
-        raise
+    streams = await state.client.open_all(prompts, params, "completions")
     await unless_disconnected(request, start_all(streams), state.drain)
     if req.stream:
         return sse_response(_stream(req, state, model, streams), streams, state.drain)

@@ -74,23 +74,16 @@ class WeightSyncClient:
 
     # ---- http ---------------------------------------------------------------------------------------
     def _post(self, path: str, body: dict) -> dict:
-        import httpx
-
-        try:
-            r = self.http.post(path, json={"client_id": self.client_id, "token": self.token, **body})
-        except httpx.HTTPError as exc:
-            raise WeightTransferError(
-                f"weight server {self.base_url} is unreachable ({path}): {exc}"
-            ) from exc
-        if r.status_code != 200:
-            raise WeightTransferError(f"{self.base_url}{path} answered {r.status_code}: {r.text[:500]}")
-        return r.json()
+        return self._answer(path, "post", json={"client_id": self.client_id, "token": self.token, **body})
 
     def _get(self, path: str) -> Any:
+        return self._answer(path, "get")
+
+    def _answer(self, path: str, method: str, **kwargs: Any) -> Any:
         import httpx
 
         try:
-            r = self.http.get(path)
+            r = self.http.request(method.upper(), path, **kwargs)
         except httpx.HTTPError as exc:
             raise WeightTransferError(
                 f"weight server {self.base_url} is unreachable ({path}): {exc}"

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import ParamSpec
+from typing import Any, ParamSpec
 
 from vriksha.envs.core import phase
 from vriksha.envs.sandbox.errors import SandboxError, SandboxUnavailableError
@@ -120,26 +120,8 @@ def run_unchecked(
     root = os.geteuid() == 0
     uid = _fresh_uid() if root else None
     cpu_limit = int(cpu_s if cpu_s is not None else max(1, timeout_s)) or 1
-    rlimits = {
-        "RLIMIT_CPU": cpu_limit,
-        "RLIMIT_AS": memory_mb * 1024 * 1024,
-        "RLIMIT_FSIZE": max_file_mb * 1024 * 1024,
-        "RLIMIT_CORE": 0,
-        "RLIMIT_NPROC": max_procs,
-    }
-    if not root:  # NPROC counts all of this user's processes: allow the existing ones on top
-        rlimits["RLIMIT_NPROC"] = max_procs + _count_user_procs(os.getuid())
-    child_env = {
-        "PATH": f"{os.path.dirname(spec.python)}:{_SAFE_PATH}",
-        "HOME": str(workdir),
-        "TMPDIR": str(workdir),
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONHASHSEED": "0",
-    }
-    child_env.update(env or {})
+    rlimits = _rlimits(cpu_limit, memory_mb, max_file_mb, max_procs, root)
+    child_env = {**_base_env(spec.python, workdir), **(env or {})}
     status_r, status_w = os.pipe()
     started = time.monotonic()
     proc = None
@@ -155,12 +137,7 @@ def run_unchecked(
             "rlimits": rlimits,
             "uid": uid,
             "status_fd": status_w,
-            "system_dirs": list(spec.system_dirs),
-            "ro_paths": [*spec.ro_paths, *(os.path.realpath(p) for p in ro_paths or [])],
-            "links": [list(x) for x in spec.links],
-            "masks": list(spec.masks),
-            "python_world_executable": _world_executable(spec.python),
-            "simulate_no_namespaces": os.environ.get(SIMULATE_NO_NAMESPACES_ENV) == "1",
+            **_root_layout(spec, ro_paths),
         }
         launcher = [sys.executable, "-I", "-S", str(_LAUNCHER), json.dumps(cfg), *cmd]
         proc = subprocess.Popen(
@@ -189,33 +166,7 @@ def run_unchecked(
         err.join(timeout=5)
         duration = time.monotonic() - started
         status = _read_status(status_r)
-        stderr = err.text()
-        code = proc.returncode
-        if "signal" in status and not timed_out:
-            code = -int(status["signal"])
-        elif "exit" in status and not timed_out:
-            code = int(status["exit"])
-        isolation = {
-            "network": bool(status.get("network_isolated")),
-            "pid": bool(status.get("pid_isolated")),
-            "filesystem": bool(status.get("filesystem_isolated")),
-            "user": bool(status.get("uid_dropped"))
-            or bool(status.get("user_namespace") and status.get("pid_isolated")),
-            "seccomp": bool(status.get("seccomp")),
-            "process_limit": True,
-        }
-        result = SandboxResult(
-            exit_code=code,
-            stdout=out.text(),
-            stderr=stderr,
-            duration_s=duration,
-            timed_out=timed_out,
-            limit_hit=classify(code, stderr, timed_out, cpu_limit, duration),
-            network_isolated=isolation["network"] and not allow_network,
-            truncated=bool(out.dropped or err.dropped),
-            isolation=isolation,
-            missing=missing_protections(isolation, allow_network),
-        )
+        result = _result(proc.returncode, status, out, err, timed_out, duration, cpu_limit, allow_network)
         if status.get("setup_error"):  # the command never ran: never let that pass for a result
             raise SandboxUnavailableError(
                 f"the sandbox could not be set up: {status['setup_error']}; see docs/environments.md, "
@@ -239,6 +190,85 @@ def run_unchecked(
             shutil.rmtree(workdir, ignore_errors=True)
         elif uid is not None:
             _chown_tree(workdir, os.getuid())
+
+
+def _rlimits(cpu_limit: int, memory_mb: int, max_file_mb: int, max_procs: int, root: bool) -> dict[str, int]:
+    rlimits = {
+        "RLIMIT_CPU": cpu_limit,
+        "RLIMIT_AS": memory_mb * 1024 * 1024,
+        "RLIMIT_FSIZE": max_file_mb * 1024 * 1024,
+        "RLIMIT_CORE": 0,
+        "RLIMIT_NPROC": max_procs,
+    }
+    if not root:  # NPROC counts all of this user's processes: allow the existing ones on top
+        rlimits["RLIMIT_NPROC"] = max_procs + _count_user_procs(os.getuid())
+    return rlimits
+
+
+def _base_env(python: str, workdir: Path) -> dict[str, str]:
+    """The child's environment before the caller's `env`: nothing of this process's own."""
+    return {
+        "PATH": f"{os.path.dirname(python)}:{_SAFE_PATH}",
+        "HOME": str(workdir),
+        "TMPDIR": str(workdir),
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONHASHSEED": "0",
+    }
+
+
+def _root_layout(spec: Any, ro_paths: list[str | Path] | None) -> dict[str, Any]:
+    """The launcher's view of the root it builds: system directories, read-only binds, links and masks."""
+    return {
+        "system_dirs": list(spec.system_dirs),
+        "ro_paths": [*spec.ro_paths, *(os.path.realpath(p) for p in ro_paths or [])],
+        "links": [list(x) for x in spec.links],
+        "masks": list(spec.masks),
+        "python_world_executable": _world_executable(spec.python),
+        "simulate_no_namespaces": os.environ.get(SIMULATE_NO_NAMESPACES_ENV) == "1",
+    }
+
+
+def _result(
+    returncode: int | None,
+    status: dict[str, Any],
+    out: Drain,
+    err: Drain,
+    timed_out: bool,
+    duration: float,
+    cpu_limit: int,
+    allow_network: bool,
+) -> SandboxResult:
+    """The run's result from the launcher's status report (its exit or signal, the isolation it set up)."""
+    stderr = err.text()
+    code = returncode
+    if "signal" in status and not timed_out:
+        code = -int(status["signal"])
+    elif "exit" in status and not timed_out:
+        code = int(status["exit"])
+    isolation = {
+        "network": bool(status.get("network_isolated")),
+        "pid": bool(status.get("pid_isolated")),
+        "filesystem": bool(status.get("filesystem_isolated")),
+        "user": bool(status.get("uid_dropped"))
+        or bool(status.get("user_namespace") and status.get("pid_isolated")),
+        "seccomp": bool(status.get("seccomp")),
+        "process_limit": True,
+    }
+    return SandboxResult(
+        exit_code=code,
+        stdout=out.text(),
+        stderr=stderr,
+        duration_s=duration,
+        timed_out=timed_out,
+        limit_hit=classify(code, stderr, timed_out, cpu_limit, duration),
+        network_isolated=isolation["network"] and not allow_network,
+        truncated=bool(out.dropped or err.dropped),
+        isolation=isolation,
+        missing=missing_protections(isolation, allow_network),
+    )
 
 
 def _checked(run: Callable[P, SandboxResult]) -> Callable[P, SandboxResult]:

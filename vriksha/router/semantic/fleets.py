@@ -10,7 +10,7 @@ from pathlib import Path
 from vriksha.errors import ConfigError
 from vriksha.net.launch import StartupError, stop_all
 from vriksha.router.fleet import Member, core_shares, spawn_replica, usable_cores
-from vriksha.semantic.config import Pool, RoutesConfig
+from vriksha.router.semantic.config import Pool, RoutesConfig
 
 logger = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from vriksha.semantic.config import CacheConfig
+from vriksha.router.semantic.config import CacheConfig
 
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 from vriksha.errors import ConfigError
-from vriksha.semantic.config import ClassifierSignal, RoutesConfig
-from vriksha.semantic.head import Head, fit_head
+from vriksha.router.semantic.config import ClassifierSignal, RoutesConfig
+from vriksha.router.semantic.head import Head, fit_head
 
 logger = logging.getLogger(__name__)
 Encode = Callable[[list[str]], torch.Tensor]

@@ -152,7 +152,6 @@ def verify(
     workspace: Path | None = None,
     *,
     solution: bool = False,
-    sandbox: bool = False,
 ) -> Verdict:
     """Copy `workspace` (default: the task's own), add the hidden tests (and the solution), run F2P + P2P."""
     meta = task.meta
@@ -172,7 +171,7 @@ def verify(
             for rel in task.deleted:
                 (tree / rel).unlink(missing_ok=True)
         select = [*meta.fail_to_pass, *meta.pass_to_pass]
-        run = run_tests(  # always inside the sandbox (`sandbox` is kept for callers; it changes nothing)
+        run = run_tests(  # always inside the sandbox
             venv / "bin" / "python",
             tree,
             select=select,

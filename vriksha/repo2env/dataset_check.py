@@ -10,7 +10,7 @@ from tqdm import tqdm
 
 from vriksha.repo2env.dataset import Dataset
 from vriksha.repo2env.errors import Repo2EnvError
-from vriksha.repo2env.verify import verify
+from vriksha.repo2env.grading import verify
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ class TaskCheck:
 
 
 def validate_dataset(
-    root: Path | str, *, sandbox: bool = False, progress: bool = True, task_ids: list[str] | None = None
+    root: Path | str, *, progress: bool = True, task_ids: list[str] | None = None
 ) -> list[TaskCheck]:
     ds = Dataset(root)
     checks = []
@@ -46,8 +46,8 @@ def validate_dataset(
         try:
             task = ds.task(tid)
             venv = ds.venv(task.meta.venv_key)
-            oracle = verify(task, venv, solution=True, sandbox=sandbox)
-            empty = verify(task, venv, sandbox=sandbox)
+            oracle = verify(task, venv, solution=True)
+            empty = verify(task, venv)
             checks.append(TaskCheck(tid, oracle.resolved, empty.resolved, oracle.summary(), empty.summary()))
         except Repo2EnvError as exc:
             checks.append(TaskCheck(tid, False, False, error=str(exc)))

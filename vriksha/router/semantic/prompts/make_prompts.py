@@ -2,7 +2,7 @@
 
 Each intent has templates and slot values in two disjoint halves (train / held-out) plus hand-written
 prompts per split, so no held-out prompt is a train template with other words in the slots. Deterministic:
-`python -m vriksha.semantic.prompts.make_prompts` rewrites the same files."""
+`python -m vriksha.router.semantic.prompts.make_prompts` rewrites the same files."""
 
 from __future__ import annotations
 

@@ -17,11 +17,11 @@ logger = logging.getLogger(__name__)
 
 def semantic_app(path: str, base: RouterConfig) -> FastAPI:
     from vriksha.router.fleet import fleet_secrets
-    from vriksha.semantic.app import create_semantic_app
-    from vriksha.semantic.classify import RouteClassifier
-    from vriksha.semantic.config import load_routes
-    from vriksha.semantic.embedder import embedder_for
-    from vriksha.semantic.fleets import PoolFleets
+    from vriksha.router.semantic.app import create_semantic_app
+    from vriksha.router.semantic.classify import RouteClassifier
+    from vriksha.router.semantic.config import load_routes
+    from vriksha.router.semantic.embedder import embedder_for
+    from vriksha.router.semantic.fleets import PoolFleets
 
     cfg = load_routes(path)
     listed = [u for p in cfg.pools if p.fleet is None for u in p.replicas]

@@ -31,9 +31,9 @@ def register(subparsers: Any) -> None:
 
 
 def _setup(args: argparse.Namespace):
-    from vriksha.semantic.config import load_routes
-    from vriksha.semantic.embedder import embedder_for
-    from vriksha.semantic.examples import classifier_signal, load_examples
+    from vriksha.router.semantic.config import load_routes
+    from vriksha.router.semantic.embedder import embedder_for
+    from vriksha.router.semantic.examples import classifier_signal, load_examples
 
     cfg = load_routes(args.routes)
     sig = classifier_signal(cfg, args.signal)
@@ -42,7 +42,7 @@ def _setup(args: argparse.Namespace):
 
 
 def fit_command(args: argparse.Namespace) -> int:
-    from vriksha.semantic.examples import fit_signal
+    from vriksha.router.semantic.examples import fit_signal
 
     cfg, sig, examples, embedder = _setup(args)
     t0 = time.perf_counter()
@@ -60,7 +60,7 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def eval_command(args: argparse.Namespace) -> int:
-    from vriksha.semantic.classify import RouteClassifier
+    from vriksha.router.semantic.classify import RouteClassifier
 
     cfg, sig, examples, embedder = _setup(args)
     no_cache = cfg.model_copy(update={"cache": cfg.cache.model_copy(update={"enabled": False})})

@@ -171,7 +171,7 @@ class StaticEmbedder(StaticEncoder):
         progress: bool = True,
     ) -> None:
         from vriksha import device as devices
-        from vriksha.semantic.embedder import load_model, load_tokenizer, packaged_model_dir
+        from vriksha.router.semantic.embedder import load_model, load_tokenizer, packaged_model_dir
 
         self.path = Path(path) if path else packaged_model_dir()
         self.recipe = recipe

@@ -12,12 +12,12 @@ from dataclasses import dataclass
 import torch
 
 from vriksha.net.offload import off_loop
-from vriksha.semantic.batcher import EmbedBatcher
-from vriksha.semantic.config import RoutesConfig
-from vriksha.semantic.decisions import Route, candidates, settled
-from vriksha.semantic.embedder import Embedder
-from vriksha.semantic.signals import SignalSet, SignalValues
-from vriksha.semantic.static import StaticEmbedder
+from vriksha.router.semantic.batcher import EmbedBatcher
+from vriksha.router.semantic.config import RoutesConfig
+from vriksha.router.semantic.decisions import Route, candidates, settled
+from vriksha.router.semantic.embedder import Embedder
+from vriksha.router.semantic.signals import SignalSet, SignalValues
+from vriksha.router.semantic.static import StaticEmbedder
 
 
 @dataclass(slots=True)
@@ -55,7 +55,7 @@ class RouteClassifier:
         self.cache_batcher: EmbedBatcher | None = None  # None: the cache uses the routing vectors
         if embedder.mode != "transformer" and (cfg.cache.enabled or cache_embedder is not None):
             if cache_embedder is None:
-                from vriksha.semantic.embedder import embedder_for
+                from vriksha.router.semantic.embedder import embedder_for
 
                 cache_embedder = embedder_for(cfg, "transformer")
             self.cache_batcher = EmbedBatcher(

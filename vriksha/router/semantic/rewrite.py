@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from vriksha.semantic.config import Changes
+from vriksha.router.semantic.config import Changes
 
 
 def _text(content: Any) -> str:

@@ -17,7 +17,7 @@ import torch
 
 from vriksha import device as devices
 from vriksha.errors import ModelLoadError
-from vriksha.semantic.config import RoutesConfig
+from vriksha.router.semantic.config import RoutesConfig
 
 logger = logging.getLogger(__name__)
 
@@ -159,7 +159,7 @@ def embedder_for(cfg: RoutesConfig, mode: str | None = None):
     e = cfg.embedding
     path = cfg.base_dir / e.path if e.path else None
     if (mode or e.mode) == "static":
-        from vriksha.semantic.static import StaticEmbedder
+        from vriksha.router.semantic.static import StaticEmbedder
 
         return StaticEmbedder(path, e.device, max_tokens=e.max_tokens)
     return Embedder(path, e.device, max_tokens=e.max_tokens, threads=e.threads, bucket=e.bucket)

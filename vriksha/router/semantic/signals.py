@@ -8,16 +8,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vriksha.semantic import safety
-from vriksha.semantic.config import (
+from vriksha.router.semantic import safety
+from vriksha.router.semantic.config import (
     ClassifierSignal,
     EmbeddingSignal,
     KeywordSignal,
     RoutesConfig,
     SafetySignal,
 )
-from vriksha.semantic.examples import ensure_head
-from vriksha.semantic.head import Head
+from vriksha.router.semantic.examples import ensure_head
+from vriksha.router.semantic.head import Head
 
 
 @dataclass(slots=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vriksha.semantic.config import Changes, Condition, RoutesConfig
-from vriksha.semantic.signals import SignalValues
+from vriksha.router.semantic.config import Changes, Condition, RoutesConfig
+from vriksha.router.semantic.signals import SignalValues
 
 
 @dataclass(slots=True)
