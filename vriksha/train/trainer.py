@@ -151,7 +151,7 @@ class GRPOTrainer:
         self.learner = Learner(
             self.policy,
             self.optimizer,
-            build_loss(cfg.grpo),
+            build_loss(cfg.loss_config()),
             cfg.grpo,
             pd.device,
             max_grad_norm=o.max_grad_norm,
