@@ -242,8 +242,9 @@ class GRPOConfig(_Section):
     )
     on_policy: Literal["default", "exact"] = Field(
         "default",
-        description="exact: rollouts run the trainer's own forward (same kernels, shapes and order), so the "
-        "sampling log-probs equal the trainer's bit for bit (single-turn, one tensor-parallel rank; slower)",
+        description="exact: rollouts run the trainer's own forward (same module, kernels, shapes and call order), "
+        "so the sampling log-probs equal the trainer's bit for bit (one process, single-turn, colocated, "
+        "top_p 1; much slower rollouts; see docs/training.md)",
     )
     epochs_per_batch: int = Field(
         1, ge=1, le=MAX_COUNT, description="optimizer steps on each batch of rollouts"
@@ -350,6 +351,25 @@ class TrainConfig(_Section):
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+
+    @model_validator(mode="after")
+    def _check_exact(self) -> TrainConfig:
+        """`grpo.on_policy: exact` plays every group as one lockstep request on the trainer's own module:
+        what that cannot do is refused here, by the option to change."""
+        if self.grpo.on_policy != "exact":
+            return self
+        r = self.rollout
+        wrong = [
+            ("rollout.mode", r.mode, "colocated", "the exact engine runs in the trainer's process"),
+            ("rollout.max_turns", r.max_turns, 1, "a later turn's prompt forward is not the trainer's"),
+            ("rollout.max_staleness", r.max_staleness, 0, "stale weights differ from pi_old anyway"),
+            ("rollout.top_p", r.top_p, 1.0, "the exact engine samples the full distribution"),
+            ("parallel.tp", self.parallel.tp, 1, "one process runs the forwards"),
+        ]
+        for name, got, want, why in wrong:
+            if got != want:
+                raise ValueError(f"{name}: grpo.on_policy exact needs {name}={want!r} ({why}); got {got!r}")
+        return self
 
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")

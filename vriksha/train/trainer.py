@@ -189,7 +189,9 @@ class GRPOTrainer:
             )
 
         self.offpolicy: OffPolicy | None = None
-        if producer_module is None:
+        if cfg.grpo.on_policy == "exact":
+            self.llm = self._exact_engine()
+        elif producer_module is None:
             self.llm = engine_over(self.engine_module)
         else:  # the producer plays on its own engine; evaluation and export run here over the current weights
             self.llm = colocated_engine(self.engine_module, self.tokenizer, cfg.rollout.engine)
@@ -208,6 +210,20 @@ class GRPOTrainer:
                 last_step=min(tc.steps, stop_at + k),
                 saved=self.state,
             )
+
+    def _exact_engine(self) -> TrainingEngine:
+        """`grpo.on_policy: exact`: rollouts (and evaluation) sample from the policy module itself, under the
+        update's precision, in the lockstep calls the update repeats (see lockstep.py)."""
+        from vriksha.train.exact_engine import ExactEngine
+
+        if self.pd.world_size > 1:
+            raise ConfigError(
+                f"grpo.on_policy: exact runs with one trainer process (got {self.pd.world_size}: each rank "
+                "would run its own number of sharded forwards); train with --nproc 1 or set "
+                "grpo.on_policy=default"
+            )
+        device = self.pd.device
+        return ExactEngine(self.policy, self.tokenizer, precision=lambda: self.precision.autocast(device))
 
     # -- pieces of a step ----------------------------------------------------
 

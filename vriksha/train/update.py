@@ -24,6 +24,7 @@ from vriksha.profiling import phase
 from vriksha.train.batch import GroupBatch, collate_groups
 from vriksha.train.config import GRPOConfig
 from vriksha.train.distributed import ParallelDims, all_reduce
+from vriksha.train.lockstep import lockstep_logprobs
 from vriksha.train.logprobs import completion_logprobs
 from vriksha.train.losses import Loss, LossInputs
 from vriksha.train.precision import TrainPrecision
@@ -135,6 +136,8 @@ def policy_update(learner: Learner, batch: UpdateBatch) -> UpdateResult:
     if n_real < n_micro:  # zero-weight micro-batches: as many forwards as the busiest rank runs
         filler = collate_groups([batch.filler], [[0.0] * len(batch.filler)], pad_id).to(device)
         batches += [filler] * (n_micro - n_real)
+    # exact on-policy: the engine's lockstep calls again, so pi_old is the sampling log-prob bit for bit
+    policy_logprobs = lockstep_logprobs if cfg.on_policy == "exact" else completion_logprobs
     old: list[torch.Tensor] = []
     refs: list[torch.Tensor | None] = []
     options = _logprob_options(cfg, device)
@@ -144,9 +147,7 @@ def policy_update(learner: Learner, batch: UpdateBatch) -> UpdateResult:
             counts = i < n_real
             with phase("train.forward"), _autocast(learner.precision, device):
                 with_entropy = entropy_grad or (epoch == 0 and counts)
-                out = completion_logprobs(
-                    learner.policy, mb, with_entropy, entropy_grad=entropy_grad, **options
-                )
+                out = policy_logprobs(learner.policy, mb, with_entropy, entropy_grad=entropy_grad, **options)
                 if epoch == 0:
                     old.append(out.logprobs.detach())
                     refs.append(None)
