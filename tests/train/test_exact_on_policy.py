@@ -26,24 +26,6 @@ def tokenizer():
     return embedded_tokenizer()
 
 
-def _tiny_qwen2(tok):
-    from transformers import AutoModelForCausalLM, Qwen2Config
-
-    torch.manual_seed(1)
-    cfg = Qwen2Config(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        intermediate_size=128,
-        vocab_size=len(tok),
-        max_position_embeddings=512,
-        eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id,
-    )
-    return AutoModelForCausalLM.from_config(cfg)
-
-
 def _play(model, tok, precision: TrainPrecision, max_tokens: int = 8, temperature: float = 1.0):
     """Two groups of three played on the exact engine (a fifth of the vocabulary stops a completion, so
     they end at different lengths), as the update's batch."""
@@ -90,7 +72,7 @@ def _assert_bitwise(model, batch, precision: TrainPrecision, backward: bool = Tr
 @pytest.mark.parametrize("mode", ["fp32", "bf16-autocast"])
 @pytest.mark.parametrize("family", ["llama", "qwen2"])
 def test_sampling_logprobs_equal_the_update_bit_for_bit(tokenizer, family, mode):
-    model = (tiny_llama(tokenizer) if family == "llama" else _tiny_qwen2(tokenizer)).eval()
+    model = tiny_llama(tokenizer, family=family).eval()
     precision = TrainPrecision(mode, "given", "given")
     batch, outputs = _play(model, tokenizer, precision)
     lengths = {len(c.token_ids) for out in outputs for c in out.outputs}
