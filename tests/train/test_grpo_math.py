@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from vriksha.train.config import GRPOConfig
-from vriksha.train.grpo import group_advantages
+from vriksha.train.grpo import group_advantages, without_truncated
 from vriksha.train.losses import ImportanceCorrection, LossInputs, PolicyLoss, build_loss, k3_kl
 
 
@@ -133,3 +133,34 @@ def test_without_importance_correction_the_sampling_logprobs_weigh_nothing():
     assert float(out.loss) == pytest.approx(-1.0)
     assert out.metrics["importance_weight/mean"] == 2.0 and out.metrics["logprob_gap/mean"] == 0.0
     assert set(out.metrics) == set(PolicyLoss.metric_names)
+
+
+def test_mask_truncated_completions_leaves_their_tokens_out_of_the_loss():
+    from vriksha.train.batch import collate_groups
+    from vriksha.train.rollout import Episode
+
+    def ep(member, n, reason):
+        return Episode(0, member, 0, [5, 6], list(range(1, n + 1)), [-1.0] * n, [1] * n, finish_reason=reason)
+
+    group = [ep(0, 3, "stop"), ep(1, 4, "length"), ep(2, 2, "stop")]
+    masked = without_truncated([group])
+    assert group[1].loss_mask == [1, 1, 1, 1]  # the played episode is left as it was
+    batch = collate_groups(masked, [[1.0, -1.0, 0.5]], pad_id=0)
+    assert batch.loss_mask.sum(-1).tolist() == [3.0, 0.0, 2.0]
+    assert batch.advantages.tolist() == [1.0, -1.0, 0.5]  # the group's advantages are its own
+    lp = batch.engine_logprobs.clone().requires_grad_(True)
+    out = build_loss(GRPOConfig())(
+        LossInputs(
+            logprobs=lp,
+            old_logprobs=lp.detach(),
+            advantages=batch.advantages,
+            loss_mask=batch.loss_mask,
+            sampling_logprobs=batch.engine_logprobs,
+            num_tokens_global=float(batch.loss_mask.sum()),
+            num_sequences_global=3.0,
+            num_micro_batches_global=1.0,
+        )
+    )
+    out.loss.backward()
+    assert lp.grad[1].abs().sum() == 0 and lp.grad[0].abs().sum() > 0
+    assert out.loss.item() == pytest.approx(-(3 * 1.0 + 2 * 0.5) / 5)

@@ -34,7 +34,7 @@ from vriksha.train.config import OptimConfig, TrainConfig
 from vriksha.train.distributed import EngineWeights, ParallelDims, all_reduce, init_distributed, shard_range
 from vriksha.train.dynamic_sampling import SampledGroups
 from vriksha.train.export import export_model
-from vriksha.train.grpo import group_advantages
+from vriksha.train.grpo import group_advantages, without_truncated
 from vriksha.train.losses import build_loss
 from vriksha.train.metrics import MetricsWriter, rollout_summary, summary_table, write_plots
 from vriksha.train.offpolicy import OffPolicy
@@ -312,8 +312,11 @@ class GRPOTrainer:
             adv = group_advantages(rewards, scale=cfg.grpo.scale_rewards)
             dropped = taken is not None and taken.dropped
             kept = [i for i in range(len(groups)) if bool(adv.keep[i]) and not dropped]
+        trained = [groups[i] for i in kept]
+        if cfg.grpo.mask_truncated_completions:
+            trained = without_truncated(trained)
         batch = UpdateBatch(
-            [groups[i] for i in kept],
+            trained,
             [adv.advantages[i].tolist() for i in kept],
             groups[0],
             self.tokenizer.pad_token_id,
