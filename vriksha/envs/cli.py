@@ -215,7 +215,7 @@ def _eval(args: argparse.Namespace) -> int:
     if s is not None:
         print(f"sampled {s.samples} per episode at temperature {s.temperature:g}:")
         print(f"  avg@{s.samples:<9} {s.avg_success:.4f}  (mean reward {s.avg_reward:.4f})")
-        for k, value in s.pass_at.items():
-            print(f"  pass@{k:<8} {value:.4f}")
+        for size, value in s.pass_at.items():
+            print(f"  pass@{size:<8} {value:.4f}")
     print(f"{result.generated_tokens} tokens in {result.duration_s:.1f} s")
     return 0
