@@ -144,7 +144,12 @@ def test_importance_modes_report_what_they_cut():
     tokens = float(batch.mask.sum())
     truncated = _ours({"importance_correction": True, "importance_cap": 1.2, "importance_min": 0.8}, batch)
     masked = _ours(
-        {"importance_correction": True, "importance_mode": "mask", "importance_cap": 1.2, "importance_min": 0.8},
+        {
+            "importance_correction": True,
+            "importance_mode": "mask",
+            "importance_cap": 1.2,
+            "importance_min": 0.8,
+        },
         batch,
     )
     ratio = torch.exp(batch.old - batch.sampling)[batch.mask.bool()]
@@ -183,9 +188,13 @@ def test_clip_fractions_equal_trls_metrics(name):
     out = _ours(ours_cfg, batch)
     tokens = float(batch.mask.sum())
     if name == "cispo":
-        assert out.metrics["clip_fraction"] / tokens == pytest.approx(trainer._metrics["train"]["cispo_clip_ratio"][-1])
+        assert out.metrics["clip_fraction"] / tokens == pytest.approx(
+            trainer._metrics["train"]["cispo_clip_ratio"][-1]
+        )
         return
-    assert out.metrics["clip_fraction/low"] / tokens == pytest.approx(trainer._metrics["train"]["clip_ratio/low_mean"][-1])
+    assert out.metrics["clip_fraction/low"] / tokens == pytest.approx(
+        trainer._metrics["train"]["clip_ratio/low_mean"][-1]
+    )
     assert out.metrics["clip_fraction/high"] / tokens == pytest.approx(
         trainer._metrics["train"]["clip_ratio/high_mean"][-1]
     )
@@ -213,7 +222,8 @@ def test_two_micro_batches_equal_trl_gradient_accumulation(name):
     tokens = float(batch.mask.sum())
     parts = [_split(batch, slice(0, 4)), _split(batch, slice(4, 8))]
     ours = sum(
-        _ours({**ours_cfg, "entropy_coef": 0.0}, p, micro_batches=2.0, tokens=tokens, rows=8.0).loss for p in parts
+        _ours({**ours_cfg, "entropy_coef": 0.0}, p, micro_batches=2.0, tokens=tokens, rows=8.0).loss
+        for p in parts
     )
     trainer_cfg = {**trl_cfg, "gradient_accumulation_steps": 2}
     theirs = sum(_trl(trainer_cfg, p, num_items=tokens) for p in parts)

@@ -108,7 +108,9 @@ def trl_trainer(**options):
     return trainer
 
 
-def trl_importance_ratio(trainer, old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def trl_importance_ratio(
+    trainer, old: torch.Tensor, sampling: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """`vllm_importance_sampling_ratio` as TRL's `_generate_and_score_completions` computes it: the block under
     `if self.use_vllm and self.vllm_importance_sampling_correction:` that starts from `completion_mask`, cut
     from TRL's source and executed with this batch's tensors."""
@@ -124,7 +126,9 @@ def trl_importance_ratio(trainer, old: torch.Tensor, sampling: torch.Tensor, mas
         ),
         None,
     )
-    assert start is not None, "TRL's importance-sampling block was not found: update tests/train/trl_reference.py"
+    assert start is not None, (
+        "TRL's importance-sampling block was not found: update tests/train/trl_reference.py"
+    )
     indent = len(lines[start]) - len(lines[start].lstrip())
     block = [lines[start]]
     for line in lines[start + 1 :]:
@@ -149,7 +153,9 @@ def trl_importance_ratio(trainer, old: torch.Tensor, sampling: torch.Tensor, mas
     return namespace["vllm_importance_sampling_ratio"]
 
 
-def trl_loss(trainer, batch: Batch, num_items: float, importance_ratio: torch.Tensor | None = None) -> torch.Tensor:
+def trl_loss(
+    trainer, batch: Batch, num_items: float, importance_ratio: torch.Tensor | None = None
+) -> torch.Tensor:
     """TRL's `_compute_loss` on `batch` (the model forward replaced by the batch's log-probs and entropies)."""
     rows, length = batch.mask.shape
 

@@ -115,7 +115,9 @@ def evaluate(
 
     seeds = [seed + i for i in range(episodes)]
 
-    def play(group_size: int, temp: float, turn: Callable[[list[Episode]], None] | None) -> list[list[Episode]]:
+    def play(
+        group_size: int, temp: float, turn: Callable[[list[Episode]], None] | None
+    ) -> list[list[Episode]]:
         if not episodes:
             return []
         return play_groups(

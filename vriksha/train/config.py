@@ -191,7 +191,9 @@ class GRPOConfig(_Section):
     clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="ratio lower bound is 1 - clip_low")
     clip_high: float = Field(0.28, ge=0.0, description="ratio upper bound is 1 + clip_high")
     cispo_cap: float = Field(
-        5.0, gt=0.0, description="cispo: the largest weight min(ratio, cispo_cap) (TRL's epsilon_high for cispo)"
+        5.0,
+        gt=0.0,
+        description="cispo: the largest weight min(ratio, cispo_cap) (TRL's epsilon_high for cispo)",
     )
     kl_coef: float = Field(
         0.0, ge=0.0, description="weight of the k3 KL to the initial model (0: no reference)"
@@ -216,7 +218,8 @@ class GRPOConfig(_Section):
         description="dr_grpo's constant divisor (null: rollout.max_new_tokens)",
     )
     importance_correction: bool = Field(
-        True, description="weight tokens by pi_old / mu (the engine's sampling probability) to correct mismatch"
+        True,
+        description="weight tokens by pi_old / mu (the engine's sampling probability) to correct mismatch",
     )
     importance_level: Literal["token", "sequence"] = Field(
         "token",

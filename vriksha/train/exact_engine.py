@@ -104,7 +104,9 @@ class ExactEngine:
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         if len(prompts) != len(sampling_params):
-            raise InvalidRequestError(f"got {len(prompts)} prompts but {len(sampling_params)} sampling params")
+            raise InvalidRequestError(
+                f"got {len(prompts)} prompts but {len(sampling_params)} sampling params"
+            )
         for params in sampling_params:
             _check(params)
         return [
@@ -142,9 +144,7 @@ class ExactEngine:
             reason = finish[r] or "length"
             cut = texts[r]
             text = cut if cut is not None else self._decode(tokens[r], params)
-            outputs.append(
-                CompletionOutput(r, text, tokens[r], logprobs[r], None, reason, stop_reason[r])
-            )
+            outputs.append(CompletionOutput(r, text, tokens[r], logprobs[r], None, reason, stop_reason[r]))
             self.tokens_generated += len(tokens[r])
         return RequestOutput(
             request_id=f"exact-{index}",
@@ -173,7 +173,9 @@ class ExactEngine:
     def _decode(self, ids: list[int], params: SamplingParams) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
 
-    def _ended(self, ids: list[int], params: SamplingParams) -> tuple[str | None, int | str | None, str | None]:
+    def _ended(
+        self, ids: list[int], params: SamplingParams
+    ) -> tuple[str | None, int | str | None, str | None]:
         """(finish reason, stop reason, text when a stop string cut it) after the token just appended."""
         last = ids[-1]
         if last in params.stop_token_ids or last in self._eos:

@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 __all__ = ["LockstepForward", "lockstep_logprobs", "token_logprobs"]
 
 
-def token_logprobs(logits: Tensor, targets: Tensor, with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+def token_logprobs(
+    logits: Tensor, targets: Tensor, with_entropy: bool = False
+) -> tuple[Tensor, Tensor | None]:
     """log softmax(logits)[target] in float32 (and the entropy): the trainer's formula, used by both sides."""
     return _token_logprobs(logits, targets, with_entropy)
 
@@ -71,7 +73,11 @@ class LockstepForward:
 
 
 def lockstep_logprobs(
-    model: PreTrainedModel, batch: GroupBatch, with_entropy: bool = False, entropy_grad: bool = False, **_: Any
+    model: PreTrainedModel,
+    batch: GroupBatch,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+    **_: Any,
 ) -> CompletionLogprobs:
     """`completion_logprobs` computed group by group in the engine's lockstep calls (see the module doc):
     [g * G, C] log-probs (garbage on padding) and entropies; gradients flow through every call."""
@@ -101,4 +107,3 @@ def lockstep_logprobs(
 
 def _padded(x: Tensor, pad: int) -> Tensor:
     return torch.nn.functional.pad(x, (0, pad)) if pad else x
-

@@ -147,7 +147,9 @@ class PolicyLoss:
         per_token, low, high = self._surrogate(ratio, adv, logprobs)
         kept = None
         if self.off_policy_mask_threshold is not None:
-            kept = off_policy_mask(adv, logprobs, inputs.sampling_logprobs, mask, self.off_policy_mask_threshold)
+            kept = off_policy_mask(
+                adv, logprobs, inputs.sampling_logprobs, mask, self.off_policy_mask_threshold
+            )
             per_token = per_token * kept
         iw = None
         if self.importance.enabled:
