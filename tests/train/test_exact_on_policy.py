@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.tiny_llama import embedded_tokenizer, tiny_llama
-from tests.train.trainer_runs import metrics_rows, run_trainer, write_config
+from tests.train.trainer_runs import eval_rows, metrics_rows, run_trainer, write_config
 from vriksha import SamplingParams
 from vriksha.errors import ConfigError, InvalidRequestError
 from vriksha.train.batch import collate_groups
@@ -137,6 +137,7 @@ def test_a_training_run_has_no_logprob_gap(tiny_model_dir, tmp_path):
     is clipped or masked by the importance correction."""
     config = write_config(tmp_path, tiny_model_dir, "exact", steps=2, checkpoint_interval=0, eval_episodes=2)
     sets = ["grpo.on_policy=exact", "rollout.max_turns=1", "rollout.max_new_tokens=3", "rollout.group_size=4"]
+    sets.append("trainer.eval_samples=2")  # the held-out evaluation's pass@k, on the same engine
     run_trainer([str(config), *[a for s in sets for a in ("--set", s)]])
     rows = metrics_rows(tmp_path / "exact")
     assert [r["step"] for r in rows] == [1, 2]
@@ -146,3 +147,7 @@ def test_a_training_run_has_no_logprob_gap(tiny_model_dir, tmp_path):
         assert row["logprob_gap/mean"] == 0.0
         assert row["importance_weight/mean"] == 1.0
         assert row["importance_weight/clipped"] == 0.0
+    evals = eval_rows(tmp_path / "exact")
+    assert [e["step"] for e in evals] == [0, 2]
+    for e in evals:
+        assert e["pass@1"] == pytest.approx(e["avg@2"]) and e["pass@1"] <= e["pass@2"] <= 1.0

@@ -324,6 +324,13 @@ class TrainerConfig(_Section):
     eval_max_new_tokens: int | None = Field(
         None, ge=1, le=MAX_TOKENS, description="defaults to rollout.max_new_tokens"
     )
+    eval_samples: int = Field(
+        0,
+        ge=0,
+        le=MAX_COUNT,
+        description="K: each evaluation also samples every held-out episode K times at rollout.temperature "
+        "and logs pass@k (unbiased estimator) and avg@K beside the greedy success (0: greedy only)",
+    )
     checkpoint_interval: int = Field(
         0, ge=0, le=MAX_STEPS, description="checkpoint every K steps (0: only at the end)"
     )

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 import vriksha.device as devices
+from vriksha.envs.pass_at_k import report_ks, sampled_scores
 from vriksha.errors import ConfigError
 from vriksha.profiling import phase
 from vriksha.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
@@ -276,9 +277,37 @@ class GRPOTrainer:
             "completion_tokens/mean": tokens / max(1, episodes),
             "time/eval_s": time.perf_counter() - t0,
         }
+        if cfg.trainer.eval_samples:
+            out.update(self._sampled_eval(mine))
+            out["time/eval_s"] = time.perf_counter() - t0
         self.metrics.log_eval(out)
         logger.info("eval at step %d: success %.1f%%", step, 100 * out["success_rate"])
         return out
+
+    def _sampled_eval(self, seeds: list[int]) -> dict[str, float]:
+        """pass@k and avg@K of the held-out episodes `seeds` (this rank's), each sampled `eval_samples` times
+        at the rollout temperature, over all ranks."""
+        cfg = self.cfg
+        k_max = cfg.trainer.eval_samples
+        groups = self.worker.play(
+            seeds,
+            cfg.env.eval_split,
+            k_max,
+            sampling_seeds=seeds,
+            max_new_tokens=cfg.trainer.eval_max_new_tokens,
+        )
+        ks = report_ks(k_max)
+        local = [0.0] * (len(ks) + 2)
+        if groups:
+            scores = sampled_scores(
+                [[e.success for e in g] for g in groups], [[e.reward for e in g] for g in groups], 1.0, 0
+            )
+            n = len(groups)
+            local = [scores.pass_at[k] * n for k in ks] + [scores.avg_success * n, float(n)]
+        *sums, avg, episodes = all_reduce(local, "sum", self.pd.device)
+        row = {f"pass@{k}": total / max(1.0, episodes) for k, total in zip(ks, sums, strict=True)}
+        row[f"avg@{k_max}"] = avg / max(1.0, episodes)
+        return row
 
     def _tp_gather(self, mine: list[list[Episode]]) -> list[list[Episode]]:
         """Every rank plays its own prompts; the `tp` ranks of a data-parallel group train on the
