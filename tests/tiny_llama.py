@@ -13,9 +13,10 @@ def embedded_tokenizer():
     return load_tokenizer(resolve_model_path(None))
 
 
-def tiny_llama(tokenizer, seed: int = 0, **overrides):
-    """Two layers, hidden 64, GQA (4 query heads over 2 KV heads), the tokenizer's vocabulary and special ids."""
-    from transformers import AutoModelForCausalLM, LlamaConfig
+def tiny_llama(tokenizer, seed: int = 0, family: str = "llama", **overrides):
+    """Two layers, hidden 64, GQA (4 query heads over 2 KV heads), the tokenizer's vocabulary and special ids;
+    `family`: another Transformers model type of the same shape (qwen2, ...)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     config = dict(
         hidden_size=64,
@@ -30,7 +31,7 @@ def tiny_llama(tokenizer, seed: int = 0, **overrides):
     )
     config.update(overrides)
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(LlamaConfig(**config))
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(family, **config))
 
 
 def save_model_dir(model, tokenizer, out: Path) -> Path:

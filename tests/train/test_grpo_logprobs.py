@@ -200,3 +200,38 @@ def test_one_token_completions_still_run_the_forwards_other_ranks_run():
     torch.testing.assert_close(out.logprobs, alone)
     out.logprobs.sum().backward()
     assert all(p.grad is not None and p.grad.isfinite().all() for p in model.parameters())
+
+
+def _entropy_grads(model, batch, chunk_tokens):
+    model.zero_grad()
+    out = completion_logprobs(model, batch, with_entropy=True, chunk_tokens=chunk_tokens, entropy_grad=True)
+    (out.entropy * batch.loss_mask).sum().backward()
+    return out, {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_entropy_with_its_gradient_in_chunks_and_in_one_piece():
+    """An entropy bonus: the entropy keeps its gradient, chunked or not, equal to per-sequence forwards."""
+    model, batch = _tiny(), _batch()
+    whole, grads_whole = _entropy_grads(model, batch, chunk_tokens=0)
+    assert whole.entropy.requires_grad
+    mask = batch.completion_mask.bool()
+    for chunk in (1, 4):
+        part, grads_part = _entropy_grads(model, batch, chunk_tokens=chunk)
+        torch.testing.assert_close(part.entropy[mask], whole.entropy[mask].detach(), rtol=1e-5, atol=1e-6)
+        for name, grad in grads_whole.items():
+            torch.testing.assert_close(grads_part[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+    # the reference: each sequence's full forward, entropy of its completion positions
+    model.zero_grad()
+    total = 0.0
+    for j in range(batch.num_sequences):
+        g = j // batch.group_size
+        prompt = batch.prompt_ids[g][batch.prompt_mask[g].bool()]
+        n = int(batch.completion_mask[j].sum())
+        seq = torch.cat([prompt, batch.completion_ids[j, :n]])[None]
+        lp = model(input_ids=seq).logits[0].float().log_softmax(-1)[len(prompt) - 1 : len(prompt) - 1 + n]
+        ent = -(lp.exp() * lp).sum(-1)
+        total = total + (ent * batch.loss_mask[j, :n]).sum()
+    total.backward()
+    for name, p in model.named_parameters():
+        assert grads_whole[name].abs().sum() > 0, name
+        torch.testing.assert_close(grads_whole[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)

@@ -6,8 +6,14 @@ import pytest
 import torch
 
 from vriksha.train.config import GRPOConfig
-from vriksha.train.grpo import group_advantages
-from vriksha.train.losses import DAPOLoss, LossInputs, build_loss, k3_kl
+from vriksha.train.grpo import group_advantages, without_truncated
+from vriksha.train.losses import ImportanceCorrection, LossInputs, PolicyLoss, build_loss, k3_kl
+
+
+def DAPOLoss(clip_low=0.2, clip_high=0.28, kl_coef=0.0, importance_correction=True, importance_cap=2.0):
+    """The default loss (`grpo.loss_type: dapo`) with these options."""
+    importance = ImportanceCorrection(enabled=importance_correction, cap=importance_cap)
+    return PolicyLoss(clip_low=clip_low, clip_high=clip_high, kl_coef=kl_coef, importance=importance)
 
 
 def _on_policy(lp, old, adv, mask, n):
@@ -91,7 +97,8 @@ def test_importance_weight_truncated_and_kl_term():
     )
     out = DAPOLoss(clip_low=0.2, clip_high=0.2, kl_coef=0.1, importance_cap=2.0)(inputs)
     kl0 = math.exp(-0.5) + 0.5 - 1
-    expected = (2.0 * (-1.0 + 0.1 * kl0) + 0.5 * (-1.0 + 0.0)) / 2.0
+    # the importance weight scales the policy term; the KL term (times the ratio, 1 here) is added after, as TRL
+    expected = (2.0 * -1.0 + 0.1 * kl0 + 0.5 * -1.0) / 2.0
     assert float(out.loss) == pytest.approx(expected, rel=1e-6)
     assert out.metrics["importance_weight/mean"] == pytest.approx(2.5)
     assert out.metrics["kl"] == pytest.approx(kl0)
@@ -114,6 +121,7 @@ def test_loss_type_picks_the_registered_loss_and_its_options():
     cfg = GRPOConfig(clip_low=0.1, clip_high=0.3, kl_coef=0.05, importance_correction=False)
     assert cfg.loss_type == "dapo"  # the default: the loss above
     assert build_loss(cfg) == DAPOLoss(0.1, 0.3, 0.05, importance_correction=False, importance_cap=2.0)
+    assert build_loss(cfg.model_copy(update={"loss_type": "gspo"})).ratio_level == "sequence"
 
 
 def test_without_importance_correction_the_sampling_logprobs_weigh_nothing():
@@ -124,4 +132,35 @@ def test_without_importance_correction_the_sampling_logprobs_weigh_nothing():
     out = DAPOLoss(importance_correction=False)(inputs)
     assert float(out.loss) == pytest.approx(-1.0)
     assert out.metrics["importance_weight/mean"] == 2.0 and out.metrics["logprob_gap/mean"] == 0.0
-    assert set(out.metrics) == set(DAPOLoss.metric_names)
+    assert set(out.metrics) == set(PolicyLoss.metric_names)
+
+
+def test_mask_truncated_completions_leaves_their_tokens_out_of_the_loss():
+    from vriksha.train.batch import collate_groups
+    from vriksha.train.rollout import Episode
+
+    def ep(member, n, reason):
+        return Episode(0, member, 0, [5, 6], list(range(1, n + 1)), [-1.0] * n, [1] * n, finish_reason=reason)
+
+    group = [ep(0, 3, "stop"), ep(1, 4, "length"), ep(2, 2, "stop")]
+    masked = without_truncated([group])
+    assert group[1].loss_mask == [1, 1, 1, 1]  # the played episode is left as it was
+    batch = collate_groups(masked, [[1.0, -1.0, 0.5]], pad_id=0)
+    assert batch.loss_mask.sum(-1).tolist() == [3.0, 0.0, 2.0]
+    assert batch.advantages.tolist() == [1.0, -1.0, 0.5]  # the group's advantages are its own
+    lp = batch.engine_logprobs.clone().requires_grad_(True)
+    out = build_loss(GRPOConfig())(
+        LossInputs(
+            logprobs=lp,
+            old_logprobs=lp.detach(),
+            advantages=batch.advantages,
+            loss_mask=batch.loss_mask,
+            sampling_logprobs=batch.engine_logprobs,
+            num_tokens_global=float(batch.loss_mask.sum()),
+            num_sequences_global=3.0,
+            num_micro_batches_global=1.0,
+        )
+    )
+    out.loss.backward()
+    assert lp.grad[1].abs().sum() == 0 and lp.grad[0].abs().sum() > 0
+    assert out.loss.item() == pytest.approx(-(3 * 1.0 + 2 * 0.5) / 5)

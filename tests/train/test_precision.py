@@ -14,7 +14,7 @@ from tests.train.trainer_runs import run_trainer, write_config
 from vriksha.engine.platform import compute_dtype
 from vriksha.errors import ConfigError
 from vriksha.train.config import load_config
-from vriksha.train.losses import DAPOLoss, LossInputs
+from vriksha.train.losses import ImportanceCorrection, LossInputs, PolicyLoss
 from vriksha.train.precision import resolve_precision
 
 pytestmark = pytest.mark.usefixtures("measured_auto")
@@ -44,7 +44,7 @@ def _nll_and_loss(model, ids, old, precision):
         mask = torch.ones_like(lp)
         adv = torch.tensor([1.0, -0.5])
         inputs = LossInputs(lp, old, adv, mask, sampling_logprobs=old, num_tokens_global=float(mask.sum()))
-        loss = DAPOLoss(clip_low=0.2, clip_high=0.2, importance_correction=False)(inputs).loss
+        loss = PolicyLoss(clip_low=0.2, clip_high=0.2, importance=ImportanceCorrection(enabled=False))(inputs).loss
     loss.backward()
     return lp, loss
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch.multiprocessing as mp
 
-from vriksha.train.losses import DAPOLoss
+from vriksha.train.losses import PolicyLoss
 from vriksha.train.rollout import Episode
 from vriksha.train.step_metrics import StepMetrics
 from vriksha.train.update import UpdateResult
@@ -50,8 +50,14 @@ def _part(
 
 
 def _metrics(clipped: float, kl: float, ratio: float, weight: float, gap: float) -> dict[str, float]:
-    values = (clipped, kl, ratio, weight, gap)
-    return dict(zip(DAPOLoss.metric_names, values, strict=True))
+    values = {
+        "clip_fraction": clipped,
+        "kl": kl,
+        "ratio/mean": ratio,
+        "importance_weight/mean": weight,
+        "logprob_gap/mean": gap,
+    }
+    return {name: values.get(name, 0.0) for name in PolicyLoss.metric_names}
 
 
 A = _metrics(clipped=1, kl=2, ratio=10, weight=9, gap=0.5)
@@ -81,7 +87,7 @@ def test_row_reports_spread_extremes_and_counts_as_before():
     nothing = StepMetrics.of_rank(
         [Episode(0, 0, 0, [1], [2], loss_mask=[1])],
         [],
-        UpdateResult(metrics=dict.fromkeys(DAPOLoss.metric_names, 0.0)),
+        UpdateResult(metrics=dict.fromkeys(PolicyLoss.metric_names, 0.0)),
         groups=1,
         zero_variance_groups=1,
         played_groups=1,
@@ -91,7 +97,7 @@ def test_row_reports_spread_extremes_and_counts_as_before():
     )
     row = nothing.row(1, 0.0, 0.1, 1.0)  # no group with signal: zeros, and every loss metric still named
     assert row["advantage/min"] == row["advantage/max"] == row["advantage/mean"] == 0.0
-    assert all(row[name] == 0.0 for name in DAPOLoss.metric_names)
+    assert all(row[name] == 0.0 for name in PolicyLoss.metric_names)
 
 
 def _rank(rank: int, store: str, out: str) -> None:

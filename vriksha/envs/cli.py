@@ -44,6 +44,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="turns per episode at most (default: the environment's; the trainer's is rollout.max_turns)",
     )
     p.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (default 0: greedy)")
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=0,
+        help="K: also play each episode K times at --sample-temperature and report pass@k (unbiased "
+        "estimator) and avg@K beside the first run (default 0: none)",
+    )
+    p.add_argument(
+        "--sample-temperature", type=float, default=1.0, help="temperature of the --samples runs (default 1)"
+    )
     p.add_argument("--level", type=int, default=None, help="task level, for environments that have levels")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
@@ -185,6 +195,8 @@ def _eval(args: argparse.Namespace) -> int:
             on_step=profiler.step if profiler is not None else None,
             progress=not args.no_progress,
             model_name=config.model or "embedded",
+            samples=args.samples,
+            sample_temperature=args.sample_temperature,
         )
     finally:
         if profiler is not None:
@@ -199,5 +211,11 @@ def _eval(args: argparse.Namespace) -> int:
     print(f"mean turns    {result.mean_turns:.2f}")
     for k, v in result.components.items():
         print(f"  {k:<20} {v:.4f}")
+    s = result.sampled
+    if s is not None:
+        print(f"sampled {s.samples} per episode at temperature {s.temperature:g}:")
+        print(f"  avg@{s.samples:<9} {s.avg_success:.4f}  (mean reward {s.avg_reward:.4f})")
+        for size, value in s.pass_at.items():
+            print(f"  pass@{size:<8} {value:.4f}")
     print(f"{result.generated_tokens} tokens in {result.duration_s:.1f} s")
     return 0

@@ -3,7 +3,9 @@
 The episodes are played by `envs/play.py`, the loop the trainer's rollouts and held-out evaluation
 run too: every turn, the prompts of all live episodes go to the engine as one batch of token ids,
 each completion is one `EpisodeDriver.act`, and finished episodes drop out. Reports the mean reward
-(train signal), the success rate (eval signal) and the mean of every reward component.
+(train signal), the success rate (eval signal) and the mean of every reward component; with `samples` K,
+each episode is played K more times at `sample_temperature` (one request with n = K) and pass@k and avg@K
+are reported beside (`pass_at_k.py`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from vriksha.envs.core import Environment
 from vriksha.envs.episode import ActionShape
+from vriksha.envs.pass_at_k import SampledScores, sampled_scores
 from vriksha.envs.play import Episode, Sampling, play_groups
 from vriksha.envs.registry import get_env_class
 from vriksha.envs.transcript import PromptFormat
@@ -58,6 +61,7 @@ class EvalResult:
     duration_s: float
     generated_tokens: int
     records: list[EpisodeRecord] = field(default_factory=list)
+    sampled: SampledScores | None = None  # with `samples` K: pass@k and avg@K
 
     def to_dict(self, with_records: bool = False) -> dict[str, Any]:
         d = asdict(self)
@@ -82,11 +86,19 @@ def evaluate(
     model_name: str | None = None,
     max_turns: int | None = None,
     prompt_format: PromptFormat | None = None,
+    samples: int = 0,
+    sample_temperature: float = 1.0,
 ) -> EvalResult:
     """Evaluate `llm` (a `vriksha.LLM`) on `episodes` episodes seeded `seed, seed+1, ...`.
 
-    Each episode samples from its own seed; `max_turns` caps the environment's turn limit.
+    Each episode samples from its own seed; `max_turns` caps the environment's turn limit. `samples` K >= 1:
+    each episode is also played K times at `sample_temperature` for pass@k and avg@K.
     """
+    if samples < 0 or (samples and sample_temperature <= 0):
+        raise ValueError(
+            f"samples: K >= 0 completions per episode at a sample temperature > 0 (got K={samples} at "
+            f"{sample_temperature}); greedy samples would all be the same completion"
+        )
     cls = get_env_class(env_name) if isinstance(env_name, str) else env_name
     shape = ActionShape.of(cls.action_type)
     if not (shape.takes_text or shape.takes_tool):
@@ -102,23 +114,37 @@ def evaluate(
             on_step()
 
     seeds = [seed + i for i in range(episodes)]
-    groups = (
-        play_groups(
+
+    def play(
+        group_size: int, temp: float, turn: Callable[[list[Episode]], None] | None
+    ) -> list[list[Episode]]:
+        if not episodes:
+            return []
+        return play_groups(
             llm,
             llm.tokenizer,
             lambda: cls(**(env_kwargs or {})),
             seeds,
             options={"split": split, **(reset_options or {})},
-            sampling=Sampling(temperature=temperature, max_tokens=max_tokens, logprobs=False),
+            group_size=group_size,
+            sampling=Sampling(temperature=temp, max_tokens=max_tokens, logprobs=False),
             sampling_seeds=seeds,
             max_turns=max_turns,
             prompt_format=prompt_format,
-            on_turn=on_turn,
+            on_turn=turn,
         )
-        if episodes
-        else []
-    )
+
+    groups = play(1, temperature, on_turn)
     bar.close()
+    sampled = None
+    if samples and episodes:
+        drawn = play(samples, sample_temperature, None)
+        sampled = sampled_scores(
+            [[e.success for e in g] for g in drawn],
+            [[e.reward for e in g] for g in drawn],
+            sample_temperature,
+            sum(e.num_generated for g in drawn for e in g),
+        )
     played = [g[0] for g in groups]
     records = [EpisodeRecord.of(e) for e in played]
     tokens = sum(e.num_generated for e in played)
@@ -136,6 +162,7 @@ def evaluate(
         duration_s=time.monotonic() - started,
         generated_tokens=tokens,
         records=records,
+        sampled=sampled,
     )
 
 

@@ -183,19 +183,72 @@ class GRPOConfig(_Section):
 
     loss_type: str = Field(
         "dapo",
-        description="the policy loss, by its name in vriksha/train/losses/: dapo = DAPO's clipped token-level "
-        "loss over every generated token of the step (clip_low/clip_high, optional KL, importance weight)",
+        description="the policy loss, by its name in vriksha/train/losses/: grpo (per-sequence token mean), "
+        "dr_grpo (/ max_completion_length), dapo (token sum / the step's tokens; the default), bnpo "
+        "(per micro-batch token mean), gspo (sequence-level ratio), cispo (clipped, detached weight); "
+        "see docs/training.md for the formulas",
     )
     clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="ratio lower bound is 1 - clip_low")
     clip_high: float = Field(0.28, ge=0.0, description="ratio upper bound is 1 + clip_high")
+    cispo_cap: float = Field(
+        5.0,
+        gt=0.0,
+        description="cispo: the largest weight min(ratio, cispo_cap) (TRL's epsilon_high for cispo)",
+    )
     kl_coef: float = Field(
         0.0, ge=0.0, description="weight of the k3 KL to the initial model (0: no reference)"
     )
-    scale_rewards: bool = Field(True, description="divide advantages by the group's reward std")
-    importance_correction: bool = Field(
-        True, description="weight tokens by pi_old / pi_engine (truncated) to correct engine/trainer mismatch"
+    kl_importance_correction: bool = Field(
+        True,
+        description="multiply the per-token KL by the ratio pi_theta / pi_old (TRL's use_bias_correction_kl: "
+        "the unbiased reverse-KL gradient of DeepSeek-V3.2)",
     )
-    importance_cap: float = Field(2.0, gt=0.0, description="truncation of the importance weight")
+    entropy_coef: float = Field(
+        0.0, ge=0.0, description="entropy bonus: subtract coef x the mean per-token entropy (0: off)"
+    )
+    scale_rewards: bool = Field(True, description="divide advantages by the group's reward std")
+    mask_truncated_completions: bool = Field(
+        False,
+        description="leave completions that ran out of tokens (finish reason length) out of the loss (DAPO)",
+    )
+    max_completion_length: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_TOKENS,
+        description="dr_grpo's constant divisor (null: rollout.max_new_tokens)",
+    )
+    importance_correction: bool = Field(
+        True,
+        description="weight tokens by pi_old / mu (the engine's sampling probability) to correct mismatch",
+    )
+    importance_level: Literal["token", "sequence"] = Field(
+        "token",
+        description="token: one weight per token; sequence: one weight per completion, exp of the summed "
+        "log-ratios (TRL's vllm_importance_sampling_mode token_* / sequence_*)",
+    )
+    importance_mode: Literal["truncate", "mask"] = Field(
+        "truncate",
+        description="truncate: clamp the weight to [importance_min, importance_cap]; mask: weights outside "
+        "are set to 0 (TRL's *_truncate / *_mask)",
+    )
+    importance_cap: float | None = Field(
+        2.0, gt=0.0, description="upper bound of the importance weight, C_max (null: none)"
+    )
+    importance_min: float | None = Field(
+        None, ge=0.0, description="lower bound of the importance weight, C_min (null: none)"
+    )
+    off_policy_mask_threshold: float | None = Field(
+        None,
+        ge=0.0,
+        description="DeepSeek-V3.2's off-policy sequence mask: leave out completions with A < 0 whose mean "
+        "KL(mu || pi_theta) per token exceeds this (null: off)",
+    )
+    on_policy: Literal["default", "exact"] = Field(
+        "default",
+        description="exact: rollouts run the trainer's own forward (same module, kernels, shapes and call order), "
+        "so the sampling log-probs equal the trainer's bit for bit (one process, single-turn, colocated, "
+        "top_p 1; much slower rollouts; see docs/training.md)",
+    )
     epochs_per_batch: int = Field(
         1, ge=1, le=MAX_COUNT, description="optimizer steps on each batch of rollouts"
     )
@@ -222,6 +275,18 @@ class GRPOConfig(_Section):
         if name not in loss_names():
             raise ValueError(f"unknown loss; choose one of {', '.join(loss_names())}")
         return name
+
+    @model_validator(mode="after")
+    def _check_importance(self) -> GRPOConfig:
+        low, high = self.importance_min, self.importance_cap
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"importance_min: {low} is above importance_cap {high}")
+        if self.importance_correction and low is None and high is None:
+            raise ValueError(
+                "importance_cap: set importance_cap or importance_min (both null bound nothing), or set "
+                "importance_correction: false"
+            )
+        return self
 
 
 class ParallelConfig(_Section):
@@ -259,6 +324,13 @@ class TrainerConfig(_Section):
     eval_max_new_tokens: int | None = Field(
         None, ge=1, le=MAX_TOKENS, description="defaults to rollout.max_new_tokens"
     )
+    eval_samples: int = Field(
+        0,
+        ge=0,
+        le=MAX_COUNT,
+        description="K: each evaluation also samples every held-out episode K times at rollout.temperature "
+        "and logs pass@k (unbiased estimator) and avg@K beside the greedy success (0: greedy only)",
+    )
     checkpoint_interval: int = Field(
         0, ge=0, le=MAX_STEPS, description="checkpoint every K steps (0: only at the end)"
     )
@@ -290,8 +362,33 @@ class TrainConfig(_Section):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
 
+    @model_validator(mode="after")
+    def _check_exact(self) -> TrainConfig:
+        """`grpo.on_policy: exact` plays every group as one lockstep request on the trainer's own module:
+        what that cannot do is refused here, by the option to change."""
+        if self.grpo.on_policy != "exact":
+            return self
+        r = self.rollout
+        wrong = [
+            ("rollout.mode", r.mode, "colocated", "the exact engine runs in the trainer's process"),
+            ("rollout.max_turns", r.max_turns, 1, "a later turn's prompt forward is not the trainer's"),
+            ("rollout.max_staleness", r.max_staleness, 0, "stale weights differ from pi_old anyway"),
+            ("rollout.top_p", r.top_p, 1.0, "the exact engine samples the full distribution"),
+            ("parallel.tp", self.parallel.tp, 1, "one process runs the forwards"),
+        ]
+        for name, got, want, why in wrong:
+            if got != want:
+                raise ValueError(f"{name}: grpo.on_policy exact needs {name}={want!r} ({why}); got {got!r}")
+        return self
+
     def to_dict(self) -> dict[str, Any]:
         return self.model_dump(mode="json")
+
+    def loss_config(self) -> GRPOConfig:
+        """The `grpo` section with what it leaves to other sections filled in (max_completion_length)."""
+        if self.grpo.max_completion_length is not None:
+            return self.grpo
+        return self.grpo.model_copy(update={"max_completion_length": self.rollout.max_new_tokens})
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:

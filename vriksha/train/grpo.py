@@ -8,6 +8,7 @@ tokens by these advantages is a plug-in (`train/losses/`, `grpo.loss_type`).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-__all__ = ["GroupAdvantages", "group_advantages", "has_signal"]
+__all__ = ["GroupAdvantages", "group_advantages", "has_signal", "without_truncated"]
 
 
 @dataclass(slots=True)
@@ -50,3 +51,16 @@ def group_advantages(rewards: Tensor, scale: bool = True, eps: float = SIGNAL_EP
         adv = adv / (std + eps)
     adv = torch.where(keep[:, None], adv, torch.zeros_like(adv))
     return GroupAdvantages(adv.float(), keep, int((~keep).sum()))
+
+
+def without_truncated(groups: Sequence[Sequence[Any]]) -> list[list[Any]]:
+    """`grpo.mask_truncated_completions` (DAPO's overlong filtering, TRL's option of that name): episodes that
+    ran out of tokens (finish reason "length") keep their place and advantage in the group, with no token
+    in the loss; the loss's token counts leave them out too."""
+    return [
+        [
+            dataclasses.replace(e, loss_mask=[0] * len(e.loss_mask)) if e.finish_reason == "length" else e
+            for e in group
+        ]
+        for group in groups
+    ]

@@ -65,16 +65,23 @@ class CompletionLogprobs:
 
 
 def _token_logprobs(
-    logits: Tensor, targets: Tensor, with_entropy: bool, shard: VocabShard | None = None
+    logits: Tensor,
+    targets: Tensor,
+    with_entropy: bool,
+    shard: VocabShard | None = None,
+    entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
+    """Log-probs of `targets`; with `with_entropy` the entropy too (with its gradient when `entropy_grad`)."""
     if shard is not None:  # a tensor-parallel head: this rank's slice of the vocabulary
+        if entropy_grad:
+            raise NotImplementedError("an entropy bonus with a vocabulary-sharded head (parallel.tp > 1)")
         return sharded_token_logprobs(logits, targets, shard, with_entropy)
     logits = logits.float()
     lse = torch.logsumexp(logits, dim=-1)
     lp = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
     ent = None
     if with_entropy:
-        with torch.no_grad():
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             probs = torch.softmax(logits, dim=-1)
             ent = lse - (probs * logits).sum(-1)
     return lp, ent
@@ -100,15 +107,35 @@ def _head_input(model: PreTrainedModel) -> Iterator[list[Tensor]]:
 
 
 def _chunked_logprobs(
-    head: nn.Module, hidden: Tensor, targets: Tensor, with_entropy: bool, chunk_tokens: int
+    head: nn.Module,
+    hidden: Tensor,
+    targets: Tensor,
+    with_entropy: bool,
+    chunk_tokens: int,
+    entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """`_token_logprobs(head(hidden), targets)` over `chunk_tokens` positions at a time, each chunk
     checkpointed: only its hidden states are kept for the backward, which recomputes its logits.
-    The entropy (no gradient) is taken on the first pass only."""
+    The entropy is taken on the first pass only, without gradient; with `entropy_grad` it is an output
+    of the checkpointed chunk, with its gradient."""
     step = max(1, chunk_tokens // max(1, hidden.shape[0]))
     grad = torch.is_grad_enabled()
     lps: list[Tensor] = []
     ents: list[Tensor] = []
+    if with_entropy and entropy_grad:
+
+        def both(h: Tensor, t: Tensor) -> Tensor:
+            logits, shard = local_logits(head(h))
+            lp, ent = _token_logprobs(logits, t, True, shard, entropy_grad=True)
+            assert ent is not None
+            return torch.stack([lp, ent])
+
+        for s in range(0, hidden.shape[1], step):
+            h, t = hidden[:, s : s + step], targets[:, s : s + step]
+            pair = checkpoint(both, h, t, use_reentrant=False) if grad else both(h, t)
+            lps.append(pair[0])
+            ents.append(pair[1])
+        return torch.cat(lps, dim=1), torch.cat(ents, dim=1)
     for s in range(0, hidden.shape[1], step):
         first = [True]
 
@@ -196,6 +223,7 @@ def _completion_pass(
     targets: Tensor,
     with_entropy: bool,
     chunk_tokens: int,
+    entropy_grad: bool = False,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs (and entropies) of `targets`, the completions' next tokens, from one forward of `inputs`
     attending to the prompts' `cache`."""
@@ -213,10 +241,10 @@ def _completion_pass(
         )
     if chunked:
         return _chunked_logprobs(
-            model.get_output_embeddings(), hidden[0], targets, with_entropy, chunk_tokens
+            model.get_output_embeddings(), hidden[0], targets, with_entropy, chunk_tokens, entropy_grad
         )
     logits, shard = local_logits(out.logits)
-    return _token_logprobs(logits, targets, with_entropy, shard)
+    return _token_logprobs(logits, targets, with_entropy, shard, entropy_grad)
 
 
 def completion_logprobs(
@@ -226,13 +254,15 @@ def completion_logprobs(
     chunk_tokens: int | None = None,
     overhead_tokens: int = SUB_BATCH_OVERHEAD_TOKENS,
     agree: Callable[[int], int] | None = None,
+    entropy_grad: bool = False,
 ) -> CompletionLogprobs:
     """`chunk_tokens`: positions x sequences per LM-head chunk (None: `DEFAULT_CHUNK_TOKENS`;
     0: the whole completion at once). `overhead_tokens`: what one more completion forward costs, in
     positions, when deciding whether completions of different lengths run apart (`length_sub_batches`).
     `agree`: where other ranks' collectives must line up with this one's forwards (FSDP, tensor
     parallel), the number of completion forwards every rank runs, given this rank's (the largest of
-    all); without it, a process among others runs its completions in one forward."""
+    all); without it, a process among others runs its completions in one forward. `entropy_grad`: the
+    entropy (with `with_entropy`) keeps its gradient (an entropy bonus in the loss)."""
     chunk_tokens = DEFAULT_CHUNK_TOKENS if chunk_tokens is None else chunk_tokens
     g = batch.group_size
     prompt_pos = (batch.prompt_mask.cumsum(-1) - 1).clamp(min=0)
@@ -247,7 +277,7 @@ def completion_logprobs(
     logits, shard = local_logits(out.logits)
     first_logits = logits[:, -1].repeat_interleave(g, dim=0)  # predicts completion token 0
     n, c_len = batch.completion_ids.shape
-    lp0, ent0 = _token_logprobs(first_logits, batch.completion_ids[:, 0], with_entropy, shard)
+    lp0, ent0 = _token_logprobs(first_logits, batch.completion_ids[:, 0], with_entropy, shard, entropy_grad)
     prompt_mask = batch.prompt_mask.repeat_interleave(g, dim=0)
     start = batch.prompt_mask.sum(-1).repeat_interleave(g, dim=0)
     # each row's positions to run: up to its last real token (right-padded); the first comes from the prompt
@@ -297,6 +327,7 @@ def completion_logprobs(
             targets,
             with_entropy and rows is not None,
             chunk_tokens,
+            entropy_grad,
         )
         if rows is None:
             uncounted = uncounted + 0.0 * lp.sum()

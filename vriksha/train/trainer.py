@@ -27,6 +27,7 @@ import torch.distributed as dist
 from torch import nn
 
 import vriksha.device as devices
+from vriksha.envs.pass_at_k import report_ks, sampled_scores
 from vriksha.errors import ConfigError
 from vriksha.profiling import phase
 from vriksha.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
@@ -34,7 +35,7 @@ from vriksha.train.config import OptimConfig, TrainConfig
 from vriksha.train.distributed import EngineWeights, ParallelDims, all_reduce, init_distributed, shard_range
 from vriksha.train.dynamic_sampling import SampledGroups
 from vriksha.train.export import export_model
-from vriksha.train.grpo import group_advantages
+from vriksha.train.grpo import group_advantages, without_truncated
 from vriksha.train.losses import build_loss
 from vriksha.train.metrics import MetricsWriter, rollout_summary, summary_table, write_plots
 from vriksha.train.offpolicy import OffPolicy
@@ -151,7 +152,7 @@ class GRPOTrainer:
         self.learner = Learner(
             self.policy,
             self.optimizer,
-            build_loss(cfg.grpo),
+            build_loss(cfg.loss_config()),
             cfg.grpo,
             pd.device,
             max_grad_norm=o.max_grad_norm,
@@ -189,7 +190,9 @@ class GRPOTrainer:
             )
 
         self.offpolicy: OffPolicy | None = None
-        if producer_module is None:
+        if cfg.grpo.on_policy == "exact":
+            self.llm = self._exact_engine()
+        elif producer_module is None:
             self.llm = engine_over(self.engine_module)
         else:  # the producer plays on its own engine; evaluation and export run here over the current weights
             self.llm = colocated_engine(self.engine_module, self.tokenizer, cfg.rollout.engine)
@@ -208,6 +211,20 @@ class GRPOTrainer:
                 last_step=min(tc.steps, stop_at + k),
                 saved=self.state,
             )
+
+    def _exact_engine(self) -> TrainingEngine:
+        """`grpo.on_policy: exact`: rollouts (and evaluation) sample from the policy module itself, under the
+        update's precision, in the lockstep calls the update repeats (see lockstep.py)."""
+        from vriksha.train.exact_engine import ExactEngine
+
+        if self.pd.world_size > 1:
+            raise ConfigError(
+                f"grpo.on_policy: exact runs with one trainer process (got {self.pd.world_size}: each rank "
+                "would run its own number of sharded forwards); train with --nproc 1 or set "
+                "grpo.on_policy=default"
+            )
+        device = self.pd.device
+        return ExactEngine(self.policy, self.tokenizer, precision=lambda: self.precision.autocast(device))
 
     # -- pieces of a step ----------------------------------------------------
 
@@ -260,9 +277,37 @@ class GRPOTrainer:
             "completion_tokens/mean": tokens / max(1, episodes),
             "time/eval_s": time.perf_counter() - t0,
         }
+        if cfg.trainer.eval_samples:
+            out.update(self._sampled_eval(mine))
+            out["time/eval_s"] = time.perf_counter() - t0
         self.metrics.log_eval(out)
         logger.info("eval at step %d: success %.1f%%", step, 100 * out["success_rate"])
         return out
+
+    def _sampled_eval(self, seeds: list[int]) -> dict[str, float]:
+        """pass@k and avg@K of the held-out episodes `seeds` (this rank's), each sampled `eval_samples` times
+        at the rollout temperature, over all ranks."""
+        cfg = self.cfg
+        k_max = cfg.trainer.eval_samples
+        groups = self.worker.play(
+            seeds,
+            cfg.env.eval_split,
+            k_max,
+            sampling_seeds=seeds,
+            max_new_tokens=cfg.trainer.eval_max_new_tokens,
+        )
+        ks = report_ks(k_max)
+        local = [0.0] * (len(ks) + 2)
+        if groups:
+            scores = sampled_scores(
+                [[e.success for e in g] for g in groups], [[e.reward for e in g] for g in groups], 1.0, 0
+            )
+            n = len(groups)
+            local = [scores.pass_at[k] * n for k in ks] + [scores.avg_success * n, float(n)]
+        *sums, avg, episodes = all_reduce(local, "sum", self.pd.device)
+        row = {f"pass@{k}": total / max(1.0, episodes) for k, total in zip(ks, sums, strict=True)}
+        row[f"avg@{k_max}"] = avg / max(1.0, episodes)
+        return row
 
     def _tp_gather(self, mine: list[list[Episode]]) -> list[list[Episode]]:
         """Every rank plays its own prompts; the `tp` ranks of a data-parallel group train on the
@@ -296,8 +341,11 @@ class GRPOTrainer:
             adv = group_advantages(rewards, scale=cfg.grpo.scale_rewards)
             dropped = taken is not None and taken.dropped
             kept = [i for i in range(len(groups)) if bool(adv.keep[i]) and not dropped]
+        trained = [groups[i] for i in kept]
+        if cfg.grpo.mask_truncated_completions:
+            trained = without_truncated(trained)
         batch = UpdateBatch(
-            [groups[i] for i in kept],
+            trained,
             [adv.advantages[i].tolist() for i in kept],
             groups[0],
             self.tokenizer.pad_token_id,

@@ -24,6 +24,7 @@ from vriksha.profiling import phase
 from vriksha.train.batch import GroupBatch, collate_groups
 from vriksha.train.config import GRPOConfig
 from vriksha.train.distributed import ParallelDims, all_reduce
+from vriksha.train.lockstep import lockstep_logprobs
 from vriksha.train.logprobs import completion_logprobs
 from vriksha.train.losses import Loss, LossInputs
 from vriksha.train.precision import TrainPrecision
@@ -121,9 +122,11 @@ def policy_update(learner: Learner, batch: UpdateBatch) -> UpdateResult:
     dp = dims.dp if dims is not None else (dist.get_world_size() if dist.is_initialized() else 1)
     reports = dims is None or dims.tp_rank == 0
     local_tokens = float(sum(sum(e.loss_mask) for g in groups for e in g)) if reports else 0.0
-    local_sequences = float(sum(any(e.loss_mask) for g in groups for e in g)) if reports else 0.0
-    global_tokens, global_sequences = all_reduce([local_tokens, local_sequences], op="sum", device=device)
+    local_sequences = float(sum(len(g) for g in groups)) if reports else 0.0
     local_micro = float(math.ceil(len(groups) / cfg.micro_batch_groups))
+    global_tokens, global_sequences, global_micro = all_reduce(
+        [local_tokens, local_sequences, local_micro if reports else 0.0], op="sum", device=device
+    )
     n_micro = int(all_reduce([local_micro], op="max", device=device)[0])
     if global_tokens == 0:
         return result
@@ -133,14 +136,18 @@ def policy_update(learner: Learner, batch: UpdateBatch) -> UpdateResult:
     if n_real < n_micro:  # zero-weight micro-batches: as many forwards as the busiest rank runs
         filler = collate_groups([batch.filler], [[0.0] * len(batch.filler)], pad_id).to(device)
         batches += [filler] * (n_micro - n_real)
+    # exact on-policy: the engine's lockstep calls again, so pi_old is the sampling log-prob bit for bit
+    policy_logprobs = lockstep_logprobs if cfg.on_policy == "exact" else completion_logprobs
     old: list[torch.Tensor] = []
     refs: list[torch.Tensor | None] = []
     options = _logprob_options(cfg, device)
+    entropy_grad = learner.loss.needs_entropy
     for epoch in range(cfg.epochs_per_batch):
         for i, mb in enumerate(batches):
             counts = i < n_real
             with phase("train.forward"), _autocast(learner.precision, device):
-                out = completion_logprobs(learner.policy, mb, epoch == 0 and counts, **options)
+                with_entropy = entropy_grad or (epoch == 0 and counts)
+                out = policy_logprobs(learner.policy, mb, with_entropy, entropy_grad=entropy_grad, **options)
                 if epoch == 0:
                     old.append(out.logprobs.detach())
                     refs.append(None)
@@ -155,8 +162,10 @@ def policy_update(learner: Learner, batch: UpdateBatch) -> UpdateResult:
                         loss_mask=mb.loss_mask,
                         sampling_logprobs=mb.engine_logprobs,
                         ref_logprobs=refs[i],
+                        entropy=out.entropy if entropy_grad else None,
                         num_tokens_global=global_tokens,
                         num_sequences_global=global_sequences,
+                        num_micro_batches_global=global_micro,
                     )
                 )
                 loss = scored.loss if counts else scored.loss * 0.0
@@ -169,7 +178,7 @@ def policy_update(learner: Learner, batch: UpdateBatch) -> UpdateResult:
                 for name, value in scored.metrics.items():
                     result.metrics[name] = result.metrics.get(name, 0.0) + value
                 if out.entropy is not None:
-                    result.entropy_sum += float((out.entropy * mb.loss_mask).sum())
+                    result.entropy_sum += float((out.entropy.detach() * mb.loss_mask).sum())
         with phase("train.optimizer"):
             result.grad_norm = _clip_grad_norm(learner.policy, learner.max_grad_norm)
             learner.optimizer.step()

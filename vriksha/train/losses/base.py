@@ -32,8 +32,10 @@ class LossInputs:
     loss_mask: Tensor  # 1 on tokens the policy generated, 0 on environment tokens and padding
     sampling_logprobs: Tensor  # log mu(t): what the engine reported when it sampled t (0 where it did not)
     ref_logprobs: Tensor | None = None  # log pi_ref(t) of the frozen initial model (when a loss needs it)
+    entropy: Tensor | None = None  # [B, T] entropy of pi_theta at each position, with grad (when a loss needs it)
     num_tokens_global: float = 1.0  # generated tokens in the whole step, every rank and micro-batch
-    num_sequences_global: float = 1.0  # completions with a generated token in the whole step
+    num_sequences_global: float = 1.0  # completions (rows) in the whole step, masked or not
+    num_micro_batches_global: float = 1.0  # micro-batches with completions in the whole step, every rank
 
     @property
     def num_tokens(self) -> float:
@@ -54,6 +56,11 @@ class LossOutputs:
 
 class Loss(Protocol):
     metric_names: ClassVar[tuple[str, ...]]  # the keys of every `LossOutputs.metrics` it returns
+
+    @property
+    def needs_entropy(self) -> bool:
+        """Whether `LossInputs.entropy` must be given, with its gradient (an entropy bonus)."""
+        ...
 
     def __call__(self, inputs: LossInputs) -> LossOutputs: ...
 
