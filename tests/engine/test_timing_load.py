@@ -170,7 +170,7 @@ def test_tune_times_every_choice_again_and_generate_verbose_says_when(tmp_path, 
     again = stamps()
     assert first.keys() == again.keys() and all(again[k] > first[k] for k in first)
 
-    shown = vriksha("generate", "--prompt", "hi", "--max-tokens", "2", "--verbose")
+    shown = vriksha("generate", "--prompt", "hi", "--max-tokens", "2", "--dtype", "fastest", "--verbose")
     lines = [line for line in shown.stderr.splitlines() if line.startswith("engine: timings: ")]
     assert {line.split(":")[2].strip() for line in lines} >= {"dtype", "linear-path plan", "native decode"}
     assert all("(cached), measured 2" in line and "CPUs" in line for line in lines), lines

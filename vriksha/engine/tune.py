@@ -1,7 +1,8 @@
-"""`vriksha tune`: time this machine's engine choices again, now (the dtype, the linear paths, the packed
-kernels, native decode), for the embedded default model or `--model`, with the engine options a server would
-be started with. What it measures replaces the cache dir's records; a timing taken while other work ran is
-kept marked as such and taken again on the next load (`vriksha/timing_load.py`)."""
+"""`vriksha tune`: time this machine's engine choices again, now, for the embedded default model or
+`--model`, with the engine options a server would be started with (under --dtype fastest unless told: the
+dtype, the linear paths, the packed kernels, native decode). What it measures replaces the cache dir's records;
+a timing taken while other work ran is kept marked as such and taken again on the next load
+(`vriksha/timing_load.py`)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def register(subparsers) -> None:
         "every per-machine choice again instead of reading the cache dir, and say when each was measured and "
         "under what load. Run it on a quiet machine: a timing taken while other work used more than "
         "$VRIKSHA_TIMING_MAX_LOAD of the CPUs (default 0.25) is timed again on the next load, and the command "
-        "exits 1.",
+        "exits 1. It times the choices --dtype fastest makes unless you name another --dtype: the faithful default "
+        "(--dtype auto) runs the model's own dtype and times nothing but the linear paths and native decode.",
     )
     EngineConfig.add_arguments(p)
     p.set_defaults(func=run, default_log_level="INFO")
@@ -34,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     from vriksha.engine.llm_engine import LLMEngine
     from vriksha.fast_dtype import ENV_PIN
 
-    config = EngineConfig.from_args(args)
+    config = EngineConfig.from_args(args, dtype="fastest")
     if config.dtype == "auto" and os.environ.get(ENV_PIN):
         logger.warning("$%s pins --dtype auto to %s: the dtype is not timed", ENV_PIN, os.environ[ENV_PIN])
     with timing_load.remeasuring():
