@@ -82,10 +82,12 @@ def test_two_processes_match_one(lora_run, tiny_model_dir, tmp_path, tp):
 
 
 def test_server_mode_moves_the_adapter_alone(tiny_model_dir, tmp_path):
-    cfg = write_config(tmp_path, tiny_model_dir, "server", steps=2, eval_episodes=0, checkpoint_interval=0)
+    cfg = write_config(tmp_path, tiny_model_dir, "server", steps=2, eval_episodes=2, checkpoint_interval=0)
     run_trainer([str(cfg), *LORA, "--set", "rollout.mode=server", "--set", "rollout.verify_weights=true"])
     pushes = [json.loads(x) for x in (tmp_path / "server" / "weight_sync.jsonl").read_text().splitlines()]
-    assert [p["version"] for p in pushes] == [0, 1, 2]
+    # version 0 before the first evaluation, then one push each time the engine needs a newer adapter
+    # (the evaluation after the last step at least: step 2 updates the adapter)
+    assert len(pushes) >= 2 and [p["version"] for p in pushes] == list(range(len(pushes)))
     adapter = _adapter(tmp_path / "server")
     for p in pushes:
         assert p["adapter"]["bytes"] == adapter.nbytes == p["sender"]["bytes_copied"]

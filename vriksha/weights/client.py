@@ -15,7 +15,7 @@ from urllib.parse import urlparse
 
 import torch
 
-from vriksha.lora import LoraAdapter
+from vriksha.lora import AdapterError, LoraAdapter
 from vriksha.net.trust import WEIGHTS_KEY_ENV, env_key, weights_headers
 from vriksha.weights.adapter_update import AdapterMeta
 from vriksha.weights.counters import CopyCounter
@@ -210,6 +210,17 @@ class WeightSyncClient:
         if self.sender is None:
             self.connect()
         t0 = time.perf_counter()
+        # checked against the served model's weights before anything moves: a collective plane (gloo) would
+        # otherwise wait out its timeout for a receiver that refused the update
+        shapes = {
+            n.removesuffix(".weight"): (s.shape[0], s.shape[1])
+            for n, s in self.specs.items()
+            if n.endswith(".weight") and len(s.shape) == 2
+        }
+        try:
+            adapter.check_base(shapes)
+        except AdapterError as exc:
+            raise WeightTransferError(f"{self.base_url} cannot take this adapter: {exc}") from None
         tensors = [(k, t.detach().float().contiguous()) for k, t in adapter.peft_state_dict().items()]
         start = {"version": version, "rewind": rewind, "adapter": AdapterMeta.of(adapter).to_json()}
         return self._send(tensors, start, t0)
