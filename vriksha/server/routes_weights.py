@@ -59,6 +59,11 @@ class StartRequest(TransferRequest):
     rewind: bool = Field(
         False, description="allow a version behind the served one (older weights on purpose)"
     )
+    adapter: dict[str, Any] | None = Field(
+        None,
+        description="an adapter-only update: the LoRA adapter it carries {name, rank, alpha, modules, "
+        "target_modules, use_rslora}; its tensors are named by PEFT's keys",
+    )
 
 
 class UpdateRequest(TransferRequest):
@@ -180,7 +185,9 @@ async def init_transfer(body: InitRequest, request: Request, state: StateDep) ->
 async def start_update(body: StartRequest, request: Request, state: StateDep) -> Response:
     ctl = _transfer(request, body)
     with _errors():
-        ctl.updater.start(body.token, body.version, state.engine.engine.weight_version, body.rewind)
+        ctl.updater.start(
+            body.token, body.version, state.engine.engine.weight_version, body.rewind, body.adapter
+        )
     if ctl.resumed.is_set():
         ctl.pause()
         ctl.paused_by_update = True
@@ -277,8 +284,9 @@ async def weight_specs(state: StateDep) -> Response:
 
 
 @router.get("/weight_digests")
-async def weight_digests(state: StateDep) -> Response:
-    return JSONResponse(await state.engine.call(parameter_digests))
+async def weight_digests(request: Request, state: StateDep) -> Response:
+    adapters = _control(request).updater.adapters
+    return JSONResponse(await state.engine.call(lambda e: parameter_digests(e, adapters)))
 
 
 def install(app: FastAPI, allow_multiple_clients: bool = False) -> None:

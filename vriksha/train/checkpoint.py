@@ -31,7 +31,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 import vriksha.device as devices
 from vriksha.errors import VrikshaError
@@ -248,9 +248,11 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     rank: int,
     keep: int = 2,
+    trainable_only: bool = False,
 ) -> Path:
     """Collective: every rank calls it. Returns the checkpoint directory; `CheckpointError` (one line:
-    disk full, or what else failed) when it could not be written, with the partial save removed."""
+    disk full, or what else failed) when it could not be written, with the partial save removed.
+    `trainable_only`: the model's trainable parameters alone (LoRA: the adapter, not the frozen base)."""
     root = checkpoint_root(output_dir)
     path = root / f"step_{step:06d}"
     with phase("train.checkpoint"):
@@ -258,7 +260,7 @@ def save_checkpoint(
             shutil.rmtree(path)
         _barrier()
         fresh = _no_optimizer_step_yet(optimizer)
-        model_sd, optim_sd = get_state_dict(model, optimizer)
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(trainable_only))
         needed = tensor_bytes(model_sd) + tensor_bytes(optim_sd)
         state = None
         if rank == 0:
@@ -297,10 +299,30 @@ def save_checkpoint(
     return path
 
 
+def _options(trainable_only: bool) -> StateDictOptions:
+    """The frozen parameters left out (LoRA: they come from the base model, not the checkpoint); a load
+    then checks by itself that every trainable one arrived."""
+    return StateDictOptions(ignore_frozen_params=trainable_only, strict=not trainable_only)
+
+
+def _check_trainable_loaded(model: nn.Module, missing: list[str], unexpected: list[str]) -> None:
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    lost = sorted(set(missing) & trainable)
+    if lost or unexpected:
+        name = lost[0] if lost else unexpected[0]
+        raise RuntimeError(f"the checkpoint's model state does not fit this model ({name!r})")
+
+
 def load_checkpoint(
-    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any, rank: int
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: Any,
+    rank: int,
+    trainable_only: bool = False,
 ) -> dict[str, Any]:
-    """Collective: restore model, optimizer, scheduler and RNG in place; returns the trainer state."""
+    """Collective: restore model, optimizer, scheduler and RNG in place; returns the trainer state.
+    `trainable_only`: the checkpoint holds the trainable parameters alone (`save_checkpoint`'s)."""
     state_file = path / "trainer.json"
     if not state_file.is_file():
         raise CheckpointError(f"{path} is not a complete checkpoint (no trainer.json)")
@@ -310,11 +332,20 @@ def load_checkpoint(
     resharded = trainer_state.get("world_size", world) != world
     if not rng_file.is_file() and not resharded:
         raise CheckpointError(f"{path} has no RNG state for rank {rank}: the checkpoint is incomplete")
-    model_sd, optim_sd = get_state_dict(model, optimizer)
+    options = _options(trainable_only)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
     state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     try:
         dcp.load(state, checkpoint_id=str(path))
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        keys = set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=options,
+        )
+        if trainable_only:
+            _check_trainable_loaded(model, keys.missing_keys, keys.unexpected_keys)
         if trainer_state.pop(FRESH_OPTIMIZER, False):
             optimizer.state.clear()  # saved before the first optimizer step: resume with none, as the run had
         scheduler.load_state_dict(trainer_state.pop("scheduler"))

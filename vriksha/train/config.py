@@ -46,6 +46,45 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
+class LoraSection(_Section):
+    """LoRA (low-rank adapters, through PEFT): train `rank`-r adapters on the frozen base model's linear layers
+    instead of every weight (see docs/training.md, "LoRA")."""
+
+    rank: int = Field(
+        0, ge=0, le=4096, description="adapter rank r; 0 (the default) trains every weight (full fine-tuning)"
+    )
+    alpha: float = Field(
+        32.0, gt=0.0, description="lora_alpha: the adapter's output is scaled by alpha / rank"
+    )
+    dropout: float = Field(
+        0.0, ge=0.0, lt=1.0, description="dropout on the adapters' input in the update's forwards (0: none)"
+    )
+    target_modules: list[str] | None = Field(
+        None,
+        description="linear layers to adapt, by name or name suffix (e.g. [q_proj, v_proj]); "
+        "null: every linear layer of the decoder (attention and MLP projections; not the LM head)",
+    )
+    init: Literal["default", "gaussian"] = Field(
+        "default",
+        description="initialisation of A (B starts at zero, so step 0 is the base model): default = PEFT's "
+        "Kaiming-uniform, gaussian = normal with std 1/rank",
+    )
+    use_rslora: bool = Field(
+        False, description="rank-stabilised scaling alpha / sqrt(rank) instead of alpha / rank"
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _names(cls, names: list[str] | None) -> list[str] | None:
+        if names is not None and (not names or any(not n.strip() for n in names)):
+            raise ValueError("name at least one module (or null for every linear layer of the decoder)")
+        return names
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
 class ModelConfig(_Section):
     """The policy: a Transformers directory, a GGUF file, or null for the embedded default."""
 
@@ -63,6 +102,9 @@ class ModelConfig(_Section):
         None,
         description="build a randomly initialised model from these Transformers config values "
         "(e.g. {model_type: llama, hidden_size: 64, num_hidden_layers: 2}) with the path's tokenizer; for tests",
+    )
+    lora: LoraSection = Field(
+        default_factory=LoraSection, description="LoRA adapters instead of full fine-tuning (rank > 0)"
     )
 
 

@@ -233,3 +233,7 @@ class EngineWeights:
         """The policy's full tensors, up to date, in the engine module's parameter order (`sync` first)."""
         self.sync()
         return [p.data for p in self.engine_module.parameters()]
+
+    def release(self) -> bool:
+        """Before an update: nothing to undo (the engine module holds the policy's weights as they are)."""
+        return False

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -37,8 +37,9 @@ __all__ = ["OffPolicy", "OffPolicyMetrics", "PolicyWeights", "TakenBatch"]
 
 
 class PolicyWeights(Protocol):
-    """Where new weight versions come from: the policy's full tensors, current, in the parameter order
-    of the producer's module (`distributed.EngineWeights`)."""
+    """Where new weight versions come from: the policy's full tensors, current, in the order of the
+    producer's `params` (the module's parameters, `distributed.EngineWeights`; with LoRA the adapter's A and B,
+    `lora.AdapterSync`)."""
 
     def full_tensors(self) -> list[torch.Tensor]: ...
 
@@ -89,9 +90,12 @@ class OffPolicy:
         start_version: int,
         last_step: int,
         saved: Mapping[str, Any] | None = None,
+        params: Sequence[torch.Tensor] | None = None,
     ) -> None:
         """`module`: the producer's own copy of the model (loaded only between its batches);
-        `make_engine(module)`: its engine; `saved`: what `state` returned at the checkpoint resumed from."""
+        `make_engine(module)`: its engine; `saved`: what `state` returned at the checkpoint resumed from;
+        `params`: the tensors a weight version is loaded into (default: the module's parameters; with LoRA
+        the producer's adapter, which its engine brings in, `lora_producer.py`)."""
         from vriksha.envs.registry import get_env_class
 
         saved = saved or {}
@@ -100,7 +104,7 @@ class OffPolicy:
         self.weights = weights
         self._sampled: dict[int, SampledGroups] = {}  # what the producer played, by step, until taken
         get_env_class(rollout.env.name)  # the registry loads its providers on first use, not thread-safely
-        params = list(module.parameters())
+        params = list(module.parameters() if params is None else params)
         with torch.no_grad():
             for q, p in zip(params, weights.full_tensors(), strict=True):
                 q.data.copy_(p)

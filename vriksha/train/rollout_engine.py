@@ -8,6 +8,7 @@ never ask which it is.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -19,6 +20,8 @@ from vriksha.train.config import ModelConfig, RolloutConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    from vriksha.lora import LoraAdapter
 
 __all__ = ["TrainingEngine", "build_engine", "colocated_engine"]
 
@@ -58,11 +61,13 @@ def build_engine(
     out_dir: Path,
     rank: int,
     start_version: int,
+    adapter: Callable[[], LoraAdapter | None] | None = None,
 ) -> TrainingEngine:
     """The engine `rollout.mode` names, over `module`: colocated, or servers (`rollout.servers`, or one
-    started here) that get `module`'s weights under `start_version` before the first rollout."""
+    started here) that get `module`'s weights under `start_version` before the first rollout (with LoRA,
+    `adapter()`'s tensors alone; a colocated engine reads the adapter merged into `module`)."""
     if cfg.mode == "server":
         from vriksha.train.server_rollout import ServerRollout
 
-        return ServerRollout(cfg, model_cfg, module, tokenizer, out_dir, rank, start_version)
+        return ServerRollout(cfg, model_cfg, module, tokenizer, out_dir, rank, start_version, adapter)
     return colocated_engine(module, tokenizer, cfg.engine)

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,6 +31,7 @@ from vriksha.engine.outputs import CompletionOutput, RequestOutput
 from vriksha.engine.sampling_params import SamplingParams
 from vriksha.envs.rollout_engine import TokenPrompt
 from vriksha.errors import VrikshaError
+from vriksha.lora import LoraAdapter
 from vriksha.net.launch import free_port
 from vriksha.net.trust import WEIGHTS_KEY_ENV, env_key, new_key
 from vriksha.train.config import ModelConfig, RolloutConfig
@@ -180,7 +181,9 @@ def eos_token_ids(module: torch.nn.Module, tokenizer: Any) -> frozenset[int]:
 
 class ServerRollout:
     """A `TrainingEngine` (`rollout_engine.py`) on servers: `generate` like `LLM.generate`;
-    `weights_updated()` and `set_weight_version()` push the engine module to them."""
+    `weights_updated()` and `set_weight_version()` push the engine module to them, or with LoRA
+    (`adapter` given) the current adapter alone: the servers keep their base weights and take the adapter's
+    tensors in its place (`WeightSyncClient.push_adapter`)."""
 
     def __init__(
         self,
@@ -191,10 +194,12 @@ class ServerRollout:
         out_dir: Path,
         rank: int,
         start_version: int,
+        adapter: Callable[[], LoraAdapter | None] | None = None,
     ) -> None:
         import httpx
 
         self.cfg = cfg
+        self.adapter = adapter
         self.engine_module = engine_module
         self.tokenizer = tokenizer
         self.eos_token_ids = eos_token_ids(engine_module, tokenizer)
@@ -276,7 +281,12 @@ class ServerRollout:
                 expected,
             )
         # a server ahead of the trainer (after a trainer restart) takes the trainer's older version on purpose
-        res = client.push(self.engine_module, self.version, rewind=served > self.version)
+        rewind = served > self.version
+        adapter = self.adapter() if self.adapter is not None else None
+        if adapter is not None:
+            res = client.push_adapter(adapter, self.version, rewind=rewind)
+        else:
+            res = client.push(self.engine_module, self.version, rewind=rewind)
         row: dict[str, Any] = {
             "server": client.base_url,
             "version": res.version,
@@ -286,9 +296,16 @@ class ServerRollout:
             "receiver": res.receiver,
             "server_version_before": served,
         }
+        if adapter is not None:
+            row["adapter"] = {"name": adapter.name, "rank": adapter.rank, "bytes": adapter.nbytes}
         if self.cfg.verify_weights:
-            mine = {n: digest(p) for n, p in self.engine_module.named_parameters()}
-            row["bit_equal"] = client.digests() == mine
+            if adapter is not None:  # the adapter's tensors as the server holds them
+                theirs = client.digests()
+                mine = {k: digest(t) for k, t in adapter.peft_state_dict().items()}
+                row["bit_equal"] = all(theirs.get(k) == v for k, v in mine.items())
+            else:
+                mine = {n: digest(p) for n, p in self.engine_module.named_parameters()}
+                row["bit_equal"] = client.digests() == mine
             if not row["bit_equal"]:
                 raise WeightVersionError(
                     f"{client.base_url}: parameters differ from the trainer's after version {self.version}"

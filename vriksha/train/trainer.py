@@ -8,6 +8,10 @@ for step in steps:
     group-relative advantages; groups with no reward variance are counted and skipped
     micro-batched GRPO loss (global token normalisation) -> backward -> clip -> AdamW -> schedule
     log; evaluate every eval_interval; checkpoint every checkpoint_interval
+
+With LoRA (`model.lora.rank > 0`, `lora.py`) only the adapters train; the engine plays with the adapter merged
+into its weights (taken out bit for bit before each update), servers get the adapter alone, checkpoints hold
+the adapter and its optimizer state, and the run ends with the adapter in PEFT's format (`<output_dir>/adapter`).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import math
 import resource
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +40,8 @@ from vriksha.train.distributed import EngineWeights, ParallelDims, all_reduce, i
 from vriksha.train.dynamic_sampling import SampledGroups
 from vriksha.train.export import export_model
 from vriksha.train.grpo import group_advantages
+from vriksha.train.lora import AdapterSync, apply_lora, check_lora_parallel, export_adapter, export_merged
+from vriksha.train.lora_producer import AdapterEngine, ProducerAdapter
 from vriksha.train.losses import build_loss
 from vriksha.train.metrics import MetricsWriter, rollout_summary, summary_table, write_plots
 from vriksha.train.offpolicy import OffPolicy
@@ -48,6 +55,8 @@ from vriksha.train.update import Learner, UpdateBatch, policy_update
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
+
+    from vriksha.lora import LoraAdapter
 
 logger = logging.getLogger(__name__)
 
@@ -129,25 +138,49 @@ class GRPOTrainer:
         mp = self.precision.fsdp_param_dtype
         vocab = cfg.parallel.shard_vocab
         self.ref_model = None
-        if cfg.grpo.kl_coef > 0:
+        if cfg.grpo.kl_coef > 0:  # the initial model: with LoRA, the base without adapters
             self.ref_model = parallelize(copy.deepcopy(model).requires_grad_(False), pd, mp, vocab)
+        self.lora = cfg.model.lora if cfg.model.lora.enabled else None
+        if self.lora is not None:  # after every plain copy above: they stay without adapters
+            check_lora_parallel(self.lora, pd.tp)
+            apply_lora(model, self.lora, cfg.trainer.seed)
         self.policy = parallelize(model, pd, mp, vocab)
         o = cfg.optim
+        trainable = [p for p in self.policy.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            self.policy.parameters(), lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
+            trainable, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
         )
         self.scheduler = build_scheduler(self.optimizer, o, cfg.trainer.steps)
         self.start_step = 0
         self.state: dict[str, Any] = {}
         if self.resume:
             ckpt = find_checkpoint(self.out_dir)
-            self.state = load_checkpoint(ckpt, self.policy, self.optimizer, self.scheduler, pd.rank)
+            self.state = load_checkpoint(
+                ckpt,
+                self.policy,
+                self.optimizer,
+                self.scheduler,
+                pd.rank,
+                trainable_only=self.lora is not None,
+            )
             self.start_step = int(self.state["step"])
             if self.start_step > cfg.trainer.steps:
                 raise ConfigError(
                     f"trainer.steps: {cfg.trainer.steps} is below the checkpoint's step {self.start_step}"
                 )
-        self.engine_weights = EngineWeights(self.policy, self.engine_module, pd.world_size)
+        self.engine_weights: EngineWeights | AdapterSync
+        if self.lora is None:
+            self.engine_weights = EngineWeights(self.policy, self.engine_module, pd.world_size)
+        else:
+            self.engine_weights = AdapterSync(
+                self.policy,
+                self.engine_module,
+                pd.world_size,
+                self.lora,
+                name=self.out_dir.name,
+                base_model=cfg.model.path,
+                merge=cfg.rollout.mode == "colocated",  # servers take the adapter alone
+            )
         self.learner = Learner(
             self.policy,
             self.optimizer,
@@ -177,7 +210,9 @@ class GRPOTrainer:
             self.tokenizer, cfg.env, cfg.rollout, cfg.trainer.seed, pd.rank, pd.world_size
         )
 
-        def engine_over(module: PreTrainedModel) -> TrainingEngine:
+        def engine_over(
+            module: PreTrainedModel, adapter: Callable[[], LoraAdapter | None] | None
+        ) -> TrainingEngine:
             return build_engine(
                 module,
                 self.tokenizer,
@@ -186,20 +221,24 @@ class GRPOTrainer:
                 out_dir=self.out_dir,
                 rank=pd.rank,
                 start_version=self.start_step,
+                adapter=adapter,
             )
 
+        weights = self.engine_weights
+        own_adapter = (lambda: weights.adapter) if isinstance(weights, AdapterSync) else None
         self.offpolicy: OffPolicy | None = None
         if producer_module is None:
-            self.llm = engine_over(self.engine_module)
+            self.llm = engine_over(self.engine_module, own_adapter)
         else:  # the producer plays on its own engine; evaluation and export run here over the current weights
             self.llm = colocated_engine(self.engine_module, self.tokenizer, cfg.rollout.engine)
         self.worker = RolloutWorker(self.llm, self.tokenizer, cfg.env, cfg.rollout)
         if producer_module is not None:
             tc, k = cfg.trainer, cfg.rollout.max_staleness
             stop_at = tc.steps if tc.stop_after is None else min(tc.steps, self.start_step + tc.stop_after)
+            make_engine, params = self._producer_engine(producer_module, engine_over)
             self.offpolicy = OffPolicy(
                 producer_module,
-                engine_over,
+                make_engine,
                 self.rollout,
                 self.engine_weights,
                 max_staleness=k,
@@ -207,7 +246,19 @@ class GRPOTrainer:
                 # K batches past the last step of this invocation: what a checkpoint there needs next
                 last_step=min(tc.steps, stop_at + k),
                 saved=self.state,
+                params=params,
             )
+
+    def _producer_engine(
+        self, module: PreTrainedModel, engine_over: Callable[..., TrainingEngine]
+    ) -> tuple[Callable[[PreTrainedModel], TrainingEngine], list[torch.Tensor] | None]:
+        """How the off-policy producer builds its engine, and the tensors its weight versions load into
+        (None: its module's parameters; with LoRA, its own adapter's A and B)."""
+        weights = self.engine_weights
+        if not isinstance(weights, AdapterSync):
+            return lambda m: engine_over(m, None), None
+        producer = ProducerAdapter(module, weights.gather(), merge=self.cfg.rollout.mode == "colocated")
+        return lambda m: AdapterEngine(engine_over(m, lambda: producer.adapter), producer), producer.params
 
     # -- pieces of a step ----------------------------------------------------
 
@@ -288,6 +339,8 @@ class GRPOTrainer:
             sync_s = 0.0
             taken = self.offpolicy.take(step)
             mine, rollout_s, sampled = taken.groups, taken.seconds, taken.sampled
+        if self.engine_weights.release():  # LoRA, one process: the base the update reads is the engine's
+            self._engine_stale = True
         groups = self._tp_gather(mine)
         own = range(self.pd.tp_rank * len(mine), (self.pd.tp_rank + 1) * len(mine))  # mine within groups
         t2 = time.perf_counter()
@@ -306,7 +359,7 @@ class GRPOTrainer:
         with warnings.catch_warnings():  # a step whose groups all lacked signal ran no optimizer step
             warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*")
             self.scheduler.step()
-        self._engine_stale = result.optimizer_steps > 0
+        self._engine_stale = self._engine_stale or result.optimizer_steps > 0
         t3 = time.perf_counter()
         if self.offpolicy is not None:
             sync_s = self.offpolicy.publish(step)
@@ -335,7 +388,16 @@ class GRPOTrainer:
         state = {"elapsed_s": self._elapsed, "world_size": self.pd.world_size, "mesh": self.pd.shape}
         if self.offpolicy is not None:  # the batches played ahead under older weights (see offpolicy.py)
             state.update(self.offpolicy.state(step))
-        save_checkpoint(self.out_dir, step, self.policy, self.optimizer, self.scheduler, state, self.pd.rank)
+        save_checkpoint(
+            self.out_dir,
+            step,
+            self.policy,
+            self.optimizer,
+            self.scheduler,
+            state,
+            self.pd.rank,
+            trainable_only=self.lora is not None,
+        )
 
     def fit(self) -> dict[str, Any]:
         try:
@@ -407,7 +469,14 @@ class GRPOTrainer:
 
     def _finish(self, evals: list[dict[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        if self.cfg.trainer.export:
+        weights = self.engine_weights
+        if isinstance(weights, AdapterSync):  # the adapter always (megabytes); the merged model on request
+            path = export_adapter(weights, self.out_dir / "adapter", self.pd.rank)
+            out["adapter"] = str(path) if path else None
+            if self.cfg.trainer.export:
+                path = export_merged(weights, self.tokenizer, self.out_dir / "final", self.pd.rank)
+                out["export"] = str(path) if path else None
+        elif self.cfg.trainer.export:
             self._sync_engine()
             path = export_model(
                 self.policy, self.engine_module, self.tokenizer, self.out_dir / "final", self.pd.rank

@@ -15,7 +15,9 @@ from urllib.parse import urlparse
 
 import torch
 
+from vriksha.lora import LoraAdapter
 from vriksha.net.trust import WEIGHTS_KEY_ENV, env_key, weights_headers
+from vriksha.weights.adapter_update import AdapterMeta
 from vriksha.weights.counters import CopyCounter
 from vriksha.weights.plan import TensorSpec, WeightTransferError, check_specs
 from vriksha.weights.protocol import WeightSender
@@ -199,11 +201,27 @@ class WeightSyncClient:
         dtypes = {n: s.torch_dtype for n, s in self.specs.items()}
         tensors = list(full_parameters(module, dtypes))
         check_specs([TensorSpec.of(n, t) for n, t in tensors], {n: _meta(s) for n, s in self.specs.items()})
+        return self._send(tensors, {"version": version, "rewind": rewind}, t0)
+
+    @torch.no_grad()
+    def push_adapter(self, adapter: LoraAdapter, version: int, rewind: bool = False) -> PushResult:
+        """Send a LoRA adapter's tensors alone (float32, under PEFT's keys) as `version`: the server serves
+        its base model with this adapter from then on (the server checks them against its linear layers)."""
+        if self.sender is None:
+            self.connect()
+        t0 = time.perf_counter()
+        tensors = [(k, t.detach().float().contiguous()) for k, t in adapter.peft_state_dict().items()]
+        start = {"version": version, "rewind": rewind, "adapter": AdapterMeta.of(adapter).to_json()}
+        return self._send(tensors, start, t0)
+
+    def _send(self, tensors: list[tuple[str, torch.Tensor]], start: dict, t0: float) -> PushResult:
+        """One update: start it (`start` is the body), move `tensors` over the data plane, finish it."""
+        version = int(start["version"])
         counter = CopyCounter()
         sender = self.sender
         if sender is None:
             raise WeightTransferError(f"no weight transfer to {self.base_url} is set up; connect() first")
-        self._post("/start_weight_update", {"version": version, "rewind": rewind})
+        self._post("/start_weight_update", start)
         try:
             body = {"update_info": sender.prepare(tensors, counter, version)}
             reply = self._concurrently(

@@ -11,6 +11,10 @@ An update is staged: each call's tensors are checked by name, dtype and shape be
 received into a staging copy; only a complete update, at finish, is copied into the parameters. A failed,
 partial or abandoned update leaves the parameters and the version as they were; the version never moves
 backwards unless the trainer says `rewind` (restoring older weights on purpose).
+
+An update that starts with `adapter` (a LoRA adapter's name, rank, alpha and modules) carries that adapter's
+tensors instead of the parameters, named by PEFT's keys, staged and checked the same way; a complete one goes to
+the updater's adapter sink (`adapter_update.py`) under the new version.
 """
 
 from __future__ import annotations
@@ -26,6 +30,13 @@ from typing import Any
 import torch
 
 from vriksha.errors import VrikshaError
+from vriksha.weights.adapter_update import (
+    AdapterMeta,
+    AdapterSink,
+    MergedAdapterSink,
+    adapter_targets,
+    build_adapter,
+)
 from vriksha.weights.counters import CopyCounter
 from vriksha.weights.fs import FILE, FsReceiver, file_specs
 from vriksha.weights.plan import TensorSpec, WeightTransferError, check_sent, digest, layout, parse_specs
@@ -63,6 +74,7 @@ class Update:
     started_at: float
     staged: dict[str, torch.Tensor] = field(default_factory=dict)
     counter: CopyCounter = field(default_factory=CopyCounter)
+    adapter: AdapterMeta | None = None  # an adapter-only update: the adapter it carries
 
 
 @dataclass(slots=True)
@@ -102,9 +114,10 @@ def _update_specs(backend: str, info: dict, params: dict[str, torch.Tensor]) -> 
 
 
 class WeightUpdater:
-    def __init__(self, allow_multiple_clients: bool = False) -> None:
+    def __init__(self, allow_multiple_clients: bool = False, adapters: AdapterSink | None = None) -> None:
         self.allow_multiple_clients = allow_multiple_clients
         self.state = UpdateState()
+        self.adapters: AdapterSink = adapters if adapters is not None else MergedAdapterSink()
 
     # ---- who ----------------------------------------------------------------------------------------
     def claim(self, client_id: str) -> str:
@@ -176,7 +189,11 @@ class WeightUpdater:
             self.close_backend()
 
     # ---- one update ---------------------------------------------------------------------------------
-    def start(self, token: str, version: int, served: int, rewind: bool = False) -> None:
+    def start(
+        self, token: str, version: int, served: int, rewind: bool = False, adapter: dict | None = None
+    ) -> None:
+        """Begin the update of `version`; `adapter`: it carries that adapter's tensors alone (`AdapterMeta`)."""
+        meta = AdapterMeta.from_json(adapter) if adapter is not None else None
         s = self.state
         if s.receiver is None:
             raise WeightTransferError(
@@ -191,7 +208,7 @@ class WeightUpdater:
                 f"version {version} is behind the served version {served}: versions only move forward (a trainer "
                 "restoring older weights on purpose says rewind: true)"
             )
-        s.update = Update(token, version, time.monotonic())
+        s.update = Update(token, version, time.monotonic(), adapter=meta)
 
     def _current(self, token: str) -> Update:
         upd = self.state.update
@@ -205,11 +222,14 @@ class WeightUpdater:
         """Runs in the engine thread: check the sent tensors, then receive them into the update's staging copy
         (the parameters are untouched until `finish`)."""
         upd = self._current(token)
-        params = engine_parameters(engine.model)
+        params = self._targets(engine, upd)
         specs = _update_specs(str(self.state.backend), info, params)
         for spec in specs:
             if spec.name not in upd.staged:
-                upd.staged[spec.name] = torch.empty_like(params[spec.name])
+                like = params[spec.name]  # an adapter's tensors are staged on the host
+                upd.staged[spec.name] = (
+                    torch.empty_like(like, device="cpu") if like.is_meta else torch.empty_like(like)
+                )
         target = {spec.name: upd.staged[spec.name] for spec in specs}
         receiver = self.state.receiver
         if receiver is None:
@@ -233,11 +253,19 @@ class WeightUpdater:
             raise WeightTransferError("the data plane delivered other tensors than the update named")
         return upd.counter.to_json()
 
+    @staticmethod
+    def _targets(engine: Any, upd: Update) -> dict[str, torch.Tensor]:
+        """What the update writes: the engine's parameters, or the adapter's tensors (meta tensors)."""
+        if upd.adapter is not None:
+            return adapter_targets(engine.model, upd.adapter)
+        return engine_parameters(engine.model)
+
     def finish(self, engine: Any, token: str) -> dict:
-        """Runs in the engine thread: a complete update is copied into the parameters and takes effect
-        (prefix cache flushed, derived layouts rebuilt, outputs stamped with its version)."""
+        """Runs in the engine thread: a complete update is copied into the parameters (an adapter update goes to
+        the adapter sink) and takes effect (prefix cache flushed, derived layouts rebuilt, outputs stamped with
+        its version)."""
         upd = self._current(token)
-        params = engine_parameters(engine.model)
+        params = self._targets(engine, upd)
         missing = sorted(set(params) - set(upd.staged))
         if missing:
             raise WeightTransferError(
@@ -250,9 +278,13 @@ class WeightUpdater:
                 f"{stats.num_running + stats.num_waiting} requests are running; the update was not applied"
             )
         with torch.no_grad():
-            for name, staged in upd.staged.items():
-                params[name].copy_(staged)
-                upd.counter.add(staged.nbytes)
+            if upd.adapter is not None:
+                self.adapters.apply(engine, build_adapter(upd.adapter, upd.staged))
+            else:
+                for name, staged in upd.staged.items():
+                    params[name].copy_(staged)
+                    upd.counter.add(staged.nbytes)
+                self.adapters.weights_replaced()
         engine.set_weight_version(upd.version)
         self.state.update = None
         elapsed = time.monotonic() - upd.started_at
@@ -270,5 +302,9 @@ class WeightUpdater:
         return True
 
 
-def parameter_digests(engine: Any) -> dict[str, str]:
-    return {n: digest(t) for n, t in engine_parameters(engine.model).items()}
+def parameter_digests(engine: Any, adapters: AdapterSink | None = None) -> dict[str, str]:
+    """sha256 of every parameter, and of each tensor of the adapter in use (by PEFT key) when there is one."""
+    out = {n: digest(t) for n, t in engine_parameters(engine.model).items()}
+    if adapters is not None:
+        out.update(adapters.digests())
+    return out

@@ -1,0 +1,88 @@
+"""The off-policy producer with LoRA: its weight versions are adapters, not models.
+
+The producer (`offpolicy.py`) stages each published version and loads it into its own tensors between batches.
+With LoRA those tensors are the A and B of its own copy of the adapter (`ProducerAdapter.params`), a few MB per
+version instead of the model; `AdapterEngine` then makes the engine take the adapter just loaded before it plays
+under the new version: merged into the producer's module for a colocated engine, pushed alone for servers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from vriksha.lora import LoraAdapter, LoraWeights
+from vriksha.lora.merge import MergedWeights
+from vriksha.train.lora import adapter_tensors
+from vriksha.train.rollout_engine import TrainingEngine
+
+if TYPE_CHECKING:
+    from vriksha import RequestOutput, SamplingParams
+    from vriksha.envs.rollout_engine import TokenPrompt
+
+__all__ = ["AdapterEngine", "ProducerAdapter"]
+
+
+class ProducerAdapter:
+    """The producer's adapter: its own A and B (`params`, what a staged version is copied into), merged into the
+    producer's module when `merge` (a colocated engine reads that module)."""
+
+    def __init__(self, module: nn.Module, template: LoraAdapter, merge: bool) -> None:
+        own = {
+            n: LoraWeights(w.a.detach().clone(), w.b.detach().clone()) for n, w in template.modules.items()
+        }
+        self.adapter = LoraAdapter(
+            template.name,
+            template.rank,
+            template.alpha,
+            template.target_modules,
+            own,
+            use_rslora=template.use_rslora,
+            dropout=template.dropout,
+            base_model=template.base_model,
+        )
+        self.params: list[torch.Tensor] = adapter_tensors(self.adapter)
+        self.merged = MergedWeights({n: module.get_submodule(n).weight.data for n in own}) if merge else None
+
+    def apply(self) -> None:
+        """The module takes the adapter's current tensors (the one merged before taken out exactly)."""
+        if self.merged is not None:
+            self.merged.unmerge()
+            self.merged.merge(self.adapter)
+
+
+class AdapterEngine:
+    """A `TrainingEngine` that brings the producer's adapter into its engine before each new version."""
+
+    def __init__(self, inner: TrainingEngine, producer: ProducerAdapter) -> None:
+        self.inner = inner
+        self.producer = producer
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.inner.eos_token_ids
+
+    def generate(
+        self,
+        prompts: Sequence[TokenPrompt],
+        sampling_params: Sequence[SamplingParams],
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        return self.inner.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def weights_updated(self) -> None:
+        self.producer.apply()
+        self.inner.weights_updated()
+
+    def set_weight_version(self, version: int) -> None:
+        self.producer.apply()
+        self.inner.set_weight_version(version)
+
+    def flush_cache(self) -> bool:
+        return self.inner.flush_cache()
+
+    def close(self) -> None:
+        self.inner.close()
