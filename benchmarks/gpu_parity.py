@@ -50,6 +50,7 @@ def cell(family: str, dtype: torch.dtype, kernels: str, device, tokenizer, cuda_
     from transformers import AutoModelForCausalLM
 
     from vriksha import LLM, SamplingParams
+    from vriksha.engine.runner.decode_graphs import DecodeGraphs
 
     config = FAMILY_CONFIGS[family]()
     config.vocab_size = VOCAB
@@ -72,7 +73,7 @@ def cell(family: str, dtype: torch.dtype, kernels: str, device, tokenizer, cuda_
             o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
         ]
         bound = llm.engine.runner.kernels.name
-        graphs = llm.engine.runner.decode_graphs is not None
+        graphs = llm.engine.runner.path(DecodeGraphs) is not None
     finally:
         llm.close()
     parts = [first_difference(list(g), w) for g, w in zip(got, want, strict=True)]

@@ -17,9 +17,10 @@ import time
 
 import torch
 
-from vriksha.engine.grammar import GrammarEngine
-from vriksha.engine.logits_processing import apply_bitmask, apply_bitmask_unpacked
-from vriksha.engine.structured_outputs import StructuredOutputsParams
+from vriksha.engine.core.grammar import GrammarEngine
+from vriksha.engine.core.logits_processing import apply_bitmask, apply_bitmask_unpacked
+from vriksha.engine.core.structured_outputs import StructuredOutputsParams
+from vriksha.engine.platform.native.bitmask import bitmask_kernel
 from vriksha.loading import load_tokenizer, resolve_model_path
 
 try:
@@ -40,6 +41,7 @@ def main() -> None:
     spec = StructuredOutputsParams(json=SCHEMA)
     matchers = [engine.matcher(spec) for _ in range(args.batch)]
     rows = list(range(args.batch))
+    kernel = bitmask_kernel()
     gen = torch.Generator().manual_seed(0)
     parts: dict[str, list[float]] = {"fill": [], "apply_native": [], "apply_numpy": [], "consume": []}
     for _ in range(args.steps):
@@ -51,7 +53,7 @@ def main() -> None:
         t2 = time.perf_counter()
         apply_bitmask_unpacked(reference, rows, masks)
         t3 = time.perf_counter()
-        apply_bitmask(native, rows, masks)
+        apply_bitmask(native, rows, masks, kernel=kernel)
         t4 = time.perf_counter()
         assert torch.equal(native, reference)
         ids = native.argmax(dim=-1).tolist()

@@ -220,7 +220,7 @@ def plot(rows: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
-    from vriksha.cpu_features import cpu_features
+    from vriksha.engine.platform.cpu_features import cpu_features
 
     here = cpu_features().summary()
     per_seed: dict[int, dict[str, dict]] = {}

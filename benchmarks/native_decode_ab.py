@@ -28,10 +28,12 @@ def main() -> None:
     args = parser.parse_args()
 
     from vriksha import LLM, SamplingParams
+    from vriksha.engine.runner.native_decode import NativeDecode
 
     llm = LLM(model=args.model, quantization=args.quantization, native_decode="on")
     runner = llm.engine.runner
-    fused = runner.native_decode
+    fused = runner.path(NativeDecode)
+    chain = list(runner.paths)
     print(f"threads {torch.get_num_threads()}; {llm.engine.quantization.describe()}")
     print(f"native decode: {runner.native_decode_choice}")
     if fused is None:
@@ -41,7 +43,7 @@ def main() -> None:
     llm.generate(prompt, SamplingParams(temperature=0, max_tokens=8))  # warm-up
 
     def run(native: bool) -> tuple[float, list[int]]:
-        runner.native_decode = fused if native else None
+        runner.paths = chain if native else [p for p in chain if p is not fused]
         llm.flush_cache()
         start = time.perf_counter()
         out = llm.generate(prompt, params)[0].outputs[0].token_ids
@@ -53,7 +55,7 @@ def main() -> None:
         for native in (True, False) if r % 2 == 0 else (False, True):
             tok_s, tokens[native] = run(native)
             speeds[native].append(tok_s)
-    runner.native_decode = fused
+    runner.paths = chain
     a, b = statistics.median(speeds[True]), statistics.median(speeds[False])
     print(f"native decode {a:.1f} tok/s, lean forward {b:.1f} tok/s: {a / b:.2f}x")
     print(f"greedy tokens equal: {tokens[True] == tokens[False]}")

@@ -29,7 +29,7 @@ from urllib.parse import urlparse
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from vriksha.engine.stats import StepTimes
+from vriksha.engine.core.stats import StepTimes
 from vriksha.net.launch import free_port
 
 REPO = Path(__file__).resolve().parents[1]

@@ -22,7 +22,7 @@ import time
 import jsonschema
 
 from vriksha import LLM, SamplingParams
-from vriksha.engine.structured_outputs import StructuredOutputsParams
+from vriksha.engine.core.structured_outputs import StructuredOutputsParams
 from vriksha.toolcalls import get_parser, parser_for_template
 
 SCHEMA = {
@@ -100,7 +100,7 @@ def _use_overlap(llm: LLM, mode: str) -> None:
     if engine._grammar is not None:
         engine._grammar.close()
     engine._grammar = None
-    engine.config.grammar_overlap = mode
+    engine.config.platform.grammar_overlap = mode
 
 
 def _timed(llm: LLM, prompts: list[str], params) -> tuple[float, list]:

@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="A/B rounds")
     args = parser.parse_args()
 
-    from vriksha.cpu_features import cpu_features
+    from vriksha.engine.platform.cpu_features import cpu_features
     from vriksha.loading import load_model
     from vriksha.train.batch import GroupBatch
     from vriksha.train.config import SUB_BATCH_OVERHEAD_TOKENS

@@ -3,7 +3,7 @@
 - The suite's engines and trainers compute in fp32, the dtype their reference outputs were written for.
   `dtype="auto"` would pick bf16 on a CPU with fast bf16 (AMX, AVX512-BF16) and change the numbers tests
   compare against fp32 Transformers references; `$VRIKSHA_DTYPE` pins it here (and in the servers and trainers
-  the tests start). The tests of the choice itself (tests/engine/test_dtype_auto.py,
+  the tests start). The tests of the choice itself (tests/engine/platform/test_compute_dtype.py,
   tests/train/test_precision.py) unset it.
 - What the suite measures stays with the suite. The engine keeps its measured choices (linear-layer paths,
   native decode, the dtype) as JSON files in `$VRIKSHA_CACHE`, and a suite that runs servers and trainers
@@ -13,7 +13,7 @@
   into the user's cache, so nothing is converted or compiled twice. Nor does the suite refuse what it timed
   on its busy CPU (`$VRIKSHA_TIMING_MAX_LOAD=1`): its cache dies with the run, and timing every choice again
   at each engine start would multiply the suite's time. The tests of that refusal
-  (tests/engine/test_timing_load.py) set their own limit.
+  (tests/engine/platform/test_timing_load.py) set their own limit.
 """
 
 import atexit
@@ -22,7 +22,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from vriksha.cache import cache_dir
+from vriksha.artifact_store import cache_dir
 
 os.environ.setdefault("VRIKSHA_DTYPE", "float32")
 os.environ.setdefault("VRIKSHA_TIMING_MAX_LOAD", "1")

@@ -3,7 +3,7 @@
 import os
 from pathlib import Path
 
-from vriksha.cache import cache_dir
+from vriksha.artifact_store import cache_dir
 
 
 def test_the_suite_measures_into_a_cache_of_its_own_that_links_the_built_artifacts():

@@ -5,20 +5,20 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _LAZY = {
-    "LLM": "vriksha.engine.llm",
-    "SamplingParams": "vriksha.engine.sampling_params",
-    "RequestOutput": "vriksha.engine.outputs",
-    "CompletionOutput": "vriksha.engine.outputs",
-    "AsyncEngine": "vriksha.engine.async_engine",
+    "LLM": "vriksha.engine.core.llm",
+    "SamplingParams": "vriksha.engine.core.sampling_params",
+    "RequestOutput": "vriksha.engine.core.outputs",
+    "CompletionOutput": "vriksha.engine.core.outputs",
+    "AsyncEngine": "vriksha.engine.core.async_engine",
     "EngineConfig": "vriksha.engine.config",
 }
 
 if TYPE_CHECKING:
-    from vriksha.engine.async_engine import AsyncEngine
     from vriksha.engine.config import EngineConfig
-    from vriksha.engine.llm import LLM
-    from vriksha.engine.outputs import CompletionOutput, RequestOutput
-    from vriksha.engine.sampling_params import SamplingParams
+    from vriksha.engine.core.async_engine import AsyncEngine
+    from vriksha.engine.core.llm import LLM
+    from vriksha.engine.core.outputs import CompletionOutput, RequestOutput
+    from vriksha.engine.core.sampling_params import SamplingParams
 
 
 def __getattr__(name: str) -> Any:

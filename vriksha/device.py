@@ -62,7 +62,7 @@ def describe(device: torch.device | str) -> str:
     """The hardware behind `device`, as a stable name: the processor's model, or the accelerator's name."""
     device = torch.device(device)
     if is_host(device):
-        from vriksha.cpu_features import cpu_features
+        from vriksha.engine.platform.cpu_features import cpu_features
 
         return f"{HOST_TYPE}: {cpu_features().model}"
     module = torch.get_device_module(device.type)

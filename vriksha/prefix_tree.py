@@ -1,4 +1,4 @@
-"""Pure helpers of the token prefix trees: the engine's radix cache (`engine/radix_cache.py`, nodes holding
+"""Pure helpers of the token prefix trees: the engine's radix cache (`engine/core/radix_cache.py`, nodes holding
 KV slots) and the token tree that mirrors it from KV events (`kv_events/token_tree.py`, nodes without KV).
 
 A leaf module (it imports nothing of vriksha), so the engine and the router's side share it without either

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from vriksha.cache import cache_dir
+from vriksha.artifact_store import cache_dir
 
 NAME = "vdev"
 _extension = None

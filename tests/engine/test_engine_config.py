@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
 import pytest
 import torch
@@ -12,7 +11,7 @@ from vriksha.cli import build_parser
 from vriksha.engine.config import EngineConfig
 from vriksha.errors import ConfigError
 
-FIELDS = [f.name for f in dataclasses.fields(EngineConfig)]
+FIELDS = EngineConfig.option_names()  # the serving options and the platform section's
 
 
 def parser() -> argparse.ArgumentParser:
@@ -49,7 +48,7 @@ def test_only_given_flags_reach_the_config():
         4,
         "bfloat16",
     )
-    assert cfg.fast_linear is False  # a default the caller chose, where no flag was given
+    assert cfg.platform.fast_linear is False  # a default the caller chose, where no flag was given
     with pytest.raises(SystemExit):
         p.parse_args(["--dtype", "int8"])
 
@@ -77,6 +76,31 @@ def test_from_dict_names_unknown_keys_and_wrong_types():
         EngineConfig.from_dict({"fast_linear": 1})
 
 
+def test_the_platform_section_nested_or_flat_in_files_and_by_name_in_code():
+    nested = EngineConfig.from_dict({"platform": {"native_decode": "off"}, "max_num_seqs": 4})
+    flat = EngineConfig.from_dict({"native_decode": "off", "max_num_seqs": 4})
+    assert nested == flat == EngineConfig.from_flat(native_decode="off", max_num_seqs=4)
+    assert nested.platform.native_decode == "off"
+    assert nested.to_dict(changed_only=True) == {"max_num_seqs": 4, "platform": {"native_decode": "off"}}
+    with pytest.raises(ConfigError, match="native_decode is given twice"):
+        EngineConfig.from_dict({"native_decode": "on", "platform": {"native_decode": "off"}})
+    with pytest.raises(ConfigError, match="unknown engine option fast;"):
+        EngineConfig.from_dict({"platform": {"fast": True}})
+    with pytest.raises(ConfigError, match="platform is a section"):
+        EngineConfig.from_dict({"platform": "fast"})
+    changed = nested.replace(fast_linear=False, max_num_seqs=8)
+    assert (changed.platform.native_decode, changed.platform.fast_linear, changed.max_num_seqs) == ("off", False, 8)
+
+
+def test_flags_of_the_platform_section_keep_their_names_and_round_trip():
+    p = parser()
+    cfg = EngineConfig.from_args(p.parse_args(["--native-decode", "off", "--no-fast-linear", "--max-num-seqs", "4"]))
+    assert (cfg.platform.native_decode, cfg.platform.fast_linear, cfg.max_num_seqs) == ("off", False, 4)
+    assert EngineConfig.from_args(p.parse_args(cfg.to_args())) == cfg
+    assert EngineConfig.option_path("native_decode") == "platform.native_decode"
+    assert EngineConfig.option_path("max_num_seqs") == "max_num_seqs"
+
+
 def test_to_dict_round_trips_and_lists_only_changes():
     cfg = EngineConfig(kv_cache_memory_gb=0.1, enable_prefix_caching=False)
     assert cfg.to_dict(changed_only=True) == {"kv_cache_memory_gb": 0.1, "enable_prefix_caching": False}
@@ -86,7 +110,7 @@ def test_to_dict_round_trips_and_lists_only_changes():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kv_cache_tokens_sizes_the_pool_in_tokens_whatever_the_dtype(dtype):
     from tests.tiny_llama import embedded_tokenizer, tiny_llama
-    from vriksha.engine.llm_engine import LLMEngine
+    from vriksha.engine.core.llm_engine import LLMEngine
 
     tok = embedded_tokenizer()
     model = tiny_llama(tok, max_position_embeddings=128).to(dtype).eval()

@@ -7,9 +7,9 @@ import pytest
 
 from tests.engine.conftest import tiny_model
 from vriksha import SamplingParams
-from vriksha.engine.async_engine import AsyncEngine
-from vriksha.engine.llm_engine import LLMEngine
-from vriksha.engine.protocol import EngineProtocol
+from vriksha.engine.core.async_engine import AsyncEngine
+from vriksha.engine.core.llm_engine import LLMEngine
+from vriksha.engine.core.protocol import EngineProtocol
 from vriksha.errors import InvalidRequestError, PromptTooLongError
 
 VOCAB = 512

@@ -10,6 +10,7 @@ import torch
 from tests.engine.conftest import tiny_model
 from tests.engine.families import FAMILY_CONFIGS, MOE_FAMILIES, REFUSED_CONFIGS, VOCAB
 from vriksha import LLM, SamplingParams
+from vriksha.engine.runner.lean_forward import LeanForward
 from vriksha.errors import ModelLoadError
 
 FAMILIES = sorted(FAMILY_CONFIGS)
@@ -46,7 +47,7 @@ def engine_over(reference, tokenizer, forward: str = "lean", **options) -> LLM:
         copy.deepcopy(reference), tokenizer, kv_cache_memory_gb=0.01, max_model_len=256,
         fast_forward=forward == "lean", **options,
     )
-    assert (llm.engine.runner.fast_forward is not None) == (forward == "lean" and reference.config.model_type in LEAN_FORWARD_FAMILIES)
+    assert (llm.engine.runner.path(LeanForward) is not None) == (forward == "lean" and reference.config.model_type in LEAN_FORWARD_FAMILIES)
     return llm
 
 

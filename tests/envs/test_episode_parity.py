@@ -20,7 +20,7 @@ from vriksha.envs.trl_adapter import build_rows, make_reward_func
 from vriksha.train.config import EnvConfig, RolloutConfig
 from vriksha.train.rollout import RolloutWorker
 
-llm_mod = pytest.importorskip("vriksha.engine.llm", reason="the engine (vriksha.engine.llm) has not landed")
+llm_mod = pytest.importorskip("vriksha.engine.core.llm", reason="the engine (vriksha.engine.core.llm) has not landed")
 pytestmark = pytest.mark.timeout(300)
 
 SEED, EPISODES, MAX_TOKENS = 40, 3, 8
@@ -155,7 +155,7 @@ def test_eval_trainer_and_openenv_paths_play_the_same_episodes(tiny, name):
 
 
 def test_trl_reward_functions_score_what_eval_scores(tiny):
-    from vriksha.engine.sampling_params import SamplingParams
+    from vriksha.engine.core.sampling_params import SamplingParams
 
     llm, tok = tiny
     records, _ = _through_eval(llm, "arithmetic")

@@ -84,7 +84,7 @@ def write_trace():
 
 def native_linears(steps: int = 8, rows: int = 64, n: int = 512) -> callable:
     """Each step one native linear kernel call, as the engine's steps are a few native calls."""
-    from vriksha.engine import native
+    from vriksha.engine.platform import native
 
     lib = native.kernels()
     if lib is None:

@@ -10,7 +10,7 @@ import yaml
 
 from tests.tiny_llama import embedded_tokenizer, save_model_dir, tiny_llama
 from vriksha.cli import main
-from vriksha.engine import native
+from vriksha.engine.platform import native
 from vriksha.profiling.trace import load_trace
 
 pytestmark = pytest.mark.slow

@@ -68,7 +68,7 @@ def test_serve_says_what_it_serves_where_and_when_it_is_ready(stack):
     text = _log(server)
     port = server.url.rpartition(":")[2]
     assert re.search(r"INFO .*engine: .*dtype float32 .*KV pool \d+ tokens; quantization", text), text
-    assert "INFO vriksha.engine.async_engine: engine threads:" in text, text
+    assert "INFO vriksha.engine.core.async_engine: engine threads:" in text, text
     assert f"ready on http://127.0.0.1:{port}: serving {MODEL} " in text, text
     assert text.index("engine threads") < text.index("ready on")
 

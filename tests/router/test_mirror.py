@@ -7,8 +7,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from vriksha.engine.kv_pool import SlotAllocator
-from vriksha.engine.radix_cache import RadixCache
+from vriksha.engine.core.kv_pool import SlotAllocator
+from vriksha.engine.core.radix_cache import RadixCache
 from vriksha.kv_events.schema import (
     AllCleared,
     EventBatch,

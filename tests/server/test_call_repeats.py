@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from vriksha.engine.outputs import CompletionOutput
+from vriksha.engine.core.outputs import CompletionOutput
 from vriksha.server.call_repeats import REPEATED, RepeatGuard, shown
 from vriksha.server.protocol import ChatCompletionRequest
 from vriksha.server.tools import forced_call_grammar, plan_tools

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vriksha.engine.outputs import CompletionOutput
+from vriksha.engine.core.outputs import CompletionOutput
 from vriksha.server.deltas import DeltaTracker, text_delta
 
 

@@ -24,16 +24,16 @@ def test_engine_options_are_engine_config_fields():
         ]
     )  # fmt: skip
     kw = engine_kwargs(args)
-    assert set(kw) <= {f.name for f in fields(EngineConfig)}
-    cfg = EngineConfig(**kw)
+    assert set(kw) <= set(EngineConfig.option_names())
+    cfg = EngineConfig.from_flat(**kw)
     assert (cfg.dtype, cfg.kv_cache_memory_gb, cfg.max_num_seqs, cfg.max_model_len) == (
         "bfloat16",
         0.25,
         8,
         1024,
     )
-    assert cfg.enable_prefix_caching is False and cfg.fast_linear is False
-    assert cfg.fast_forward is False and cfg.native_kernels is False
+    assert cfg.enable_prefix_caching is False and cfg.platform.fast_linear is False
+    assert cfg.platform.fast_forward is False and cfg.platform.native_kernels is False
     assert cfg.max_num_batched_tokens == 256 and cfg.chunked_prefill_size == 128
 
 

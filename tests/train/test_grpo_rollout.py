@@ -4,7 +4,7 @@ import re
 
 import pytest
 
-from vriksha.engine.outputs import CompletionOutput, RequestOutput
+from vriksha.engine.core.outputs import CompletionOutput, RequestOutput
 from vriksha.train.config import EnvConfig, RolloutConfig
 from vriksha.train.rollout import RolloutWorker
 

@@ -11,7 +11,7 @@ import torch
 import vriksha.device as devices
 from tests.tiny_llama import embedded_tokenizer, tiny_llama
 from tests.train.trainer_runs import run_trainer, write_config
-from vriksha import fast_dtype
+from vriksha.engine.platform import compute_dtype
 from vriksha.errors import ConfigError
 from vriksha.train.config import load_config
 from vriksha.train.losses import DAPOLoss, LossInputs
@@ -84,7 +84,7 @@ def test_auto_follows_the_measured_choice(model, tokenizer, tmp_path, monkeypatc
     chosen = resolve_precision("auto", model, devices.host())
     assert chosen.how == "measured" and chosen.choice is not None
     timings = {k: chosen.choice.timings[k] for k in ("float32", "bfloat16")}
-    faster = fast_dtype.pick(timings)  # the faster of the two as measured (with the margin)
+    faster = compute_dtype.pick(timings)  # the faster of the two as measured (with the margin)
     assert chosen.mode == ("bf16-autocast" if faster == "bfloat16" else "fp32")
     again = resolve_precision("auto", model, devices.host())
     assert (again.mode, again.how) == (chosen.mode, "cached")

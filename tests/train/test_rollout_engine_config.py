@@ -39,3 +39,12 @@ def test_train_engine_flags_override_the_file(tmp_path):
     cfg = load_config(args.config, args.overrides + engine_overrides(EngineConfig.given_args(args)))
     engine = cfg.rollout.engine
     assert (engine.kv_cache_memory_gb, engine.max_num_seqs, engine.enable_prefix_caching) == (0.05, 16, False)
+
+
+def test_train_engine_flags_override_the_files_platform_section(tmp_path):
+    y = tmp_path / "a.yaml"
+    y.write_text("rollout:\n  engine: {platform: {native_decode: 'off', fast_linear: true}}\n")
+    args = build_parser().parse_args(["train", str(y), "--no-fast-linear"])
+    cfg = load_config(args.config, args.overrides + engine_overrides(EngineConfig.given_args(args)))
+    platform = cfg.rollout.engine.platform
+    assert (platform.native_decode, platform.fast_linear) == ("off", False)

@@ -12,7 +12,7 @@ from vriksha.train.server_rollout import ServerRollout
 
 
 def test_server_episodes_equal_colocated(weight_server, tiny_model_dir, tmp_path):
-    from vriksha.engine.llm import LLM
+    from vriksha.engine.core.llm import LLM
     from vriksha.loading import load_tokenizer
 
     tok = load_tokenizer(tiny_model_dir)

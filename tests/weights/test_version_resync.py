@@ -10,7 +10,7 @@ import torch
 
 from tests.server.conftest import WEIGHTS
 from tests.weights.test_weight_server import PROMPT, _trainer_model
-from vriksha.engine.sampling_params import SamplingParams
+from vriksha.engine.core.sampling_params import SamplingParams
 from vriksha.train.config import ModelConfig, RolloutConfig
 from vriksha.train.server_rollout import ServerRollout
 from vriksha.weights import WeightSyncClient, digest

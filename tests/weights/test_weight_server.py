@@ -40,8 +40,8 @@ def _generate(url: str, ids: list[int]) -> dict:
 
 
 def _colocated_greedy(model, model_dir, ids: list[int]) -> list[int]:
-    from vriksha.engine.llm import LLM
-    from vriksha.engine.sampling_params import SamplingParams
+    from vriksha.engine.core.llm import LLM
+    from vriksha.engine.core.sampling_params import SamplingParams
     from vriksha.loading import load_tokenizer
 
     llm = LLM.from_module(model, load_tokenizer(model_dir), kv_cache_memory_gb=0.05, max_model_len=512)

@@ -39,8 +39,9 @@ def register(subparsers) -> None:
     p.add_argument(
         "--verbose",
         action="store_true",
-        help="print the engine's dtype choice, the CPU flags it saw, its quantization choice, and when each "
-        "of this machine's timings it used was measured and under what load",
+        help="print the platform plan: every decision taken at load (the dtype and the CPU flags it saw, kernels, "
+        "KV dtype, threads, malloc, linear paths, quantization, native decode, CUDA graphs, forward paths), and "
+        "when each of this machine's timings it used was measured and under what load",
     )
     EngineConfig.add_arguments(p)
     add_profile_args(p)
@@ -50,8 +51,8 @@ def register(subparsers) -> None:
 def run(args: argparse.Namespace) -> int:
     import time
 
-    from vriksha.engine.llm import LLM
-    from vriksha.engine.sampling_params import SamplingParams
+    from vriksha.engine.core.llm import LLM
+    from vriksha.engine.core.sampling_params import SamplingParams
     from vriksha.profiling import ProfileConfig, StepProfiler
 
     params = SamplingParams(
@@ -66,19 +67,9 @@ def run(args: argparse.Namespace) -> int:
     llm = LLM(config=EngineConfig.from_args(args))
     if args.verbose:
         engine = llm.engine
-        kernels = engine.runner.kernels.describe()
-        print(
-            f"engine: {engine.model_name}, {engine.dtype_choice.describe()}; kernels {kernels}",
-            file=sys.stderr,
-        )
-        print(f"engine: {engine.quantization.describe()}", file=sys.stderr)
-        print(f"engine: native decode {engine.runner.native_decode_choice}", file=sys.stderr)
-        print(f"engine: CUDA graphs {engine.runner.decode_graphs_choice}", file=sys.stderr)
-        print(f"engine: matmuls {engine.runner.matmul_choice}", file=sys.stderr)
-        if engine.host_malloc is not None:
-            print(f"engine: {engine.host_malloc.describe()}", file=sys.stderr)
-        kv = str(engine.pool.dtype).removeprefix("torch.")
-        print(f"engine: KV pool {kv} (kv_cache_dtype {engine.config.kv_cache_dtype})", file=sys.stderr)
+        print(f"engine: {engine.model_name}, {engine.allocator.capacity} KV slots", file=sys.stderr)
+        for line in engine.plan.lines():
+            print(f"engine: {line}", file=sys.stderr)
         from vriksha import timing_load
 
         for line in timing_load.report():

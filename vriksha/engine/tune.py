@@ -33,8 +33,8 @@ def register(subparsers) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from vriksha import timing_load
-    from vriksha.engine.llm_engine import LLMEngine
-    from vriksha.fast_dtype import ENV_PIN
+    from vriksha.engine.core.llm_engine import LLMEngine
+    from vriksha.engine.platform.compute_dtype import ENV_PIN
 
     config = EngineConfig.from_args(args, dtype="fastest")
     if config.dtype == "auto" and os.environ.get(ENV_PIN):

@@ -154,7 +154,7 @@ def _eval(args: argparse.Namespace) -> int:
 
     try:
         from vriksha.engine.config import EngineConfig
-        from vriksha.engine.llm import LLM
+        from vriksha.engine.core.llm import LLM
     except (ImportError, AttributeError) as exc:
         print(
             f"error: the engine is not available ({exc}); `vriksha env eval` needs vriksha.engine",

@@ -136,7 +136,7 @@ def play_groups(
     e.g. `ActionShape.from_schema(...)`); each is closed at the end. `on_turn(finished)` runs after
     every turn with the episodes that turn finished.
     """
-    from vriksha.engine.sampling_params import SamplingParams
+    from vriksha.engine.core.sampling_params import SamplingParams
 
     sampling = sampling or Sampling()
     fmt = prompt_format or PromptFormat()

@@ -1,7 +1,7 @@
 """Loading models: the embedded default, Transformers directories and GGUF files, as Transformers modules
 and their tokenizers (the engine runs the Transformers classes themselves)."""
 
-from vriksha.cache import cache_dir
+from vriksha.artifact_store import cache_dir
 from vriksha.loading.loader import (
     DEFAULT_MODEL_NAME,
     LoadedModel,

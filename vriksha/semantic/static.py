@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from vriksha.cache import cache_dir
+from vriksha.artifact_store import cache_dir
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from vriksha.engine.protocol import EngineProtocol
+from vriksha.engine.core.protocol import EngineProtocol
 from vriksha.server.admission import Admission
 from vriksha.server.auth import AccessPolicy, RoleMiddleware
 from vriksha.server.config import ServerConfig

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 
-from vriksha.engine.outputs import CompletionOutput, RequestOutput
+from vriksha.engine.core.outputs import CompletionOutput, RequestOutput
 from vriksha.server.tools import ToolPlan, several_calls
 
 _DECODER = json.JSONDecoder()

@@ -149,8 +149,8 @@ def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def handler(args: argparse.Namespace) -> int:
-    from vriksha.engine.async_engine import AsyncEngine
-    from vriksha.engine.llm_engine import LLMEngine
+    from vriksha.engine.core.async_engine import AsyncEngine
+    from vriksha.engine.core.llm_engine import LLMEngine
     from vriksha.net import FrontConfig, from_args, front_config
     from vriksha.server.app import create_app
     from vriksha.server.shutdown import CUT_GRACE_S, GracefulServer

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from vriksha.engine.sampling_params import SamplingParams
+from vriksha.engine.core.sampling_params import SamplingParams
 from vriksha.server.errors import BadRequestError
 
 EnginePrompt = list[int] | dict[str, Any]  # token ids, or {"prompt": text, "prompt_token_ids": ids}

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vriksha.engine.outputs import CompletionOutput
+from vriksha.engine.core.outputs import CompletionOutput
 
 
 def text_delta(text: str, sent: int, finished: bool) -> str:

@@ -9,9 +9,9 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from vriksha.engine.outputs import RequestOutput
-from vriksha.engine.protocol import EngineProtocol
-from vriksha.engine.sampling_params import SamplingParams
+from vriksha.engine.core.outputs import RequestOutput
+from vriksha.engine.core.protocol import EngineProtocol
+from vriksha.engine.core.sampling_params import SamplingParams
 from vriksha.server.admission import Admission
 from vriksha.server.context import EnginePrompt, check_context, prompt_length
 from vriksha.server.errors import StructuredOutputFailedError

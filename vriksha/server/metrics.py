@@ -11,7 +11,7 @@ from prometheus_client import ProcessCollector
 from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from vriksha.engine.stats import STEP_BUCKETS, StepTimes
+from vriksha.engine.core.stats import STEP_BUCKETS, StepTimes
 from vriksha.net.metrics import MetricSet
 
 PREFIX = "vriksha"

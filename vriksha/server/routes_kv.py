@@ -20,8 +20,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import Field
 
+from vriksha.engine.core.sampling_params import SamplingParams
 from vriksha.engine.kv_transfer import Descriptor
-from vriksha.engine.sampling_params import SamplingParams
 from vriksha.net.fields import TokenId
 from vriksha.server.context import check_context
 from vriksha.server.errors import ServerError, TransferFailedError, WrongRoleError

@@ -10,8 +10,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from vriksha.engine.outputs import CompletionOutput, RequestOutput
-from vriksha.engine.sampling_params import SamplingParams
+from vriksha.engine.core.outputs import CompletionOutput, RequestOutput
+from vriksha.engine.core.sampling_params import SamplingParams
 from vriksha.net.offload import body_size, off_loop
 from vriksha.server.context import EnginePrompt, prompt_length
 from vriksha.server.deltas import DeltaTracker

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from vriksha.engine.sampling_params import SamplingParams
-from vriksha.engine.structured_outputs import StructuredOutputsParams
+from vriksha.engine.core.sampling_params import SamplingParams
+from vriksha.engine.core.structured_outputs import StructuredOutputsParams
 from vriksha.errors import InvalidRequestError
 from vriksha.server.errors import BadRequestError
 from vriksha.server.protocol import (
@@ -128,7 +128,7 @@ def _check_positive(value: int | None, name: str) -> None:
 
 def check_structured(spec: StructuredOutputsParams, param: str) -> StructuredOutputsParams:
     """An invalid or unsatisfiable schema/grammar: a 400 naming `param`, before the request reaches the engine."""
-    from vriksha.engine.grammar import check_grammar
+    from vriksha.engine.core.grammar import check_grammar
 
     try:
         check_grammar(spec)

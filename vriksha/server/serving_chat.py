@@ -7,8 +7,8 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from vriksha.engine.outputs import CompletionOutput, RequestOutput
-from vriksha.engine.sampling_params import SamplingParams
+from vriksha.engine.core.outputs import CompletionOutput, RequestOutput
+from vriksha.engine.core.sampling_params import SamplingParams
 from vriksha.net.offload import body_size, off_loop
 from vriksha.profiling import phase
 from vriksha.server.call_repeats import RepeatGuard

@@ -8,8 +8,8 @@ from dataclasses import replace
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from vriksha.engine.outputs import CompletionOutput, RequestOutput
-from vriksha.engine.sampling_params import SamplingParams
+from vriksha.engine.core.outputs import CompletionOutput, RequestOutput
+from vriksha.engine.core.sampling_params import SamplingParams
 from vriksha.net.offload import body_size, off_loop
 from vriksha.profiling import phase
 from vriksha.server.context import EnginePrompt, prompt_length

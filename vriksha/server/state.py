@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
-from vriksha.engine.protocol import EngineProtocol
+from vriksha.engine.core.protocol import EngineProtocol
 from vriksha.server.admission import Admission
 from vriksha.server.config import ServerConfig
 from vriksha.server.context import PromptEncoder

@@ -8,8 +8,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from vriksha.engine.grammar import JSON_OPTIONS
-from vriksha.engine.structured_outputs import StructuredOutputsParams
+from vriksha.engine.core.grammar import JSON_OPTIONS
+from vriksha.engine.core.structured_outputs import StructuredOutputsParams
 from vriksha.server.errors import BadRequestError, ServerError, ToolCallMissingError
 from vriksha.server.protocol import ChatCompletionRequest
 from vriksha.server.sampling import check_structured

@@ -422,8 +422,9 @@ def read_config_file(path: str | Path) -> dict[str, Any]:
 
 
 def engine_overrides(given: dict[str, Any]) -> list[str]:
-    """Engine flags given on the command line (`EngineConfig.given_args`) as `--set rollout.engine.X=V` items."""
-    return [f"rollout.engine.{k}={json.dumps(v)}" for k, v in given.items()]
+    """Engine flags given on the command line (`EngineConfig.given_args`) as `--set rollout.engine.X=V` items
+    (`rollout.engine.platform.X=V` for an option of the platform section)."""
+    return [f"rollout.engine.{EngineConfig.option_path(k)}={json.dumps(v)}" for k, v in given.items()]
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> TrainConfig:

@@ -1,7 +1,7 @@
 """The dtype the policy update computes in: fp32, bf16 autocast over fp32 master weights, or FSDP2's bf16.
 
 `model.mixed_precision = "auto"` (the default) asks the same measurement the engine's `dtype="fastest"` makes
-(`vriksha/fast_dtype.py`, cached per machine): where this CPU (or device) runs the policy's linear shapes
+(`vriksha/engine/platform/compute_dtype.py`, cached per machine): where this CPU (or device) runs the policy's linear shapes
 faster in bf16, the training forwards and backwards run under bf16 autocast while the parameters, gradients
 and optimizer state stay fp32; where it does not (an AVX2-only CPU), everything stays fp32. "none" and
 "autocast" force either; "bfloat16" casts the parameters for compute through FSDP2's mixed precision.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vriksha import fast_dtype
+from vriksha.engine.platform import compute_dtype
 
 logger = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ class TrainPrecision:
     mode: str  # "fp32", "bf16-autocast", "bf16-fsdp", or the parameters' own dtype where they are not fp32
     requested: str  # the config's model.mixed_precision
     how: str  # measured, cached, given, or why auto kept the parameters' dtype
-    choice: fast_dtype.DtypeChoice | None = None
+    choice: compute_dtype.DtypeChoice | None = None
 
     @property
     def fsdp_param_dtype(self) -> torch.dtype | None:
@@ -55,7 +55,7 @@ def resolve_precision(requested: str, model: torch.nn.Module, device: torch.devi
         return TrainPrecision("bf16-autocast", requested, "given")
     if requested == "bfloat16":
         return TrainPrecision("bf16-fsdp", requested, "given")
-    pin = fast_dtype.pinned(device)
+    pin = compute_dtype.pinned(device)
     if pin is not None:  # $VRIKSHA_DTYPE: bf16 (or fp16) pins autocast, float32 pins fp32
         return TrainPrecision(
             "fp32" if pin.dtype == torch.float32 else "bf16-autocast", requested, pin.how, pin
@@ -66,7 +66,7 @@ def resolve_precision(requested: str, model: torch.nn.Module, device: torch.devi
         return TrainPrecision(
             names, requested, "auto computes in the parameters' own dtype unless they are fp32"
         )
-    choice = fast_dtype.choose_dtype(fast_dtype.linear_shapes(model), device)
+    choice = compute_dtype.choose_dtype(compute_dtype.linear_shapes(model), device)
     timings = {k: v for k, v in (choice.timings or {}).items() if k in ("float32", "bfloat16")}
-    bf16 = "bfloat16" in timings and fast_dtype.pick(timings) == "bfloat16"  # fp16 would need loss scaling
+    bf16 = "bfloat16" in timings and compute_dtype.pick(timings) == "bfloat16"  # fp16 would need loss scaling
     return TrainPrecision("bf16-autocast" if bf16 else "fp32", requested, choice.how, choice)

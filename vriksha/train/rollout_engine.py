@@ -47,7 +47,7 @@ class TrainingEngine(RolloutEngine, Protocol):
 
 def colocated_engine(module: nn.Module, tokenizer: Any, engine: EngineConfig) -> TrainingEngine:
     """An engine in this process over `module` (parameters are read in place, never copied)."""
-    from vriksha.engine.llm import LLM
+    from vriksha.engine.core.llm import LLM
 
     return LLM.from_module(module, tokenizer, engine)
 

@@ -27,8 +27,8 @@ import torch
 import torch.distributed as dist
 
 from vriksha.engine.config import EngineConfig
-from vriksha.engine.outputs import CompletionOutput, RequestOutput
-from vriksha.engine.sampling_params import SamplingParams
+from vriksha.engine.core.outputs import CompletionOutput, RequestOutput
+from vriksha.engine.core.sampling_params import SamplingParams
 from vriksha.envs.rollout_engine import TokenPrompt
 from vriksha.errors import VrikshaError
 from vriksha.lora import LoraAdapter

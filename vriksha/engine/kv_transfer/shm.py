@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from vriksha.engine.kv_layout import KVLayout
+from vriksha.engine.core.kv_layout import KVLayout
 from vriksha.engine.kv_transfer.transport import (
     Descriptor,
     KVSink,

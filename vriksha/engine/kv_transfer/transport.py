@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 import vriksha.device as devices
-from vriksha.engine.kv_layout import KVLayout, LayerKV
-from vriksha.engine.kv_pool import KVPool
+from vriksha.engine.core.kv_layout import KVLayout, LayerKV
+from vriksha.engine.core.kv_pool import KVPool
 from vriksha.errors import KVTransferError as KVTransferError  # raised by every transport
 
 

@@ -24,9 +24,9 @@ import torch.distributed as dist
 from torch import nn
 
 import vriksha.device as devices
-from vriksha import fast_dtype
-from vriksha.engine.attention import AttentionBatch
 from vriksha.engine.config import EngineConfig
+from vriksha.engine.platform import compute_dtype
+from vriksha.engine.runner.step import ForwardStep
 from vriksha.engine.tensor_parallel import worker
 from vriksha.engine.tensor_parallel.comm import Collectives, check_no_group
 from vriksha.engine.tensor_parallel.shard import check_degree, shard_model
@@ -84,7 +84,7 @@ class TensorParallelGroup:
         self.size = size = config.tensor_parallel_size
         check_size(config, size)
         self.device = devices.local_device(0, config.device)
-        self.dtype_choice = fast_dtype.resolve(config.dtype, config.model, self.device)
+        self.dtype_choice = compute_dtype.resolve(config.dtype, config.model, self.device)
         self.failure: TensorParallelError | None = None
         self.comm: Collectives | None = None
         self._threads = torch.get_num_threads()
@@ -132,25 +132,19 @@ class TensorParallelGroup:
         """The KV slots every rank can hold (each holds kv_heads / N heads of each)."""
         return self.comm.min_int(slots)
 
-    def run_step(
-        self,
-        run: Callable[..., torch.Tensor],
-        input_ids: torch.Tensor,
-        position_ids: torch.Tensor,
-        attn: AttentionBatch,
-        sample_index: torch.Tensor,
-    ) -> torch.Tensor:
-        """Broadcast the step, then run rank 0's share of it. A failure part-way (here or on another rank)
-        leaves the ranks at different collectives, so any error ends the group."""
+    def run_step(self, path: Callable[[ForwardStep], torch.Tensor], step: ForwardStep) -> torch.Tensor:
+        """Broadcast the step, then run rank 0's share of it on `path`. A failure part-way (here or on another
+        rank) leaves the ranks at different collectives, so any error ends the group."""
         if self.failure is not None:
             raise self.failure
         for r, proc in enumerate(self.procs, 1):
             if proc.poll() is not None:
                 raise self._fail(f"rank {r} exited")
         try:
+            inputs = step.inputs
             with phase("engine.tp_broadcast"):
-                self.comm.send(pack(input_ids, position_ids, attn))
-            return run(input_ids, position_ids, attn, sample_index)
+                self.comm.send(pack(inputs.input_ids, inputs.position_ids, inputs.attn))
+            return path(step)
         except TensorParallelError:
             raise
         except BaseException as exc:

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 import torch
 
-from vriksha.engine.attention import AttentionBatch, PrefillSegment
-from vriksha.engine.kv_pool import KVPool
+from vriksha.engine.attention.backend import AttentionBackend
+from vriksha.engine.attention.batch import AttentionBatch, PrefillSegment
+from vriksha.engine.core.kv_pool import KVPool
 
 HEADER = 6
 FORWARD, STOP = 1, 2
@@ -70,16 +71,14 @@ def payload_size(header: torch.Tensor) -> int:
 
 
 def unpack(
-    message: StepMessage, pool: KVPool, device: torch.device, decode_kernel=None
+    message: StepMessage, pool: KVPool, device: torch.device, attention: AttentionBackend
 ) -> tuple[torch.Tensor, torch.Tensor, AttentionBatch]:
     """(input_ids [1, T], position_ids [1, T], the attention batch over this rank's `pool`)."""
     _, tokens, decodes, decode_slots, prefills, prefill_slots = (int(x) for x in message.header.tolist())
     data = message.payload.to(device)
     sizes = [tokens, tokens, tokens, decodes, decode_slots, 3 * prefills, prefill_slots]
     ids, positions, slot_mapping, lens, ragged, meta, prefill_flat = data.split(sizes)
-    attn = AttentionBatch(
-        pool=pool, slot_mapping=slot_mapping, num_decode=decodes, decode_kernel=decode_kernel
-    )
+    attn = AttentionBatch(pool=pool, slot_mapping=slot_mapping, num_decode=decodes, backend=attention)
     if decodes:
         width = int(lens.max())
         cols = torch.arange(width, device=device)

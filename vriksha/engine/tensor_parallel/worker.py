@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 import vriksha.device as devices
-from vriksha.engine import host_memory
 from vriksha.engine.config import EngineConfig
+from vriksha.engine.platform import host_malloc
 from vriksha.engine.tensor_parallel.comm import Collectives
 from vriksha.engine.tensor_parallel.shard import shard_model
 from vriksha.engine.tensor_parallel.step import STOP, unpack
@@ -62,31 +62,34 @@ def _seconds(s: float):
 def _serve(
     rank: int, size: int, config: EngineConfig, store: dist.Store, threads: int, timeout_s: float
 ) -> None:
-    from vriksha.engine.kv_layout import probe_kv_layout
-    from vriksha.engine.kv_pool import KVPool, ReqToTokenTable
-    from vriksha.engine.llm_engine import kv_slots
-    from vriksha.engine.model_runner import ModelRunner
+    from vriksha.engine.attention.layout_probe import probe_kv_layout
+    from vriksha.engine.core.kv_pool import KVPool, ReqToTokenTable, kv_slots
+    from vriksha.engine.platform import compute_dtype
+    from vriksha.engine.platform import plan as platform_plan
+    from vriksha.engine.runner.model_runner import ModelRunner
+    from vriksha.engine.runner.step import ForwardStep, StepInputs
     from vriksha.loading import load_model
 
     device = devices.local_device(rank, config.device)
     if devices.is_host(device):
         torch.set_num_threads(threads)
-        host_memory.keep_freed_memory(config.host_malloc_tuning)
+        host_malloc.keep_freed_memory(config.platform.host_malloc_tuning)
     model = load_model(config.model, dtype=config.dtype, device=device).model
     store.set(f"loaded/{rank}", "1")
     comm = Collectives(store, rank, size, device, timeout_s)
     shard_model(model, rank, size, comm.all_reduce)
-    dtype = next(model.parameters()).dtype
+    given = compute_dtype.given(next(model.parameters()).dtype, device, requested=config.dtype)
+    plan = platform_plan.resolve(config, model, given, tensor_parallel=True)
     layout = probe_kv_layout(model)  # a forward pass: a collective, in step with every rank
-    slots = comm.min_int(kv_slots(config, device, layout, dtype))
-    pool = KVPool(layout, slots, dtype, device)
-    runner = ModelRunner(model, pool, ReqToTokenTable(1, 1, device), config)
+    slots = comm.min_int(kv_slots(config, device, layout, plan.kv_dtype))
+    pool = KVPool(layout, slots, plan.kv_dtype, device)
+    runner = ModelRunner(model, pool, ReqToTokenTable(1, 1, device), config, plan)
     no_rows = torch.empty(0, dtype=torch.int64, device=device)  # rank 0 alone computes logits
     logger.info("rank %d ready: %d KV slots", rank, slots)
     while True:
         message = comm.receive()
         if message.kind == STOP:
             break
-        input_ids, position_ids, attn = unpack(message, pool, device, runner.decode_kernel)
-        runner.run(input_ids, position_ids, attn, no_rows)
+        input_ids, position_ids, attn = unpack(message, pool, device, runner.attention)
+        runner.run(ForwardStep(inputs=StepInputs(input_ids, position_ids, attn, no_rows)))
     comm.close()

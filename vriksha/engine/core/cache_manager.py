@@ -1,0 +1,279 @@
+"""A request's KV slots, between the scheduler and the prefix cache: match, allocate, cache, release.
+
+The scheduler asks this one object for everything about KV memory: a table row and the cached prefix when a
+request is admitted, fresh slots for the tokens it computes, caching of what it computed at the end of each
+prefill chunk and when it leaves (finished, aborted or retracted), and how much memory could be had. The
+`RadixCacheManager` shares prefixes through the radix tree (and tells an optional `CacheEventSink` what it
+stores and evicts); the `NullCacheManager`, used when prefix caching is off, shares nothing.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import torch
+
+from vriksha.engine.core.cache_events import CacheEventSink
+from vriksha.engine.core.kv_pool import ReqToTokenTable, SlotAllocator
+from vriksha.engine.core.prompt_logprobs import wants_prompt_logprobs
+from vriksha.engine.core.radix_cache import RadixCache, TreeNode
+from vriksha.engine.core.request import Request
+from vriksha.profiling import phase
+
+# (first uncached position, tokens) of each prompt computed this step
+InFlight = Sequence[tuple[int, list[int]]]
+
+
+class CacheManager(ABC):
+    def __init__(self, allocator: SlotAllocator, table: ReqToTokenTable) -> None:
+        self.allocator = allocator
+        self.table = table
+
+    @abstractmethod
+    def set_event_sink(self, events: CacheEventSink | None) -> None:
+        """Tell `events` of every run of tokens cached, evicted or flushed from now on (None: stop)."""
+
+    # ---- memory ------------------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        return self.allocator.num_free
+
+    def available(self) -> int:
+        """Slots that could be had now: free ones plus those unlocked cache entries hold."""
+        return self.allocator.num_free + self.evictable_size()
+
+    def alloc_slots(self, n: int) -> torch.Tensor | None:
+        """`n` free slots for the caller to own (a K/V transfer), evicting cache if need be; None when short."""
+        return self._alloc(n)
+
+    def _alloc(self, n: int) -> torch.Tensor | None:
+        if n > self.allocator.num_free:
+            with phase("engine.cache_evict"):
+                self.evict(n - self.allocator.num_free)
+        return self.allocator.alloc(n)
+
+    # ---- a request ---------------------------------------------------------------------------------
+    def admit(self, req: Request) -> bool:
+        """Give a waiting request a table row and its cached prefix (at least one token is left to compute).
+        False, changing nothing, when no row is free."""
+        row = self.table.alloc_row()
+        if row is None:
+            return False
+        req.row = row
+        tokens = req.all_token_ids
+        # keep >= 1 token to compute; a request scoring its prompt (prompt_logprobs) computes all of it
+        slots, node = self._match(tokens[: 0 if wants_prompt_logprobs(req) else len(tokens) - 1])
+        self.table.write(row, 0, slots)
+        req.num_computed = req.cached_len = slots.numel()
+        self._lock(req, node)
+        return True
+
+    def allocate(self, req: Request, n: int) -> bool:
+        """Slots for the request's next `n` tokens (from position num_computed), evicting cache if need be."""
+        slots = self._alloc(n)
+        if slots is None:
+            return False
+        self.table.write(req.row, req.num_computed, slots)
+        return True
+
+    def allocate_decodes(self, reqs: Sequence[Request]) -> bool:
+        """One slot each for the next token of every request (no eviction: the caller made room)."""
+        slots = self.allocator.alloc(len(reqs))
+        if slots is None:
+            return False
+        self.table.write_each([r.row for r in reqs], [r.num_computed for r in reqs], slots)
+        return True
+
+    def allocate_draft(self, req: Request, n: int) -> bool:
+        """Slots for `n` speculative tokens after the request's next one (positions num_computed + 1 on), from
+        free slots only: a proposal never evicts the cache."""
+        slots = self.allocator.alloc(n)
+        if slots is None:
+            return False
+        self.table.write(req.row, req.num_computed + 1, slots)
+        return True
+
+    def free_positions(self, req: Request, start: int, end: int) -> None:
+        """Give back the slots of the request's positions [start, end): speculative tokens not kept. They lie
+        past its cached prefix, so the request alone holds them."""
+        if end > start:
+            assert start >= req.cached_len, "cached positions belong to the radix tree"
+            self.allocator.free(self.table.read(req.row, end)[start:].clone())
+
+    def release(self, req: Request) -> None:
+        """The request leaves the running set: its computed KV is cached (or freed) and its row returned."""
+        if req.row is not None:
+            self.cache_req(req, finished=True)
+
+    @abstractmethod
+    def cache_req(self, req: Request, *, finished: bool) -> None:
+        """Cache the request's computed tokens: at the end of a prefill chunk (`finished=False`, the request
+        keeps running on the cached copy) or when it leaves (`finished=True`: unlock, free its row)."""
+
+    def _free_row(self, req: Request) -> None:
+        self.table.free_row(req.row)
+        req.row = None
+        req.cached_len = 0
+
+    # ---- the prefix cache --------------------------------------------------------------------------
+    @abstractmethod
+    def _match(self, token_ids: list[int]) -> tuple[torch.Tensor, TreeNode | None]: ...
+
+    @abstractmethod
+    def _lock(self, req: Request, node: TreeNode | None) -> None: ...
+
+    @abstractmethod
+    def match_len(self, token_ids: list[int]) -> int:
+        """How many leading tokens are cached."""
+
+    @abstractmethod
+    def prefix_in_flight(self, token_ids: list[int], in_flight: InFlight, min_len: int) -> bool:
+        """Whether a prompt computed this step also computes the next `min_len` uncached tokens of
+        `token_ids`, so that waiting one step reads them from the cache instead of computing them again."""
+
+    @abstractmethod
+    def evict(self, num_tokens: int) -> int: ...
+
+    @abstractmethod
+    def evictable_size(self) -> int: ...
+
+    @abstractmethod
+    def total_size(self) -> int: ...
+
+    @abstractmethod
+    def slot_set(self) -> set[int]: ...
+
+    @abstractmethod
+    def flush(self) -> bool:
+        """Drop every unlocked entry; False when running requests still hold some."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Drop every entry; refuses (RadixCacheError) while requests hold some."""
+
+
+class RadixCacheManager(CacheManager):
+    def __init__(
+        self, allocator: SlotAllocator, table: ReqToTokenTable, events: CacheEventSink | None = None
+    ) -> None:
+        super().__init__(allocator, table)
+        self.tree = RadixCache(allocator, events)
+
+    def set_event_sink(self, events: CacheEventSink | None) -> None:
+        self.tree.events = events
+
+    def _match(self, token_ids: list[int]) -> tuple[torch.Tensor, TreeNode | None]:
+        with phase("engine.cache_match"):
+            match = self.tree.match_prefix(token_ids)
+        return match.slots, match.last_node
+
+    def _lock(self, req: Request, node: TreeNode | None) -> None:
+        if node is not None:
+            self.tree.inc_lock_ref(node)
+        if req.cache_node is not None:
+            self.tree.dec_lock_ref(req.cache_node)
+        req.cache_node = node
+
+    def match_len(self, token_ids: list[int]) -> int:
+        with phase("engine.cache_match"):
+            return self.tree.match_prefix(token_ids).length
+
+    def prefix_in_flight(self, token_ids: list[int], in_flight: InFlight, min_len: int) -> bool:
+        if not in_flight:
+            return False
+        cached = self.match_len(token_ids[:-1])
+        end = cached + min_len
+        tokens = token_ids[:end]
+        if len(tokens) < end:
+            return False
+        return any(start <= cached and other[cached:end] == tokens[cached:] for start, other in in_flight)
+
+    def cache_req(self, req: Request, *, finished: bool) -> None:
+        n = req.num_computed
+        if finished or n > req.cached_len:
+            with phase("engine.cache_insert"):
+                slots = self.table.read(req.row, n).clone()
+                result = self.tree.insert(req.all_token_ids[:n], slots)
+                if result.cached_len > req.cached_len:  # cached meanwhile by another request: use those
+                    self.allocator.free(slots[req.cached_len : result.cached_len])
+                    if not finished:
+                        self.table.write(req.row, req.cached_len, result.cached_slots[req.cached_len :])
+            if not finished:
+                req.cached_len = n
+                self._lock(req, result.node)
+        if finished:
+            self._lock(req, None)
+            self._free_row(req)
+
+    def evict(self, num_tokens: int) -> int:
+        return self.tree.evict(num_tokens)
+
+    def evictable_size(self) -> int:
+        return self.tree.evictable_size()
+
+    def total_size(self) -> int:
+        return self.tree.total_size()
+
+    def slot_set(self) -> set[int]:
+        return self.tree.slot_set()
+
+    def flush(self) -> bool:
+        self.tree.flush_unlocked()
+        return self.tree.total_size() == 0
+
+    def reset(self) -> None:
+        self.tree.reset()
+
+
+class NullCacheManager(CacheManager):
+    """Prefix caching off: nothing is shared, a request's slots are its own until it leaves."""
+
+    def set_event_sink(self, events: CacheEventSink | None) -> None:
+        pass  # nothing is ever cached
+
+    def _match(self, token_ids: list[int]) -> tuple[torch.Tensor, TreeNode | None]:
+        return torch.empty(0, dtype=torch.int64, device=self.allocator.device), None
+
+    def _lock(self, req: Request, node: TreeNode | None) -> None:
+        pass
+
+    def match_len(self, token_ids: list[int]) -> int:
+        return 0
+
+    def prefix_in_flight(self, token_ids: list[int], in_flight: InFlight, min_len: int) -> bool:
+        return False  # nothing computed now is read back later
+
+    def cache_req(self, req: Request, *, finished: bool) -> None:
+        if finished:
+            self.allocator.free(self.table.read(req.row, req.num_computed).clone())
+            self._free_row(req)
+
+    def evict(self, num_tokens: int) -> int:
+        return 0
+
+    def evictable_size(self) -> int:
+        return 0
+
+    def total_size(self) -> int:
+        return 0
+
+    def slot_set(self) -> set[int]:
+        return set()
+
+    def flush(self) -> bool:
+        return True
+
+    def reset(self) -> None:
+        pass
+
+
+def make_cache_manager(
+    enable_prefix_caching: bool,
+    allocator: SlotAllocator,
+    table: ReqToTokenTable,
+    events: CacheEventSink | None = None,
+) -> CacheManager:
+    if enable_prefix_caching:
+        return RadixCacheManager(allocator, table, events)
+    return NullCacheManager(allocator, table)
