@@ -108,6 +108,15 @@ def register(subparsers: Any) -> None:
         help="at startup, load the newest complete weight version under DIR (the filesystem weight transfer's "
         "directory, e.g. a run's output_dir/weights); versions without their COMPLETE marker are skipped",
     )
+    p.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=None,
+        metavar="NAME=PATH",
+        help="LoRA adapters (PEFT directories: adapter_config.json + adapter_model.safetensors) served from "
+        "startup, each selected by a request whose `model` is NAME; also vLLM's JSON form "
+        '{"name": ..., "path": ...}; needs --enable-lora',
+    )
     EngineConfig.add_arguments(p)
     k = p.add_argument_group("KV cache events (for a router)")
     k.add_argument(
@@ -153,6 +162,7 @@ def handler(args: argparse.Namespace) -> int:
     from vriksha.engine.core.llm_engine import LLMEngine
     from vriksha.net import FrontConfig, from_args, front_config
     from vriksha.server.app import create_app
+    from vriksha.server.routes_lora import load_at_startup, parse_lora_modules
     from vriksha.server.shutdown import CUT_GRACE_S, GracefulServer
 
     if args.max_waiting < 0:
@@ -200,7 +210,11 @@ def handler(args: argparse.Namespace) -> int:
         args.host,
         args.port,
     )
+    lora_modules = parse_lora_modules(args.lora_modules or [])
+    if lora_modules and not engine_config.enable_lora:
+        raise ConfigError("--lora-modules needs --enable-lora")
     engine = AsyncEngine(LLMEngine(engine_config, cache_events=publisher))
+    load_at_startup(engine.engine, lora_modules, config.served_model_names or [engine.engine.model_name])
     if args.load_weights_dir:
         from vriksha.weights.fs import restore_latest
 

@@ -64,11 +64,12 @@ def _prepare(req: CompletionRequest, state: ServerState) -> tuple[list[EnginePro
 
 async def create_completion(req: CompletionRequest, state: ServerState, request: Request) -> Response:
     model = state.check_model(req.model)
+    lora = state.lora_of(model)
     prompts, params = await off_loop(body_size(request.headers), _prepare, req, state)
     streams: list[RequestStream] = []
     try:
         for p in prompts:
-            streams.append(state.client.open(p, params, "completions"))
+            streams.append(state.client.open(p, params, "completions", lora=lora))
     except BaseException:
         for s in streams:
             await s.aclose()
