@@ -168,6 +168,8 @@ def test_new_version_serves_new_requests_while_old_ones_finish(base, tok):
     weights = llm.engine.runner.lora.weights
     assert len(weights) == 2  # the old version stays while a request runs on it
     new = llm.engine.add_request(p, long, lora="live")
+    stats = llm.engine.stats()
+    assert stats.running_loras == ("live",) and stats.waiting_loras == ("live",) and stats.max_loras == 6
     outs = {}
     while llm.engine.has_unfinished:
         for o in llm.engine.step():

@@ -117,3 +117,21 @@ def test_load_and_unload_behind_the_api_key(setup):
         _complete(client, "second", prompt)
     again = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "second"}, headers=server.headers)
     assert again.status_code == 404 and "second" in again.json()["error"]["message"]
+
+
+def test_metrics_report_running_adapters(setup):
+    server, *_ = setup
+    client = _client(server)
+    stream = client.completions.create(
+        model="first",
+        prompt="Count with me:",
+        max_tokens=200,
+        temperature=0.0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    next(iter(stream))  # the request runs
+    text = httpx.get(f"{server.base_url}/metrics", timeout=10).text
+    stream.close()
+    line = next(x for x in text.splitlines() if x.startswith("vllm:lora_requests_info{"))
+    assert 'running_lora_adapters="first"' in line and 'max_lora="2"' in line

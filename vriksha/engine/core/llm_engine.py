@@ -538,7 +538,21 @@ class LLMEngine:
             generation_tokens=self._generation_tokens,
             num_retracted=self.scheduler.num_retracted,
             step_times=self.step_times.copy(),
+            **self._lora_stats(),
             **self._speculation_stats(),
+        )
+
+    def _lora_stats(self) -> dict:
+        if self.loras is None:
+            return {}
+
+        def names(reqs) -> tuple[str, ...]:
+            return tuple(sorted({r.lora_name for r in reqs if r.lora_name}))
+
+        return dict(
+            running_loras=names(self.scheduler.running),
+            waiting_loras=names(self.scheduler.waiting),
+            max_loras=self.loras.registry.max_loras,
         )
 
     def _speculation_stats(self) -> dict[str, int]:
