@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from vriksha.engine.core.cache_events import CacheEventSink
+from vriksha.engine.core.cache_events import AdapterEvents, CacheEventSink
 from vriksha.engine.core.kv_pool import ReqToTokenTable, SlotAllocator
 from vriksha.engine.core.prompt_logprobs import wants_prompt_logprobs
 from vriksha.engine.core.radix_cache import RadixCache, TreeNode
@@ -158,15 +158,15 @@ class CacheManager(ABC):
 class RadixCacheManager(CacheManager):
     """Prefixes shared through radix trees: one per LoRA adapter (key 0: the base model), so that K/V computed
     with one adapter is never matched by a request of another. Every tree draws on the one slot allocator.
-    Cache events are published for the base model's tree only: a mirror elsewhere never believes an adapter's
-    K/V to be the base model's (it sees no adapter blocks, so it may under-count their prefixes, never
-    over-count)."""
+    An adapter tree's cache events carry the adapter's name (`AdapterEvents`), so a mirror keys them apart."""
 
     def __init__(
         self, allocator: SlotAllocator, table: ReqToTokenTable, events: CacheEventSink | None = None
     ) -> None:
         super().__init__(allocator, table)
         self.trees: dict[int, RadixCache] = {0: RadixCache(allocator, events)}
+        self.events = events
+        self.adapter_names: dict[int, str] = {}  # the name of each adapter id (events, snapshots)
 
     @property
     def tree(self) -> RadixCache:
@@ -176,17 +176,37 @@ class RadixCacheManager(CacheManager):
     def _tree(self, lora_id: int) -> RadixCache:
         tree = self.trees.get(lora_id)
         if tree is None:
-            tree = self.trees[lora_id] = RadixCache(self.allocator)
+            tree = self.trees[lora_id] = RadixCache(self.allocator, self._adapter_events(lora_id))
         return tree
 
+    def _adapter_events(self, lora_id: int) -> CacheEventSink | None:
+        if self.events is None:
+            return None
+        return AdapterEvents(self.events, self.adapter_names.get(lora_id, f"lora-{lora_id}"))
+
+    def name_adapter(self, lora_id: int, name: str) -> None:
+        self.adapter_names[lora_id] = name
+
     def drop_adapter(self, lora_id: int) -> None:
-        """An adapter version left the engine: free its tree (no request holds it any more)."""
+        """An adapter version left the engine: free its tree (no request holds it any more), telling the
+        event sink which paths left."""
         tree = self.trees.pop(lora_id, None)
         if tree is not None:
-            tree.reset()
+            tree.flush_unlocked()
+        self.adapter_names.pop(lora_id, None)
+
+    def adapter_leaf_paths(self) -> dict[str, list[list[int]]]:
+        """Each adapter tree's leaf paths, by adapter name (a KV-events snapshot)."""
+        out: dict[str, list[list[int]]] = {}
+        for lora_id, tree in self.trees.items():
+            if lora_id:
+                out.setdefault(self.adapter_names.get(lora_id, f"lora-{lora_id}"), []).extend(tree.leaf_paths())
+        return out
 
     def set_event_sink(self, events: CacheEventSink | None) -> None:
-        self.tree.events = events
+        self.events = events
+        for lora_id, tree in self.trees.items():
+            tree.events = events if lora_id == 0 else self._adapter_events(lora_id)
 
     def _match(self, token_ids: list[int], lora_id: int = 0) -> tuple[torch.Tensor, TreeNode | None]:
         with phase("engine.cache_match"):
@@ -308,6 +328,9 @@ class NullCacheManager(CacheManager):
         pass
 
     def drop_adapter(self, lora_id: int) -> None:
+        pass
+
+    def name_adapter(self, lora_id: int, name: str) -> None:
         pass
 
 

@@ -118,6 +118,8 @@ class LoraWeightsHolder(Protocol):
 class AdapterCache(Protocol):
     def drop_adapter(self, lora_id: int) -> None: ...
 
+    def name_adapter(self, lora_id: int, name: str) -> None: ...
+
 
 class EngineLoras:
     """An engine's adapters: the registry, their weights in the runner, their prefix-cache trees."""
@@ -144,6 +146,7 @@ class EngineLoras:
         self.weights.add(lora_id, adapter)  # checks the shapes against the base model's layers
         loaded = LoadedLora(adapter.name, lora_id, adapter.rank, path, version)
         self.registry.make_current(loaded)
+        self.cache.name_adapter(lora_id, adapter.name)
         self.collect(in_use)
         logger.info("LoRA adapter %r loaded (rank %d, id %d)", adapter.name, adapter.rank, lora_id)
         return loaded
