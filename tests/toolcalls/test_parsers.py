@@ -113,6 +113,24 @@ def test_llama3_json():
     assert calls[0].arguments == {"a": 2} and content == "and more"
 
 
+def test_qwen_reads_hermes_blocks_and_bare_calls_to_the_requests_tools():
+    """Qwen2.5's small models often write the call object without its tags; only a reply that opens with an
+    object naming one of the request's tools is read that way."""
+    tagged = 'Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>'
+    assert summary(parse("qwen", tagged, TOOLS)) == summary(parse("hermes", tagged, TOOLS))
+    content, calls = parse("qwen", ' {"name": "add", "arguments": {"a": 1, "b": 2}}\n{"name": "note"}', TOOLS)
+    assert content == "" and [(c.name, c.arguments) for c in calls] == [
+        ("add", {"a": 1, "b": 2}),
+        ("note", {}),
+    ]
+    for text in ['{"name": "Ada", "years": 3}', '{"a": {"name": "add"}}', "{not json", "{"]:
+        assert parse("qwen", text, TOOLS) == (text, []), text  # a JSON answer, not a call
+    assert parse("qwen", '{"name": "add", "arguments": {}}', []) == ('{"name": "add", "arguments": {}}', [])
+    assert (
+        parse("hermes", '{"name": "add", "arguments": {}}', TOOLS)[1] == []
+    )  # the Hermes parser is unchanged
+
+
 def test_qwen3_coder_xml_converts_by_schema():
     text = (
         "ok<tool_call>\n<function=add>\n<parameter=a>\n5\n</parameter>\n<parameter=b>\n2.5\n</parameter>\n"
@@ -126,7 +144,7 @@ def test_qwen3_coder_xml_converts_by_schema():
     assert p.parse(p.format_call("add", {"a": 7}))[1][0].arguments == {"a": 7}
 
 
-@pytest.mark.parametrize("name", ["hermes", "llama3_json", "qwen3_coder"])
+@pytest.mark.parametrize("name", ["hermes", "qwen", "llama3_json", "qwen3_coder"])
 def test_format_call_round_trips(name):
     p = get_parser(name, TOOLS, counter_ids())
     args = {"a": 1, "b": 2}
@@ -160,6 +178,12 @@ SAMPLES = {
         '{"name": "add", "parameters": {"a": 1}} tail',
         "<|python",
         "plain {text}",
+    ],
+    "qwen": [
+        '{"name": "add", "arguments": {"a": 1, "b": [2, {"c": "}"}]}}\n{"name": "note", "arguments": {}} tail',
+        '  {"name": "Ada", "arguments": {"a": 1}}',
+        '{"name"',
+        'ok <tool_call>{"name": "add", "arguments": {"a": 3}}</tool_call>',
     ],
     "qwen3_coder": [
         "pre <tool_call>\n<function=add>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call> post",

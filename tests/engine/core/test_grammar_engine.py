@@ -1,8 +1,11 @@
 """The grammar engine over the embedded model's tokenizer: per-request matchers copied from one compiled per
 spec are independent, and a batch's masks computed together on llguidance's threads equal each one alone."""
 
+import copy
+
 import pytest
 import torch
+from tokenizers import AddedToken
 
 from vriksha.engine.core.grammar import GrammarEngine
 from vriksha.engine.core.structured_outputs import StructuredOutputsParams
@@ -62,3 +65,28 @@ def test_a_batch_of_masks_equals_each_mask_alone(engine, default_tokenizer):
     for i, m in enumerate(matchers):
         assert torch.equal(batch[i], _alone(engine, m)), texts[i % len(texts)]
     assert not torch.equal(batch[0], batch[1])
+
+
+def test_an_added_token_the_tokenizer_keeps_as_text_is_written_and_accepted(default_tokenizer):
+    """Qwen2.5 adds `<tool_call>` as an ordinary-text token; llguidance takes `<...>` tokens for special ones, so
+    a grammar forcing the text `<tool_call>` used to force that token and then refuse it."""
+    tokenizer = copy.deepcopy(default_tokenizer)
+    tokenizer.add_tokens([AddedToken("<tool_call>", special=False)])
+    added = tokenizer.convert_tokens_to_ids("<tool_call>")
+    engine = GrammarEngine(tokenizer, len(tokenizer), frozenset({tokenizer.eos_token_id}))
+    try:
+        spec = StructuredOutputsParams(grammar='start: "<tool_call>" "\\n{}"')
+        written = engine.matcher(spec)
+        allowed = _allowed(engine.masks([written])[0])
+        assert allowed and added not in allowed  # the text is written with ordinary tokens
+        text = "".join(tokenizer.decode([t]) for t in allowed)
+        assert all("<tool_call>".startswith(tokenizer.decode([t])) for t in allowed), text
+        for token in tokenizer.encode("<", add_special_tokens=False):
+            assert written.advance(token)
+        model_token = engine.matcher(spec)  # the model writes the added token itself: accepted as its text
+        assert model_token.advance(added) and model_token.live
+        for token in tokenizer.encode("\n{}", add_special_tokens=False):
+            assert model_token.advance(token)
+        assert model_token.done
+    finally:
+        engine.close()

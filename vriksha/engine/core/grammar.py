@@ -139,6 +139,39 @@ def check_grammar(spec: StructuredOutputsParams) -> None:
         raise InvalidRequestError(f"invalid structured_outputs.{spec.kind}: {_reason(error)}")
 
 
+def _printable_word(text: str) -> bool:
+    return bool(text) and all(33 <= ord(c) <= 126 for c in text)
+
+
+def llguidance_tokenizer(tokenizer, vocab_size: int, eos_token_ids: frozenset[int]):
+    """llguidance's view of `tokenizer`, with the added tokens the tokenizer marks as ordinary text kept as text.
+
+    llguidance takes every added token shaped `<...>` for a special token, even where the tokenizer marks it as
+    text (Qwen2.5's `<tool_call>` and `</tool_call>`): a grammar whose literal text the tokenizer writes as that
+    token (a forced tool call) is then forced onto the token and refuses it, ending the reply there. Such tokens
+    (printable ASCII without spaces, which a byte-level BPE vocabulary spells as the text itself) are handed to
+    llguidance as ordinary vocabulary entries instead: the grammar's text is then written with ordinary tokens,
+    and the added token, where the model writes it, is accepted as its text."""
+    llg = _llguidance()
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:  # llguidance's own error names what it needs
+        return llg.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=sorted(eos_token_ids))
+    spec = json.loads(backend.to_str())
+    vocab = spec.get("model", {}).get("vocab")
+    if spec.get("model", {}).get("type") == "BPE" and isinstance(vocab, dict):
+        kept = []
+        for token in spec.get("added_tokens", []):
+            content = token.get("content", "")
+            text_like = not token.get("special") and content.startswith("<") and content.endswith(">")
+            if text_like and _printable_word(content) and vocab.get(content, token["id"]) == token["id"]:
+                vocab[content] = token["id"]
+            else:
+                kept.append(token)
+        spec["added_tokens"] = kept
+    spec["padding"] = spec["truncation"] = None
+    return llg.LLTokenizer(json.dumps(spec), n_vocab=vocab_size, eos_token=sorted(eos_token_ids))
+
+
 CPU_OVERLAP_MIN_BATCH = 4  # between the measured 1 (overlap loses) and 16 (overlap wins)
 
 
@@ -227,7 +260,7 @@ class GrammarEngine:
         self.limits = limits or GrammarLimits()
         self._parser_limits = self.limits.parser_limits()
         self._llg = llg
-        self.tokenizer = llg.hf.from_tokenizer(tokenizer, n_vocab=vocab_size, eos_token=sorted(eos_token_ids))
+        self.tokenizer = llguidance_tokenizer(tokenizer, vocab_size, eos_token_ids)
         self.words = (vocab_size + 31) // 32
         self.overlap = overlap
         self.min_batch = max(1, min_batch)
