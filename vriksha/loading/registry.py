@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
 
-from vriksha.cache import cache_dir
+from vriksha.artifact_store import cache_dir
 from vriksha.errors import ModelLoadError
 from vriksha.loading.digest import file_sha256
 
