@@ -9,25 +9,24 @@ import openai
 import pytest
 import torch
 
+from tests.lora.test_serving_engine import peft_adapter
+
 API_KEY = "lora-test-key"
 pytestmark = pytest.mark.slow
 
 
 def _peft_adapter(model_dir, out, seed: int, rank: int = 4):
-    from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(seed)
-    model = get_peft_model(
-        AutoModelForCausalLM.from_pretrained(model_dir),
-        LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj", "down_proj"]),
+    base = AutoModelForCausalLM.from_pretrained(model_dir)
+    return peft_adapter(base, out, seed, rank, targets=("q_proj", "v_proj", "down_proj"))
+
+
+def _load(server, name: str, path) -> httpx.Response:
+    body = {"lora_name": name, "lora_path": str(path)}
+    return httpx.post(
+        f"{server.base_url}/v1/load_lora_adapter", json=body, headers=server.headers, timeout=60
     )
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if "lora_B" in n:
-                p.normal_(std=0.5)
-    model.save_pretrained(out)
-    return model.eval()
 
 
 def _greedy_text(model, tok, prompt: str, n: int) -> str:
@@ -90,26 +89,16 @@ def test_load_and_unload_behind_the_api_key(setup):
     url = server.base_url
     body = {"lora_name": "second", "lora_path": str(root / "second")}
     assert httpx.post(f"{url}/v1/load_lora_adapter", json=body, timeout=30).status_code == 401
-    r = httpx.post(f"{url}/v1/load_lora_adapter", json=body, headers=server.headers, timeout=60)
+    r = _load(server, "second", root / "second")
     assert r.status_code == 200, r.text
     client = _client(server)
     prompt = "Once upon a time"
     assert _complete(client, "second", prompt) == _greedy_text(models["second"], tok, prompt, 6)
     assert "second" in {m.id for m in client.models.list().data}
     # refused by name: a path that is no adapter, a rank over --max-lora-rank, a full --max-loras
-    bad = httpx.post(
-        f"{url}/v1/load_lora_adapter",
-        json={"lora_name": "x", "lora_path": str(root / "missing")},
-        headers=server.headers,
-        timeout=30,
-    )
+    bad = _load(server, "x", root / "missing")
     assert bad.status_code == 400 and "missing" in bad.json()["error"]["message"]
-    big = httpx.post(
-        f"{url}/v1/load_lora_adapter",
-        json={"lora_name": "big", "lora_path": str(root / "too-big")},
-        headers=server.headers,
-        timeout=30,
-    )
+    big = _load(server, "big", root / "too-big")
     assert big.status_code == 400 and "--max-lora-rank 8" in big.json()["error"]["message"]
     r = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "second"}, headers=server.headers)
     assert r.status_code == 200, r.text
