@@ -38,6 +38,7 @@ def test_config_section_defaults_to_full_fine_tuning_and_checks_values():
     for bad, field in (
         ("model.lora.rank=-1", "model.lora.rank"),
         ("model.lora.dropout=1.0", "model.lora.dropout"),
+        ("model.lora.lr=0", "model.lora.lr"),
         ("model.lora.init=pissa", "model.lora.init"),
         ("model.lora.target_modules=[]", "model.lora.target_modules"),
         ("model.lora.ranks=4", "model.lora.ranks: unknown option"),

@@ -72,6 +72,12 @@ class LoraSection(_Section):
     use_rslora: bool = Field(
         False, description="rank-stabilised scaling alpha / sqrt(rank) instead of alpha / rank"
     )
+    lr: float | None = Field(
+        None,
+        gt=0.0,
+        description="peak learning rate of the adapters (null: optim.lr); adapters usually want about 10x "
+        "full fine-tuning's, so a config can set both and switch with model.lora.rank alone",
+    )
 
     @field_validator("target_modules")
     @classmethod

@@ -28,7 +28,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, Ro
 from vriksha.errors import ConfigError
 from vriksha.lora import LoraAdapter, LoraWeights
 from vriksha.lora.merge import MergedWeights
-from vriksha.train.config import LoraSection
+from vriksha.train.config import LoraSection, TrainConfig
 
 if TYPE_CHECKING:
     from peft.tuners.lora import LoraLayer
@@ -224,6 +224,22 @@ class AdapterSync:
         self.merged = MergedWeights({n: engine_module.get_submodule(n).weight.data for n in targets})
         self.adapter: LoraAdapter | None = None
 
+    @classmethod
+    def for_run(
+        cls, policy: nn.Module, engine_module: nn.Module, world_size: int, cfg: TrainConfig, name: str
+    ) -> AdapterSync:
+        """The run's: the adapter named after its output directory; merged into the engine module for a
+        colocated engine (servers take the adapter alone)."""
+        return cls(
+            policy,
+            engine_module,
+            world_size,
+            cfg.model.lora,
+            name=name,
+            base_model=cfg.model.path,
+            merge=cfg.rollout.mode == "colocated",
+        )
+
     def _alias(self) -> bool:
         """One process: the engine module's parameters become the policy's frozen base storage (no copy)."""
         target = dict(self.engine_module.named_parameters())
@@ -297,6 +313,19 @@ def export_merged(sync: AdapterSync, tokenizer: Any, out_dir: Path, rank: int) -
         logger.info("exported the merged model to %s", out_dir)
     _barrier()
     return out_dir if rank == 0 else None
+
+
+def export_lora(
+    sync: AdapterSync, tokenizer: Any, out_dir: Path, rank: int, cfg: TrainConfig
+) -> dict[str, Any]:
+    """Collective: the end of a LoRA run: `<out_dir>/adapter` always (megabytes), the merged model in
+    `<out_dir>/final` where `trainer.export` asks for a Transformers directory; their paths on rank 0."""
+    path = export_adapter(sync, out_dir / "adapter", rank)
+    out: dict[str, Any] = {"adapter": str(path) if path else None}
+    if cfg.trainer.export:
+        path = export_merged(sync, tokenizer, out_dir / "final", rank)
+        out["export"] = str(path) if path else None
+    return out
 
 
 def _barrier() -> None:

@@ -8,7 +8,7 @@ under the new version: merged into the producer's module for a colocated engine,
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,14 +16,14 @@ from torch import nn
 
 from vriksha.lora import LoraAdapter, LoraWeights
 from vriksha.lora.merge import MergedWeights
-from vriksha.train.lora import adapter_tensors
+from vriksha.train.lora import AdapterSync, adapter_tensors
 from vriksha.train.rollout_engine import TrainingEngine
 
 if TYPE_CHECKING:
     from vriksha import RequestOutput, SamplingParams
     from vriksha.envs.rollout_engine import TokenPrompt
 
-__all__ = ["AdapterEngine", "ProducerAdapter"]
+__all__ = ["AdapterEngine", "ProducerAdapter", "producer_engine"]
 
 
 class ProducerAdapter:
@@ -86,3 +86,18 @@ class AdapterEngine:
 
     def close(self) -> None:
         self.inner.close()
+
+
+# build_engine's shape, less the keywords the trainer fills in: (module, the adapter it pushes or None)
+EngineOver = Callable[[nn.Module, Callable[[], LoraAdapter | None] | None], TrainingEngine]
+
+
+def producer_engine(
+    weights: object, module: nn.Module, engine_over: EngineOver, *, colocated: bool
+) -> tuple[Callable[[nn.Module], TrainingEngine], list[torch.Tensor] | None]:
+    """How the off-policy producer builds its engine over `module`, and the tensors a weight version loads into
+    (None: the module's parameters; with LoRA, `weights` an `AdapterSync`: its own adapter's A and B)."""
+    if not isinstance(weights, AdapterSync):
+        return lambda m: engine_over(m, None), None
+    producer = ProducerAdapter(module, weights.gather(), merge=colocated)
+    return lambda m: AdapterEngine(engine_over(m, lambda: producer.adapter), producer), producer.params

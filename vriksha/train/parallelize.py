@@ -34,6 +34,7 @@ from torch.distributed.tensor.parallel import (
 
 from vriksha.errors import ConfigError
 from vriksha.train.distributed import ParallelDims
+from vriksha.train.lora import lora_tp_plan
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -134,7 +135,7 @@ def apply_tp(model: Model, tp_mesh: DeviceMesh, shard_vocab: bool = True) -> Mod
     """Split the model over `tp_mesh` in place (a no-op on a mesh of one)."""
     if tp_mesh.size() == 1:
         return model
-    plan = tp_plan(model, shard_vocab)
+    plan = lora_tp_plan(model, tp_plan(model, shard_vocab))  # adapters split like their base layers
     check_tp_degree(model.config, tp_mesh.size())
     tied = _tied(model)
     parallelize_module(model, tp_mesh, plan)

@@ -40,8 +40,8 @@ from vriksha.train.distributed import EngineWeights, ParallelDims, all_reduce, i
 from vriksha.train.dynamic_sampling import SampledGroups
 from vriksha.train.export import export_model
 from vriksha.train.grpo import group_advantages
-from vriksha.train.lora import AdapterSync, apply_lora, check_lora_parallel, export_adapter, export_merged
-from vriksha.train.lora_producer import AdapterEngine, ProducerAdapter
+from vriksha.train.lora import AdapterSync, apply_lora, check_lora_parallel, export_lora
+from vriksha.train.lora_producer import producer_engine
 from vriksha.train.losses import build_loss
 from vriksha.train.metrics import MetricsWriter, rollout_summary, summary_table, write_plots
 from vriksha.train.offpolicy import OffPolicy
@@ -147,8 +147,9 @@ class GRPOTrainer:
         self.policy = parallelize(model, pd, mp, vocab)
         o = cfg.optim
         trainable = [p for p in self.policy.parameters() if p.requires_grad]
+        lr = self.lora.lr if self.lora is not None and self.lora.lr is not None else o.lr
         self.optimizer = torch.optim.AdamW(
-            trainable, lr=o.lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
+            trainable, lr=lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
         )
         self.scheduler = build_scheduler(self.optimizer, o, cfg.trainer.steps)
         self.start_step = 0
@@ -168,19 +169,11 @@ class GRPOTrainer:
                 raise ConfigError(
                     f"trainer.steps: {cfg.trainer.steps} is below the checkpoint's step {self.start_step}"
                 )
-        self.engine_weights: EngineWeights | AdapterSync
-        if self.lora is None:
-            self.engine_weights = EngineWeights(self.policy, self.engine_module, pd.world_size)
-        else:
-            self.engine_weights = AdapterSync(
-                self.policy,
-                self.engine_module,
-                pd.world_size,
-                self.lora,
-                name=self.out_dir.name,
-                base_model=cfg.model.path,
-                merge=cfg.rollout.mode == "colocated",  # servers take the adapter alone
-            )
+        self.engine_weights: EngineWeights | AdapterSync = (
+            EngineWeights(self.policy, self.engine_module, pd.world_size)
+            if self.lora is None
+            else AdapterSync.for_run(self.policy, self.engine_module, pd.world_size, cfg, self.out_dir.name)
+        )
         self.learner = Learner(
             self.policy,
             self.optimizer,
@@ -235,7 +228,9 @@ class GRPOTrainer:
         if producer_module is not None:
             tc, k = cfg.trainer, cfg.rollout.max_staleness
             stop_at = tc.steps if tc.stop_after is None else min(tc.steps, self.start_step + tc.stop_after)
-            make_engine, params = self._producer_engine(producer_module, engine_over)
+            make_engine, params = producer_engine(
+                weights, producer_module, engine_over, colocated=cfg.rollout.mode == "colocated"
+            )
             self.offpolicy = OffPolicy(
                 producer_module,
                 make_engine,
@@ -248,17 +243,6 @@ class GRPOTrainer:
                 saved=self.state,
                 params=params,
             )
-
-    def _producer_engine(
-        self, module: PreTrainedModel, engine_over: Callable[..., TrainingEngine]
-    ) -> tuple[Callable[[PreTrainedModel], TrainingEngine], list[torch.Tensor] | None]:
-        """How the off-policy producer builds its engine, and the tensors its weight versions load into
-        (None: its module's parameters; with LoRA, its own adapter's A and B)."""
-        weights = self.engine_weights
-        if not isinstance(weights, AdapterSync):
-            return lambda m: engine_over(m, None), None
-        producer = ProducerAdapter(module, weights.gather(), merge=self.cfg.rollout.mode == "colocated")
-        return lambda m: AdapterEngine(engine_over(m, lambda: producer.adapter), producer), producer.params
 
     # -- pieces of a step ----------------------------------------------------
 
@@ -469,13 +453,8 @@ class GRPOTrainer:
 
     def _finish(self, evals: list[dict[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
-        weights = self.engine_weights
-        if isinstance(weights, AdapterSync):  # the adapter always (megabytes); the merged model on request
-            path = export_adapter(weights, self.out_dir / "adapter", self.pd.rank)
-            out["adapter"] = str(path) if path else None
-            if self.cfg.trainer.export:
-                path = export_merged(weights, self.tokenizer, self.out_dir / "final", self.pd.rank)
-                out["export"] = str(path) if path else None
+        if isinstance(self.engine_weights, AdapterSync):  # the adapter always; the merged model on request
+            out.update(export_lora(self.engine_weights, self.tokenizer, self.out_dir, self.pd.rank, self.cfg))
         elif self.cfg.trainer.export:
             self._sync_engine()
             path = export_model(
