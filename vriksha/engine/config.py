@@ -189,6 +189,16 @@ class EngineConfig(Options):
         1, "ranks the engine runs on (spawned processes): each holds 1/N of the attention heads, MLP columns "
         "and KV pool; Llama, Qwen2 and Qwen3 models loaded from a path"
     )  # fmt: skip
+    enable_lora: bool = option(
+        False, "serve LoRA adapters: a request names one through `model`; each step adds every adapter's "
+        "low-rank product to its own rows after the base linear (steps with adapter rows skip the native decode "
+        "loop)"
+    )  # fmt: skip
+    max_loras: int = option(
+        4, "most LoRA adapters loaded at once (--enable-lora), versions still in use by requests included: "
+        "keep it >= max_staleness + 1 when a trainer swaps adapter versions in"
+    )  # fmt: skip
+    max_lora_rank: int = option(64, "largest LoRA rank an adapter may have (--enable-lora)")
     speculative: str = option(
         "none",
         "speculative decoding: ngram proposes the tokens that followed the sequence's last n-gram earlier in "
@@ -221,8 +231,16 @@ class EngineConfig(Options):
                 "ngram_max": self.ngram_max,
                 "grammar_max_bytes": self.grammar_max_bytes,
                 "grammar_max_branches": self.grammar_max_branches,
+                "max_loras": self.max_loras,
+                "max_lora_rank": self.max_lora_rank,
             }
         )
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            raise ConfigError("--enable-lora does not work with tensor parallel yet; use --tensor-parallel-size 1")
+        if self.enable_lora and getattr(self.platform, "kernel_layers", None):
+            raise ConfigError(
+                "--enable-lora does not work with --kernel-layers (a bound layer may bypass the adapted linears)"
+            )
         if self.kv_cache_tokens is not None and self.kv_cache_tokens < 2:
             raise ConfigError(f"engine option kv_cache_tokens must be >= 2, got {self.kv_cache_tokens}")
         if self.kv_cache_memory_gb is not None and self.kv_cache_memory_gb <= 0:

@@ -84,22 +84,31 @@ class KVEventPublisher:
             stop_authenticator(self._ctx)
 
     # ---- the engine's CacheEventSink (called in the engine's thread) ---------------------------------
-    def stored(self, parent: Sequence[int], token_ids: Sequence[int], slots: Any = None) -> None:
+    def stored(
+        self, parent: Sequence[int], token_ids: Sequence[int], slots: Any = None, lora_name: str | None = None
+    ) -> None:
         with self._lock:
-            self._pending.append(PrefixStored([*parent, *token_ids], len(parent)))
+            self._pending.append(PrefixStored([*parent, *token_ids], len(parent), lora_name))
 
-    def removed(self, parent: Sequence[int], token_ids: Sequence[int]) -> None:
+    def removed(self, parent: Sequence[int], token_ids: Sequence[int], lora_name: str | None = None) -> None:
         with self._lock:
-            self._pending.append(PrefixRemoved([*parent, *token_ids], len(token_ids)))
+            self._pending.append(PrefixRemoved([*parent, *token_ids], len(token_ids), lora_name))
 
     def cleared(self) -> None:
         with self._lock:
             self._pending.append(AllCleared())
 
-    def snapshot(self, leaf_paths: Callable[[], list[list[int]]]) -> CacheSnapshot:
+    def snapshot(
+        self,
+        leaf_paths: Callable[[], list[list[int]]],
+        adapter_paths: Callable[[], dict[str, list[list[int]]]] | None = None,
+    ) -> CacheSnapshot:
         with self._lock:
             self._seal()
-            return CacheSnapshot(instance=self.instance, seq=self._next_seq - 1, paths=leaf_paths())
+            adapters = adapter_paths() if adapter_paths is not None else {}
+            return CacheSnapshot(
+                instance=self.instance, seq=self._next_seq - 1, paths=leaf_paths(), adapters=adapters
+            )
 
     @property
     def last_seq(self) -> int:
@@ -127,9 +136,9 @@ class KVEventPublisher:
         view, events = self._blocks, []
         for ev in batch.events:
             if isinstance(ev, PrefixStored):
-                block = view.stored(ev.token_ids, ev.num_cached)
+                block = view.stored(ev.token_ids, ev.num_cached, ev.lora_name)
             elif isinstance(ev, PrefixRemoved):
-                block = view.removed(ev.token_ids, ev.num_tokens)
+                block = view.removed(ev.token_ids, ev.num_tokens, ev.lora_name)
             else:
                 block = view.cleared()
             if block is not None:

@@ -9,6 +9,9 @@ the cached token path itself:
   longer path through them (eviction removes leaves; a flush removes whole subtrees).
 - `AllCleared()`: the tree is empty (also the first event after a replica starts).
 
+Stored and removed paths of a LoRA adapter's tree (the engine keeps one per adapter) carry its name as
+`lora_name` (absent: the base model's); a mirror keys its paths by it (`adapter_key`).
+
 Batches travel as ZMQ multipart `[topic, seq (8 bytes, big-endian signed), payload]`, as vLLM's do; the
 payload is `EventBatch(ts, events, instance)` where `instance` changes when the replica restarts.
 """
@@ -25,11 +28,13 @@ class KVEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag
 class PrefixStored(KVEvent):
     token_ids: list[int]
     num_cached: int
+    lora_name: str | None = None
 
 
 class PrefixRemoved(KVEvent):
     token_ids: list[int]
     num_tokens: int
+    lora_name: str | None = None
 
 
 class AllCleared(KVEvent):
@@ -48,6 +53,20 @@ class CacheSnapshot(msgspec.Struct, omit_defaults=True, gc=False):
     instance: str
     seq: int
     paths: list[list[int]]
+    adapters: dict[str, list[list[int]]] = {}  # each LoRA adapter's leaf paths, by name
+
+
+def adapter_key(lora_name: str) -> int:
+    """A stable positive 31-bit id of an adapter name: the `lora_id` of its vLLM block events, and (negated:
+    never a token id) the first element of its paths in a mirror's token tree."""
+    import hashlib
+
+    return int.from_bytes(hashlib.sha256(lora_name.encode()).digest()[:4], "big") & 0x7FFFFFFF or 1
+
+
+def keyed(token_ids: list[int], lora_name: str | None) -> list[int]:
+    """A path as a mirror keys it: the base model's as it is, an adapter's behind its negated key."""
+    return token_ids if lora_name is None else [-adapter_key(lora_name), *token_ids]
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -171,7 +171,8 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
 
         async def serve(headers: Headers, body: bytes, arrived: float) -> Response:
             req, prompt_ids = await off_loop(len(body), parsed, body)  # a large prompt: tokenized on a thread
-            return await forwarder.forward(headers, path, body, prompt_ids, bool(req.stream), arrived)
+            lora = pool.adapter_of(getattr(req, "model", None))
+            return await forwarder.forward(headers, path, body, prompt_ids, bool(req.stream), arrived, lora)
 
         return serve
 

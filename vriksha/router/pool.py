@@ -120,6 +120,16 @@ class ReplicaPool:
     def has_prefill(self) -> bool:
         return any(r.spec.role == "prefill" for r in self.replicas)
 
+    def adapter_of(self, model: str | None) -> str | None:
+        """`model` when some replica's mirror holds paths of a LoRA adapter of that name, else None (the base
+        model; an adapter no replica has cached anything for yet routes as the base model does)."""
+        if model is None:
+            return None
+        for r in self.replicas:
+            if r.events is not None and model in r.events.adapters:
+                return model
+        return None
+
     def choose(self, tokens: list[int], session: str | None, exclude: set[int]) -> Decision | None:
         candidates = self.healthy(exclude)
         if not candidates:

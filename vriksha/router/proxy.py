@@ -12,6 +12,7 @@ import httpx
 from fastapi.responses import Response, StreamingResponse
 from starlette.datastructures import Headers
 
+from vriksha.kv_events.schema import keyed
 from vriksha.router.disagg import Disaggregation
 from vriksha.router.pool import ReplicaPool
 from vriksha.router.replica import Replica
@@ -52,9 +53,20 @@ class Forwarder:
         await self.upstream.aclose()
 
     async def forward(
-        self, headers: Headers, path: str, body: bytes, tokens: list[int], stream: bool, arrived: float
+        self,
+        headers: Headers,
+        path: str,
+        body: bytes,
+        prompt: list[int],
+        stream: bool,
+        arrived: float,
+        lora: str | None = None,
     ) -> Response:
-        """`headers`: the client request's (`request.headers`, or `Headers(scope=scope)` in raw ASGI)."""
+        """`headers`: the client request's (`request.headers`, or `Headers(scope=scope)` in raw ASGI). `lora`:
+        the LoRA adapter the request names; its prefix is looked up in the mirrors' tree of that adapter."""
+        tokens = keyed(
+            prompt, lora
+        )  # the routing key: the prompt, behind the adapter's key when there is one
         session = headers.get(self.pool.config.session_header)
         forwarded = forwarded_headers(headers)
         tried: set[int] = set()
@@ -70,7 +82,7 @@ class Forwarder:
             tried.add(r.index)
             if not tried - {r.index}:
                 self.pool.metrics.overhead.observe(time.perf_counter() - arrived)
-            if self.disagg.wanted(r, tokens, decision.cached_tokens):
+            if lora is None and self.disagg.wanted(r, tokens, decision.cached_tokens):
                 await self.disagg.prefill(r, tokens)
             try:
                 return await self._attempt(r, forwarded, path, body, tokens, stream)

@@ -19,6 +19,7 @@ from vriksha.kv_events.schema import (
     PrefixRemoved,
     PrefixStored,
     decode_batch,
+    keyed,
     seq_from_bytes,
 )
 from vriksha.kv_events.token_tree import TokenTree
@@ -46,6 +47,7 @@ class EventSubscriber:
         self.http = http
         self.on_resync = on_resync
         self.tree = TokenTree()
+        self.adapters: set[str] = set()  # LoRA adapters whose paths this mirror has seen
         self.instance: str | None = None
         self.seq = -1  # last batch applied
         self.synced = False
@@ -80,9 +82,11 @@ class EventSubscriber:
     def apply(self, batch: EventBatch) -> None:
         for ev in batch.events:
             if isinstance(ev, PrefixStored):
-                self.tree.insert(ev.token_ids)
+                self.tree.insert(keyed(ev.token_ids, ev.lora_name))
+                if ev.lora_name is not None:
+                    self.adapters.add(ev.lora_name)
             elif isinstance(ev, PrefixRemoved):
-                self.tree.remove(ev.token_ids, ev.num_tokens)
+                self.tree.remove(keyed(ev.token_ids, ev.lora_name), ev.num_tokens)
             elif isinstance(ev, AllCleared):
                 self.tree.clear()
 
@@ -109,7 +113,9 @@ class EventSubscriber:
         resp = await self.http.get(self.snapshot_url, headers=self.headers, timeout=10)
         resp.raise_for_status()
         snap = msgspec.json.decode(resp.content, type=CacheSnapshot)
-        self.tree = TokenTree.from_paths(snap.paths)
+        adapters = [keyed(p, name) for name, paths in snap.adapters.items() for p in paths]
+        self.tree = TokenTree.from_paths([*snap.paths, *adapters])
+        self.adapters = set(snap.adapters)
         self.instance, self.seq, self.synced = snap.instance, snap.seq, True
         self.on_resync(reason)
         logger.info("%s: resynced (%s) at seq %d, %d tokens", self.name, reason, snap.seq, self.tree.size)

@@ -21,6 +21,7 @@ from vriksha.server.profiler import ServerProfiler
 from vriksha.server.routes_fleet import router as fleet_router
 from vriksha.server.routes_info import router as info_router
 from vriksha.server.routes_kv import router as kv_router
+from vriksha.server.routes_lora import router as lora_router
 from vriksha.server.routes_native import router as native_router
 from vriksha.server.routes_openai import router as openai_router
 from vriksha.server.routes_render import router as render_router
@@ -80,6 +81,7 @@ def create_app(
     install_weight_routes(app, config.allow_multiple_weight_clients)
     app.include_router(fleet_router)
     app.include_router(kv_router)
+    app.include_router(lora_router)
     app.include_router(render_router)
     app.include_router(tokenize_router)
     app.include_router(info_router)

@@ -48,6 +48,15 @@ def register(subparsers: Any) -> None:
         help="let more than one trainer update the weights (default: the first trainer's transfer is exclusive "
         "until it closes it)",
     )
+    p.add_argument(
+        "--lora-modules",
+        nargs="+",
+        default=None,
+        metavar="NAME=PATH",
+        help="LoRA adapters (PEFT directories: adapter_config.json + adapter_model.safetensors) served from "
+        "startup, each selected by a request whose `model` is NAME; also vLLM's JSON form "
+        '{"name": ..., "path": ...}; needs --enable-lora',
+    )
     EngineConfig.add_arguments(p)
     k = p.add_argument_group("KV cache events (for a router)")
     k.add_argument(
@@ -127,6 +136,7 @@ def handler(args: argparse.Namespace) -> int:
     from vriksha.profiling import ProfileConfig, StepProfiler
     from vriksha.server import kv_roles
     from vriksha.server.app import create_app
+    from vriksha.server.routes_lora import load_at_startup, parse_lora_modules
 
     config = server_config_from_args(args)
     _check_events(args, config.internal_key)
@@ -143,7 +153,11 @@ def handler(args: argparse.Namespace) -> int:
         config.host,
         config.port,
     )
+    lora_modules = parse_lora_modules(args.lora_modules or [])
+    if lora_modules and not engine_config.enable_lora:
+        raise ConfigError("--lora-modules needs --enable-lora")
     engine = AsyncEngine(LLMEngine(engine_config, cache_events=publisher))
+    load_at_startup(engine.engine, lora_modules, config.served_model_names or [engine.engine.model_name])
     if config.load_weights_dir:
         from vriksha.weights.fs import restore_latest
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import resource
 import sys
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from prometheus_client import ProcessCollector
@@ -131,6 +132,20 @@ class _EngineCollector(Collector):
         times = getattr(s, "step_times", None)
         if times is not None:
             yield step_histogram(times)
+        if getattr(s, "max_loras", 0):
+            yield lora_requests_info(s.running_loras, s.waiting_loras, s.max_loras)
+
+
+def lora_requests_info(running: Sequence[str], waiting: Sequence[str], max_loras: int) -> GaugeMetricFamily:
+    """vLLM's `vllm:lora_requests_info`: the adapters of running and waiting requests as comma-separated
+    labels, and --max-loras; its value is the time of the scrape, as vLLM's is the time it was last set."""
+    family = GaugeMetricFamily(
+        "vllm:lora_requests_info",
+        "Running stats on lora requests.",
+        labels=["running_lora_adapters", "waiting_lora_adapters", "max_lora"],
+    )
+    family.add_metric([",".join(running), ",".join(waiting), str(max_loras)], time.time())
+    return family
 
 
 def step_histogram(times: StepTimes) -> HistogramMetricFamily:

@@ -50,5 +50,9 @@ async def kv_snapshot(request: Request, state: StateDep) -> Response:
         tree = getattr(engine.cache, "tree", None)  # None: prefix caching is off, nothing is ever cached
         return tree.leaf_paths() if tree is not None else []
 
-    snap = await state.engine.call(lambda e: publisher.snapshot(lambda: leaf_paths(e)))
+    def adapter_paths(engine) -> dict[str, list[list[int]]]:
+        paths = getattr(engine.cache, "adapter_leaf_paths", None)
+        return paths() if paths is not None else {}
+
+    snap = await state.engine.call(lambda e: publisher.snapshot(lambda: leaf_paths(e), lambda: adapter_paths(e)))
     return Response(msgspec.json.encode(snap), media_type="application/json")

@@ -83,7 +83,7 @@ async def create_chat_completion(
 ) -> Response:
     model = state.check_model(req.model)
     plan, prompt_ids, params = await off_loop(body_size(request.headers), _prepare, req, state)
-    stream = state.client.open(prompt_ids, params, "chat")
+    stream = state.client.open(prompt_ids, params, "chat", lora=state.lora_of(model))
     try:
         await unless_disconnected(request, stream.start(), state.drain)
     except BaseException:

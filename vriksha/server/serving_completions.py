@@ -64,8 +64,9 @@ def _prepare(req: CompletionRequest, state: ServerState) -> tuple[list[EnginePro
 
 async def create_completion(req: CompletionRequest, state: ServerState, request: Request) -> Response:
     model = state.check_model(req.model)
+    lora = state.lora_of(model)
     prompts, params = await off_loop(body_size(request.headers), _prepare, req, state)
-    streams = await state.client.open_all(prompts, params, "completions")
+    streams = await state.client.open_all(prompts, params, "completions", lora=lora)
     await unless_disconnected(request, start_all(streams), state.drain)
     if req.stream:
         return sse_response(_stream(req, state, model, streams), streams, state.drain)

@@ -13,7 +13,6 @@ from vriksha.server.config import ServerConfig
 from vriksha.server.context import PromptEncoder
 from vriksha.server.drain import Drain
 from vriksha.server.engine_client import EngineClient
-from vriksha.server.errors import ModelNotFoundError
 from vriksha.server.logprobs import TokenText
 from vriksha.server.metrics import ServerMetrics
 from vriksha.server.profiler import ServerProfiler
@@ -73,12 +72,18 @@ class ServerState:
         return self._tool_parser
 
     def check_model(self, name: str) -> str:
+        """`name` when it is a served model name or a loaded LoRA adapter's; else 404 naming it."""
         if name not in self.model_names:
-            raise ModelNotFoundError(
-                f"the model {name!r} does not exist; this server serves {self.model_names} (see GET /v1/models)",
-                param="model",
-            )
+            from vriksha.server.routes_lora import lora_of
+
+            lora_of(self, name)
         return name
+
+    def lora_of(self, name: str) -> str | None:
+        """The LoRA adapter a request's `model` selects (None: the base model); 404 for an unknown name."""
+        from vriksha.server.routes_lora import lora_of
+
+        return lora_of(self, name)
 
 
 def get_state(request: Request) -> ServerState:

@@ -10,6 +10,7 @@ push its weights again and repeat the request, so no episode is ever trained on 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import json
 import logging
 import os
@@ -48,7 +49,18 @@ STARTUP_TIMEOUT_S = 300.0
 
 def engine_flags(engine: EngineConfig, dtype: str) -> list[str]:
     """`vriksha serve` flags for the options of `rollout.engine` that differ from the defaults."""
-    return ["--dtype", dtype, *engine.to_args(exclude=("model", "dtype", "device"))]
+    flags = ["--dtype", dtype]
+    changed = engine.to_dict(changed_only=True)
+    for f in dataclasses.fields(EngineConfig):
+        if f.name not in changed or f.name in ("model", "dtype", "device"):
+            continue
+        name = f.metadata.get("flag") or f.name.replace("_", "-")
+        value = changed[f.name]
+        if isinstance(value, bool):
+            flags.append(f"--{name}" if value else f"--no-{name}")
+        elif value is not None:
+            flags += [f"--{name}", str(value)]
+    return flags
 
 
 class WeightVersionError(VrikshaError):

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from vriksha.errors import VrikshaError
+from vriksha.weights.adapter_serving import ServedAdapterSink
 from vriksha.weights.adapter_update import (
     AdapterMeta,
     AdapterSink,
@@ -118,6 +119,7 @@ class WeightUpdater:
         self.allow_multiple_clients = allow_multiple_clients
         self.state = UpdateState()
         self.adapters: AdapterSink = adapters if adapters is not None else MergedAdapterSink()
+        self._served = ServedAdapterSink()  # taken instead when the engine serves LoRA adapters by name
 
     # ---- who ----------------------------------------------------------------------------------------
     def claim(self, client_id: str) -> str:
@@ -272,8 +274,11 @@ class WeightUpdater:
                 f"the update did not send {len(missing)} parameter(s), e.g. {missing[0]!r}; nothing was applied: "
                 f"the engine keeps version {engine.weight_version}"
             )
+        if upd.adapter is not None and getattr(engine, "loras", None) is not None:
+            self.adapters = self._served  # a multi-LoRA engine: versions side by side, nothing waits
+        side_by_side = upd.adapter is not None and getattr(self.adapters, "side_by_side", False)
         stats = engine.stats()
-        if stats.num_running or stats.num_waiting:
+        if (stats.num_running or stats.num_waiting) and not side_by_side:
             raise WeightClientConflict(
                 f"{stats.num_running + stats.num_waiting} requests are running; the update was not applied"
             )
@@ -285,7 +290,10 @@ class WeightUpdater:
                     params[name].copy_(staged)
                     upd.counter.add(staged.nbytes)
                 self.adapters.weights_replaced()
-        engine.set_weight_version(upd.version)
+        if side_by_side:
+            engine.weight_version = upd.version  # the base weights and their cached K/V are unchanged
+        else:
+            engine.set_weight_version(upd.version)
         self.state.update = None
         elapsed = time.monotonic() - upd.started_at
         logger.info(

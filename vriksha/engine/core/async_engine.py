@@ -105,8 +105,10 @@ class AsyncEngine:
         prompt: str | list[int] | dict,
         params: SamplingParams | None = None,
         request_id: str | None = None,
+        lora: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Cumulative outputs of one request, one per engine step that advanced it; the last is finished."""
+        """Cumulative outputs of one request, one per engine step that advanced it; the last is finished.
+        `lora`: the name of the LoRA adapter it runs with (None: the base model)."""
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
         spec = params.structured_outputs if params is not None else None
@@ -114,7 +116,7 @@ class AsyncEngine:
             await asyncio.to_thread(lambda: self.engine.grammar_engine().compile(spec))
 
         def add(engine: LLMEngine) -> str:
-            rid = engine.add_request(prompt, params, request_id=request_id, stream=True)
+            rid = engine.add_request(prompt, params, request_id=request_id, stream=True, lora=lora)
             self._streams[rid] = (loop, outputs)
             return rid
 

@@ -51,6 +51,21 @@ class ForwardBatch:
     def num_draft_rows(self) -> int:
         return sum(r.num_tokens for r in self.drafts)
 
+    def row_lora_ids(self) -> list[int]:
+        """The adapter id of every row of the step, in the step's row order (decodes, prefill chunks, drafts)."""
+        ids = [r.lora_id for r in self.decodes]
+        for c in self.prefills:
+            ids.extend([c.request.lora_id] * (c.end - c.start))
+        for run in self.drafts:
+            ids.extend([run.request.lora_id] * run.num_tokens)
+        return ids
+
+    @property
+    def has_lora(self) -> bool:
+        return any(r.lora_id for r in self.decodes) or any(
+            c.request.lora_id for c in (*self.prefills, *self.drafts)
+        )
+
     @property
     def sampled_requests(self) -> list[Request]:
         return self.decodes + [c.request for c in self.prefills if c.sample]

@@ -23,3 +23,21 @@ class CacheEventSink(Protocol):
 
     def cleared(self) -> None:
         """Everything left the cache."""
+
+
+class AdapterEvents:
+    """The events of one LoRA adapter's tree, passed on to `sink` tagged with the adapter's name (a sink's
+    `stored` and `removed` take `lora_name`). Its tree is emptied only by removals, never by `cleared`."""
+
+    def __init__(self, sink: CacheEventSink, lora_name: str) -> None:
+        self.sink = sink
+        self.lora_name = lora_name
+
+    def stored(self, parent: Sequence[int], token_ids: Sequence[int], slots: torch.Tensor) -> None:
+        self.sink.stored(parent, token_ids, slots, lora_name=self.lora_name)  # type: ignore[call-arg]
+
+    def removed(self, parent: Sequence[int], token_ids: Sequence[int]) -> None:
+        self.sink.removed(parent, token_ids, lora_name=self.lora_name)  # type: ignore[call-arg]
+
+    def cleared(self) -> None:
+        pass

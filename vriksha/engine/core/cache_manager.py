@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from vriksha.engine.core.cache_events import CacheEventSink
+from vriksha.engine.core.cache_events import AdapterEvents, CacheEventSink
 from vriksha.engine.core.kv_pool import ReqToTokenTable, SlotAllocator
 from vriksha.engine.core.prompt_logprobs import wants_prompt_logprobs
 from vriksha.engine.core.radix_cache import RadixCache, TreeNode
@@ -63,7 +63,7 @@ class CacheManager(ABC):
         req.row = row
         tokens = req.all_token_ids
         # keep >= 1 token to compute; a request scoring its prompt (prompt_logprobs) computes all of it
-        slots, node = self._match(tokens[: 0 if wants_prompt_logprobs(req) else len(tokens) - 1])
+        slots, node = self._match(tokens[: 0 if wants_prompt_logprobs(req) else len(tokens) - 1], req.lora_id)
         self.table.write(row, 0, slots)
         req.num_computed = req.cached_len = slots.numel()
         self._lock(req, node)
@@ -118,17 +118,19 @@ class CacheManager(ABC):
 
     # ---- the prefix cache --------------------------------------------------------------------------
     @abstractmethod
-    def _match(self, token_ids: list[int]) -> tuple[torch.Tensor, TreeNode | None]: ...
+    def _match(self, token_ids: list[int], lora_id: int = 0) -> tuple[torch.Tensor, TreeNode | None]: ...
 
     @abstractmethod
     def _lock(self, req: Request, node: TreeNode | None) -> None: ...
 
     @abstractmethod
-    def match_len(self, token_ids: list[int]) -> int:
-        """How many leading tokens are cached."""
+    def match_len(self, token_ids: list[int], lora_id: int = 0) -> int:
+        """How many leading tokens are cached (for the LoRA adapter `lora_id`, 0: the base model)."""
 
     @abstractmethod
-    def prefix_in_flight(self, token_ids: list[int], in_flight: InFlight, min_len: int) -> bool:
+    def prefix_in_flight(
+        self, token_ids: list[int], in_flight: InFlight, min_len: int, lora_id: int = 0
+    ) -> bool:
         """Whether a prompt computed this step also computes the next `min_len` uncached tokens of
         `token_ids`, so that waiting one step reads them from the cache instead of computing them again."""
 
@@ -154,35 +156,81 @@ class CacheManager(ABC):
 
 
 class RadixCacheManager(CacheManager):
+    """Prefixes shared through radix trees: one per LoRA adapter (key 0: the base model), so that K/V computed
+    with one adapter is never matched by a request of another. Every tree draws on the one slot allocator.
+    An adapter tree's cache events carry the adapter's name (`AdapterEvents`), so a mirror keys them apart."""
+
     def __init__(
         self, allocator: SlotAllocator, table: ReqToTokenTable, events: CacheEventSink | None = None
     ) -> None:
         super().__init__(allocator, table)
-        self.tree = RadixCache(allocator, events)
+        self.trees: dict[int, RadixCache] = {0: RadixCache(allocator, events)}
+        self.events = events
+        self.adapter_names: dict[int, str] = {}  # the name of each adapter id (events, snapshots)
+
+    @property
+    def tree(self) -> RadixCache:
+        """The base model's tree."""
+        return self.trees[0]
+
+    def _tree(self, lora_id: int) -> RadixCache:
+        tree = self.trees.get(lora_id)
+        if tree is None:
+            tree = self.trees[lora_id] = RadixCache(self.allocator, self._adapter_events(lora_id))
+        return tree
+
+    def _adapter_events(self, lora_id: int) -> CacheEventSink | None:
+        if self.events is None:
+            return None
+        return AdapterEvents(self.events, self.adapter_names.get(lora_id, f"lora-{lora_id}"))
+
+    def name_adapter(self, lora_id: int, name: str) -> None:
+        self.adapter_names[lora_id] = name
+
+    def drop_adapter(self, lora_id: int) -> None:
+        """An adapter version left the engine: free its tree (no request holds it any more), telling the
+        event sink which paths left."""
+        tree = self.trees.pop(lora_id, None)
+        if tree is not None:
+            tree.flush_unlocked()
+        self.adapter_names.pop(lora_id, None)
+
+    def adapter_leaf_paths(self) -> dict[str, list[list[int]]]:
+        """Each adapter tree's leaf paths, by adapter name (a KV-events snapshot)."""
+        out: dict[str, list[list[int]]] = {}
+        for lora_id, tree in self.trees.items():
+            if lora_id:
+                out.setdefault(self.adapter_names.get(lora_id, f"lora-{lora_id}"), []).extend(tree.leaf_paths())
+        return out
 
     def set_event_sink(self, events: CacheEventSink | None) -> None:
-        self.tree.events = events
+        self.events = events
+        for lora_id, tree in self.trees.items():
+            tree.events = events if lora_id == 0 else self._adapter_events(lora_id)
 
-    def _match(self, token_ids: list[int]) -> tuple[torch.Tensor, TreeNode | None]:
+    def _match(self, token_ids: list[int], lora_id: int = 0) -> tuple[torch.Tensor, TreeNode | None]:
         with phase("engine.cache_match"):
-            match = self.tree.match_prefix(token_ids)
+            match = self._tree(lora_id).match_prefix(token_ids)
         return match.slots, match.last_node
 
     def _lock(self, req: Request, node: TreeNode | None) -> None:
+        tree = self._tree(req.lora_id)
         if node is not None:
-            self.tree.inc_lock_ref(node)
+            tree.inc_lock_ref(node)
         if req.cache_node is not None:
-            self.tree.dec_lock_ref(req.cache_node)
+            tree.dec_lock_ref(req.cache_node)
         req.cache_node = node
 
-    def match_len(self, token_ids: list[int]) -> int:
+    def match_len(self, token_ids: list[int], lora_id: int = 0) -> int:
         with phase("engine.cache_match"):
-            return self.tree.match_prefix(token_ids).length
+            return self._tree(lora_id).match_prefix(token_ids).length
 
-    def prefix_in_flight(self, token_ids: list[int], in_flight: InFlight, min_len: int) -> bool:
+    def prefix_in_flight(
+        self, token_ids: list[int], in_flight: InFlight, min_len: int, lora_id: int = 0
+    ) -> bool:
         if not in_flight:
             return False
-        cached = self.match_len(token_ids[:-1])
+        cached = self.match_len(token_ids[:-1], lora_id)
         end = cached + min_len
         tokens = token_ids[:end]
         if len(tokens) < end:
@@ -194,7 +242,7 @@ class RadixCacheManager(CacheManager):
         if finished or n > req.cached_len:
             with phase("engine.cache_insert"):
                 slots = self.table.read(req.row, n).clone()
-                result = self.tree.insert(req.all_token_ids[:n], slots)
+                result = self._tree(req.lora_id).insert(req.all_token_ids[:n], slots)
                 if result.cached_len > req.cached_len:  # cached meanwhile by another request: use those
                     self.allocator.free(slots[req.cached_len : result.cached_len])
                     if not finished:
@@ -207,23 +255,33 @@ class RadixCacheManager(CacheManager):
             self._free_row(req)
 
     def evict(self, num_tokens: int) -> int:
-        return self.tree.evict(num_tokens)
+        """Least recently used first within a tree; the adapters' trees, least recently matched first, give
+        up theirs before the base model's."""
+        freed = 0
+        order = sorted(self.trees.items(), key=lambda kv: (kv[0] == 0, kv[1].root.last_access))
+        for _, tree in order:
+            if freed >= num_tokens:
+                break
+            freed += tree.evict(num_tokens - freed)
+        return freed
 
     def evictable_size(self) -> int:
-        return self.tree.evictable_size()
+        return sum(t.evictable_size() for t in self.trees.values())
 
     def total_size(self) -> int:
-        return self.tree.total_size()
+        return sum(t.total_size() for t in self.trees.values())
 
     def slot_set(self) -> set[int]:
-        return self.tree.slot_set()
+        return set().union(*(t.slot_set() for t in self.trees.values()))
 
     def flush(self) -> bool:
-        self.tree.flush_unlocked()
-        return self.tree.total_size() == 0
+        for tree in self.trees.values():
+            tree.flush_unlocked()
+        return self.total_size() == 0
 
     def reset(self) -> None:
-        self.tree.reset()
+        for tree in self.trees.values():
+            tree.reset()
 
 
 class NullCacheManager(CacheManager):
@@ -232,16 +290,18 @@ class NullCacheManager(CacheManager):
     def set_event_sink(self, events: CacheEventSink | None) -> None:
         pass  # nothing is ever cached
 
-    def _match(self, token_ids: list[int]) -> tuple[torch.Tensor, TreeNode | None]:
+    def _match(self, token_ids: list[int], lora_id: int = 0) -> tuple[torch.Tensor, TreeNode | None]:
         return torch.empty(0, dtype=torch.int64, device=self.allocator.device), None
 
     def _lock(self, req: Request, node: TreeNode | None) -> None:
         pass
 
-    def match_len(self, token_ids: list[int]) -> int:
+    def match_len(self, token_ids: list[int], lora_id: int = 0) -> int:
         return 0
 
-    def prefix_in_flight(self, token_ids: list[int], in_flight: InFlight, min_len: int) -> bool:
+    def prefix_in_flight(
+        self, token_ids: list[int], in_flight: InFlight, min_len: int, lora_id: int = 0
+    ) -> bool:
         return False  # nothing computed now is read back later
 
     def cache_req(self, req: Request, *, finished: bool) -> None:
@@ -265,6 +325,12 @@ class NullCacheManager(CacheManager):
         return True
 
     def reset(self) -> None:
+        pass
+
+    def drop_adapter(self, lora_id: int) -> None:
+        pass
+
+    def name_adapter(self, lora_id: int, name: str) -> None:
         pass
 
 

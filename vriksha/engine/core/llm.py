@@ -85,7 +85,9 @@ class LLM:
         prompts: Prompt | Sequence[Prompt],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        lora: str | Sequence[str | None] | None = None,
     ) -> list[RequestOutput]:
+        """`lora`: the LoRA adapter (by name, loaded with `engine.add_lora`) of every prompt, or of each."""
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
@@ -100,7 +102,7 @@ class LLM:
         else:
             params_list = [sampling_params or SamplingParams()] * len(prompts)
         # everything is validated before anything runs: one bad prompt rejects the call, not half of it
-        order = {rid: i for i, rid in enumerate(self.engine.add_requests(prompts, params_list))}
+        order = {rid: i for i, rid in enumerate(self.engine.add_requests(prompts, params_list, loras=lora))}
         results: list[RequestOutput | None] = [None] * len(order)
         bar = None
         if use_tqdm:

@@ -16,6 +16,7 @@ from vriksha.engine.config import EngineConfig
 from vriksha.engine.core.cache_events import CacheEventSink
 from vriksha.engine.core.cache_manager import make_cache_manager
 from vriksha.engine.core.kv_pool import SlotAllocator
+from vriksha.engine.core.lora_registry import EngineLoras, LoadedLora, LoraRegistry
 from vriksha.engine.core.outputs import CompletionOutput, RequestOutput
 from vriksha.engine.core.prompt_logprobs import prompt_logprobs_list, record_prompt_logprobs
 from vriksha.engine.core.request import Request
@@ -92,6 +93,10 @@ class LLMEngine:
         self.cache = make_cache_manager(
             config.enable_prefix_caching, self.allocator, self.table, cache_events
         )
+        self.loras: EngineLoras | None = None
+        if config.enable_lora:
+            registry = LoraRegistry(config.max_loras, config.max_lora_rank)
+            self.loras = EngineLoras(registry, self.runner.lora, self.cache)
         speculator = Speculator(config, self.max_model_len) if config.speculative != "none" else None
         self.scheduler = Scheduler(config, self.cache, speculator)
         native = self.runner.native
@@ -144,8 +149,9 @@ class LLMEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         stream: bool = False,
+        lora: str | None = None,
     ) -> str:
-        return self.add_requests([prompt], [params], [request_id], stream=stream)[0]
+        return self.add_requests([prompt], [params], [request_id], stream=stream, loras=[lora])[0]
 
     def add_requests(
         self,
@@ -153,8 +159,10 @@ class LLMEngine:
         params: Sequence[SamplingParams | None] | SamplingParams | None = None,
         request_ids: Sequence[str | None] | None = None,
         stream: bool = False,
+        loras: Sequence[str | None] | str | None = None,
     ) -> list[str]:
-        """Validate every request, then add them all (one bad request adds none); returns their ids."""
+        """Validate every request, then add them all (one bad request adds none); returns their ids.
+        `loras`: the LoRA adapter each prompt runs with, by name (one for all, or one each; None: the base)."""
         if self._closed:
             raise EngineClosedError("the engine is closed; build a new one")
         n = len(prompts)
@@ -166,6 +174,7 @@ class LLMEngine:
                 "pass one of each per prompt"
             )
         params_list = [p or SamplingParams() for p in params_list]
+        adapters = self._resolve_loras(loras, n)
         tokenized = [tokenize_prompt(self.tokenizer, p) for p in prompts]
         for (_, ids), p in zip(tokenized, params_list, strict=True):
             check_request(ids, p, self.vocab_size, self.max_model_len, self.allocator.capacity)
@@ -177,23 +186,65 @@ class LLMEngine:
             dup = taken[0] if taken else next(r for r in given if given.count(r) > 1)
             raise InvalidRequestError(f"request id {dup!r} is already in use")
         added = []
-        for (text, ids), p, rid in zip(tokenized, params_list, ids_list, strict=True):
+        for (text, ids), p, rid, lora in zip(tokenized, params_list, ids_list, adapters, strict=True):
             if rid is None:
                 rid = str(next(self._ids))
                 while rid in self._groups or rid in given:
                     rid = str(next(self._ids))
-            self._add(rid, text, ids, p, stream)
+            self._add(rid, text, ids, p, stream, lora)
             added.append(rid)
         return added
 
+    def _resolve_loras(self, loras: Sequence[str | None] | str | None, n: int) -> list[LoadedLora | None]:
+        names = [loras] * n if loras is None or isinstance(loras, str) else list(loras)
+        if len(names) != n:
+            raise InvalidRequestError(f"got {n} prompts but {len(names)} LoRA adapter names; pass one or one each")
+        if self.loras is None:
+            if any(names):
+                raise InvalidRequestError(
+                    f"LoRA adapter {next(x for x in names if x)!r} asked for, but LoRA is off: start the engine "
+                    "with --enable-lora"
+                )
+            return [None] * n
+        return [self.loras.registry.resolve(x) if x else None for x in names]
+
+    def add_lora(self, adapter, path: str | None = None, version: int | None = None, replace: bool = False):
+        """Load a LoRA adapter (`vriksha.lora.LoraAdapter`) under its name; AdapterError says why not."""
+        return self._lora_manager().add(
+            adapter, self.lora_ids_in_use(), path=path, version=version, replace=replace
+        )
+
+    def remove_lora(self, name: str) -> LoadedLora:
+        """Stop serving adapter `name` (requests running on it finish first); UnknownLoraError if absent."""
+        return self._lora_manager().remove(name, self.lora_ids_in_use())
+
+    def list_loras(self) -> list[LoadedLora]:
+        return list(self.loras.registry.current.values()) if self.loras is not None else []
+
+    def _lora_manager(self) -> EngineLoras:
+        if self.loras is None:
+            raise InvalidRequestError("LoRA adapters need an engine started with --enable-lora")
+        return self.loras
+
+    def lora_ids_in_use(self) -> set[int]:
+        return {r.lora_id for g in self._groups.values() for r in g.sequences if not r.is_finished}
+
     def _add(
-        self, request_id: str, text: str | None, ids: list[int], params: SamplingParams, stream: bool
+        self,
+        request_id: str,
+        text: str | None,
+        ids: list[int],
+        params: SamplingParams,
+        stream: bool,
+        lora: LoadedLora | None = None,
     ) -> None:
         bad_words = self._bad_word_ids(params.bad_words) if params.bad_words else []
         grammar = self.grammar_engine() if params.structured_outputs is not None else None
         sequences = []
         for i in range(params.n):
             req = Request(request_id, i, ids, params, self.eos_token_ids, prompt=text)
+            if lora is not None:
+                req.lora_id, req.lora_name = lora.lora_id, lora.name
             if params.seed is not None:
                 req.seed = params.seed + i
             req.bad_word_ids = bad_words
@@ -331,6 +382,8 @@ class LLMEngine:
                 touched.update(r.request.request_id for r in batch.drafts)
         self.scheduler.postprocess(batch, finished)
         outputs = self._collect(touched)
+        if self.loras is not None and self.loras.registry.retired:
+            self.loras.collect(self.lora_ids_in_use())
         kind = "verify" if batch.drafts else "prefill" if batch.prefills else "decode"
         self.step_times.observe(kind, time.perf_counter() - start)
         return outputs
@@ -485,7 +538,21 @@ class LLMEngine:
             generation_tokens=self._generation_tokens,
             num_retracted=self.scheduler.num_retracted,
             step_times=self.step_times.copy(),
+            **self._lora_stats(),
             **self._speculation_stats(),
+        )
+
+    def _lora_stats(self) -> dict:
+        if self.loras is None:
+            return {}
+
+        def names(reqs) -> tuple[str, ...]:
+            return tuple(sorted({r.lora_name for r in reqs if r.lora_name}))
+
+        return dict(
+            running_loras=names(self.scheduler.running),
+            waiting_loras=names(self.scheduler.waiting),
+            max_loras=self.loras.registry.max_loras,
         )
 
     def _speculation_stats(self) -> dict[str, int]:

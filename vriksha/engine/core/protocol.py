@@ -35,7 +35,8 @@ class EngineProtocol(Protocol):
         self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
     ) -> AsyncIterator[RequestOutput]:
         """Cumulative outputs of one request; the last is finished. Raises the engine's validation errors
-        (`InvalidRequestError`, `PromptTooLongError`) before the first output."""
+        (`InvalidRequestError`, `PromptTooLongError`) before the first output. An engine serving LoRA
+        adapters also takes `lora=NAME` (the server passes it only for a request that names an adapter)."""
 
     def abort(self, request_id: str) -> None:
         """Stop a request (unknown or finished ids are ignored); its stream ends."""

@@ -29,6 +29,8 @@ class Request:
     params: SamplingParams
     eos_token_ids: frozenset[int]
     prompt: str | None = None
+    lora_id: int = 0  # the engine's id of the adapter (name and version) it runs with; 0: the base model
+    lora_name: str | None = None
     arrival_time: float = field(default_factory=time.monotonic)
     status: Status = Status.WAITING
     output_token_ids: list[int] = field(default_factory=list)

@@ -102,7 +102,7 @@ class Scheduler:
     def _order_waiting(self) -> list[Request]:
         if len(self.waiting) > self.config.lpm_max_queue or len(self.waiting) < 2:
             return fair_order(list(self.waiting), self.running)
-        matched = {id(r): self.cache.match_len(r.all_token_ids[:-1]) for r in self.waiting}
+        matched = {id(r): self.cache.match_len(r.all_token_ids[:-1], r.lora_id) for r in self.waiting}
         return fair_order(sorted(self.waiting, key=lambda r: -matched[id(r)]), self.running)
 
     # ---- one step ----------------------------------------------------------------------------------
@@ -135,7 +135,7 @@ class Scheduler:
     def _schedule_prefills(self, budget: int, reserve: int) -> list[PrefillChunk]:
         chunks: list[PrefillChunk] = []
         # (first uncached position, tokens) of every prompt being computed this step
-        admitted: list[tuple[int, list[int]]] = []
+        admitted: list[tuple[int, list[int], int]] = []  # ... and the LoRA adapter they run with
         # running requests still in their prompt (chunked prefill) go first
         for req in self.running:
             if budget <= 0:
@@ -146,13 +146,16 @@ class Scheduler:
                     break
                 chunks.append(chunk)
                 budget -= chunk.end - chunk.start
-                admitted.append((req.cached_len, req.all_token_ids))
+                admitted.append((req.cached_len, req.all_token_ids, req.lora_id))
         if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
             return chunks  # no seat: the waiting queue need not be ordered
         for req in self._order_waiting():
             if budget <= 0 or len(self.running) >= self.config.max_num_seqs:
                 break
-            if self.cache.prefix_in_flight(req.all_token_ids, admitted, self.config.in_batch_prefix_min):
+            same_adapter = [(start, ids) for start, ids, lora in admitted if lora == req.lora_id]
+            if self.cache.prefix_in_flight(
+                req.all_token_ids, same_adapter, self.config.in_batch_prefix_min, req.lora_id
+            ):
                 continue
             # keep room for one more decode token for every running request
             if self.cache.available() < min(req.uncomputed, budget) + reserve:
@@ -169,7 +172,7 @@ class Scheduler:
             chunks.append(chunk)
             budget -= chunk.end - chunk.start
             reserve += 1
-            admitted.append((req.cached_len, req.all_token_ids))
+            admitted.append((req.cached_len, req.all_token_ids, req.lora_id))
         return chunks
 
     def _chunk(self, req: Request, budget: int) -> PrefillChunk | None:

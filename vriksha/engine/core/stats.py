@@ -91,6 +91,10 @@ class EngineStats:
     spec_accepted_tokens: int = 0
     spec_emitted_tokens: int = 0
     step_times: StepTimes = field(default_factory=StepTimes)
+    # LoRA (--enable-lora): the adapters of running and of waiting requests, and --max-loras (0: LoRA off)
+    running_loras: tuple[str, ...] = ()
+    waiting_loras: tuple[str, ...] = ()
+    max_loras: int = 0
 
     @property
     def kv_usage(self) -> float:

@@ -108,6 +108,7 @@ class DecodeGraphs:
             batch is not None
             and not batch.prefills
             and not batch.drafts
+            and not batch.has_lora  # captured without LoRA deltas
             and 0 < len(batch.decodes) <= self.max_batch
         )
 

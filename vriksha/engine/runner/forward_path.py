@@ -18,6 +18,7 @@ import torch
 
 from vriksha.engine.attention.batch import AttentionBatch
 from vriksha.engine.attention.paged import forward_context
+from vriksha.engine.platform.lora_linear import LoraLinears, LoraRows
 from vriksha.engine.runner.step import ForwardStep
 from vriksha.profiling import phase
 
@@ -43,11 +44,15 @@ class ForwardScope:
     """What every computing path runs inside: inference mode, the step's layout published to the engine's
     attention, and the linear layers routed to their measured paths (`platform`'s dense and packed linears)."""
 
-    def __init__(self, linears: Sequence[EngagedLinears] = ()) -> None:
+    def __init__(self, linears: Sequence[EngagedLinears] = (), lora: LoraLinears | None = None) -> None:
         self.linears = list(linears)
+        self.lora = lora
 
     @contextlib.contextmanager
-    def __call__(self, attn: AttentionBatch) -> Iterator[None]:
+    def __call__(self, attn: AttentionBatch, lora: LoraRows | None = None) -> Iterator[None]:
+        """`lora`: the step's rows of each LoRA adapter, whose deltas the adapted layers add."""
+        if lora is not None and self.lora is None:
+            raise RuntimeError("a step with LoRA rows reached an engine built without --enable-lora")
         with (
             torch.inference_mode(),
             phase("engine.forward"),
@@ -56,6 +61,8 @@ class ForwardScope:
         ):
             for linear in self.linears:
                 s.enter_context(linear.engaged())
+            if self.lora is not None:
+                s.enter_context(self.lora.engaged(lora))
             yield
 
 
@@ -73,7 +80,7 @@ class TransformersForward:
 
     def __call__(self, step: ForwardStep) -> torch.Tensor:
         i = step.inputs
-        with self.scope(i.attn):
+        with self.scope(i.attn, i.lora):
             out = self.model(
                 input_ids=i.input_ids,
                 position_ids=i.position_ids,

@@ -76,7 +76,7 @@ class LeanForward:
 
     def __call__(self, step: ForwardStep) -> torch.Tensor:
         i = step.inputs
-        with self.scope(i.attn):
+        with self.scope(i.attn, i.lora):
             return self.logits(i.input_ids, i.position_ids, i.sample_index)
 
     def logits(

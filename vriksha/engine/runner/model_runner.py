@@ -23,6 +23,7 @@ from vriksha.engine.core.batch import ForwardBatch
 from vriksha.engine.core.kv_pool import KVPool, ReqToTokenTable
 from vriksha.engine.platform import dense_linear, fp32_precision, hub_layers, quantization
 from vriksha.engine.platform import native as native_lib
+from vriksha.engine.platform.lora_linear import LoraLinears
 from vriksha.engine.platform.module_installation import ModuleInstallation
 from vriksha.engine.platform.plan import PlatformPlan, RunnerChoices
 from vriksha.engine.runner import native_decode_choice
@@ -90,7 +91,9 @@ class ModelRunner:
         )
         self._build_linear_layouts()
         self.matmul_choice = self._describe_matmuls()
-        self.scope = ForwardScope([r for r in (self.fast_linear, self.quant) if r is not None])
+        # after the base linears' routes: the LoRA deltas add to whatever path the base linear took
+        self.lora = LoraLinears(model, self.installation) if config.enable_lora else None
+        self.scope = ForwardScope([r for r in (self.fast_linear, self.quant) if r is not None], self.lora)
         self.paths: list[ForwardPath] = self._assemble(config, tensor_parallel)
         self.plan = dataclasses.replace(
             plan,
@@ -241,4 +244,5 @@ class ModelRunner:
         self.installation.undo()
         self.fast_linear = None
         self.quant = None
+        self.lora = None
         self.paths = []

@@ -177,7 +177,11 @@ class NativeDecode:
 
     def accepts(self, step: ForwardStep) -> bool:
         attn = step.inputs.attn
-        return not attn.prefills and 0 < step.inputs.num_tokens == attn.num_decode <= self.max_batch
+        return (
+            not attn.prefills
+            and 0 < step.inputs.num_tokens == attn.num_decode <= self.max_batch
+            and step.inputs.lora is None  # the one native call cannot add LoRA deltas
+        )
 
     def __call__(self, step: ForwardStep) -> torch.Tensor:
         i = step.inputs

@@ -9,6 +9,7 @@ import torch
 
 from vriksha.engine.attention.batch import AttentionBatch
 from vriksha.engine.core.batch import ForwardBatch
+from vriksha.engine.platform.lora_linear import LoraRows
 
 
 @dataclass(slots=True)
@@ -19,6 +20,7 @@ class StepInputs:
     position_ids: torch.Tensor  # [1, T]
     attn: AttentionBatch
     sample_index: torch.Tensor  # [S]: the rows whose logits the step returns
+    lora: LoraRows | None = None  # the rows of each LoRA adapter in the step (None: the base model's only)
 
     @property
     def num_tokens(self) -> int:

@@ -10,6 +10,7 @@ from vriksha.engine.attention.batch import AttentionBatch, PrefillSegment
 from vriksha.engine.core.batch import ForwardBatch
 from vriksha.engine.core.kv_pool import KVPool, ReqToTokenTable
 from vriksha.engine.core.prompt_logprobs import extra_rows
+from vriksha.engine.platform.lora_linear import LoraRows
 from vriksha.engine.runner.step import StepInputs
 from vriksha.profiling import phase
 
@@ -84,6 +85,7 @@ class StepBuilder:
             position_ids=torch.tensor(positions, dtype=torch.int64, device=self.device)[None],
             attn=attn,
             sample_index=torch.tensor(self._sample_rows(batch), dtype=torch.int64, device=self.device),
+            lora=LoraRows.of(batch.row_lora_ids(), self.device) if batch.has_lora else None,
         )
 
     def _layout(self, attn: AttentionBatch, batch: ForwardBatch, decode_rows, chunks) -> list[torch.Tensor]:
