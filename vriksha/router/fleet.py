@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from vriksha.errors import ConfigError
+from vriksha.launch.protocol import FleetJob
 from vriksha.net.launch import Child, free_port, stop_all, vriksha_command
 from vriksha.router.config import POLICIES
 
@@ -54,6 +55,19 @@ def register(subparsers: Any) -> None:
     p.add_argument("--policy", choices=POLICIES, default="precise", help="routing policy (default: precise)")
     p.add_argument("--api-key", default=os.environ.get("VRIKSHA_API_KEY"), help="for the router and replicas")
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for each replica")
+    p.add_argument(
+        "--launcher",
+        choices=("local", "ray"),
+        default="local",
+        help="local: child processes of this host; ray: replicas and the router as actors of one Ray placement "
+        "group on the cluster (`ray.init(address='auto')`; pip install 'vriksha[ray]') (default: local)",
+    )
+    p.add_argument(
+        "--replica-cpus",
+        type=float,
+        default=1.0,
+        help="with --launcher ray: CPUs each replica's actor reserves (default: 1)",
+    )
     p.add_argument("serve_args", nargs=argparse.REMAINDER, help="-- then flags for every `vriksha serve`")
     p.set_defaults(func=handler)
 
@@ -137,7 +151,8 @@ def spawn_replica(
     return _start([*cmd, *common], f"{name} (cores {share})", url, share, threads or len(share), endpoint)
 
 
-def handler(args: argparse.Namespace) -> int:
+def fleet_job(args: argparse.Namespace) -> FleetJob:
+    """The fleet the flags describe, whichever launcher places it."""
     if args.replicas < 1:
         raise ConfigError(f"--replicas must be >= 1, got {args.replicas}")
     if args.prefill < 0 or (args.prefill and args.decode < 1):
@@ -149,10 +164,26 @@ def handler(args: argparse.Namespace) -> int:
         ["prefill"] * args.prefill + ["decode"] * args.decode if args.prefill else ["both"] * args.replicas
     )
     extra = [a for a in args.serve_args if a != "--"]
-    shares = core_shares(usable_cores(), len(roles))
     common = (["--model", args.model] if args.model else []) + (
         ["--api-key", args.api_key] if args.api_key else []
     )
+    router = ["--policy", args.policy, *common]
+    if args.prefill and args.pd_threshold is not None:
+        router += ["--pd-threshold", str(args.pd_threshold)]
+    return FleetJob(roles, [*common, *extra], router, args.host, args.port, args.startup_timeout)
+
+
+def handler(args: argparse.Namespace) -> int:
+    from vriksha.launch.protocol import get_launcher
+
+    job = fleet_job(args)
+    return get_launcher("torchrun" if args.launcher == "local" else args.launcher).fleet(job, args)
+
+
+def run_local_fleet(job: FleetJob, args: argparse.Namespace) -> int:
+    """The fleet as child processes of this host, each replica pinned to its share of the cores."""
+    roles = job.roles
+    shares = core_shares(usable_cores(), len(roles))
     members: list[Member] = []
     stopping = False
 
@@ -165,29 +196,18 @@ def handler(args: argparse.Namespace) -> int:
     try:
         specs = []
         for i, (share, role) in enumerate(zip(shares, roles, strict=True)):
-            m = spawn_replica(f"{'replica' if role == 'both' else role} {i}", share, [*common, *extra], role)
+            m = spawn_replica(f"{'replica' if role == 'both' else role} {i}", share, job.serve_args, role)
             members.append(m)
             specs += ["--prefill", m.url] if role == "prefill" else ["--replica", m.spec]
-        if args.prefill and args.pd_threshold is not None:
-            specs += ["--pd-threshold", str(args.pd_threshold)]
         for m in members:
-            m.wait_healthy(args.startup_timeout, hint="; raise --startup-timeout")
+            m.wait_healthy(job.startup_timeout_s, hint="; raise --startup-timeout")
         cmd = vriksha_command(
-            "router",
-            "--host",
-            args.host,
-            "--port",
-            str(args.port),
-            "--policy",
-            args.policy,
-            *specs,
-            *common,
-            log_level=_log_level(),
+            "router", "--host", job.host, "--port", str(job.port), *specs, *job.router_args, log_level=_log_level()
         )
-        router_url = f"http://{args.host}:{args.port}"
+        router_url = f"http://{job.host}:{job.port}"
         router = _start(cmd, "router", router_url, None, None)
         members.append(router)
-        router.wait_healthy(args.startup_timeout, hint="; raise --startup-timeout")
+        router.wait_healthy(job.startup_timeout_s, hint="; raise --startup-timeout")
         logger.warning(
             "fleet of %d replicas (%s) behind %s (%s); Ctrl-C stops it",
             len(shares),

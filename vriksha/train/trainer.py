@@ -42,6 +42,7 @@ from vriksha.train.parallelize import check_tp_degree, parallelize
 from vriksha.train.policy import load_policy
 from vriksha.train.precision import TrainPrecision, resolve_precision
 from vriksha.train.rollout import Episode, RolloutWorker
+from vriksha.train.shared_dir import check_shared_dir
 
 if TYPE_CHECKING:
     from vriksha.train.offpolicy import OffPolicy
@@ -108,6 +109,7 @@ class GRPOTrainer:
             dp_replicate=par.dp_replicate, dp_shard=par.dp_shard, tp=par.tp
         )
         shard_range(cfg.rollout.prompts_per_step, 0, self.pd.world_size)  # fail early on an uneven split
+        check_shared_dir(self.out_dir, self.pd.rank, self.pd.world_size)  # before any rank writes there
         self._setup()
 
     # -- setup ---------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The trainer's side: push full weights to one `vriksha serve` under a version, over the data plane chosen
-automatically (shared memory on the same host, else a gloo group, else the filesystem)."""
+automatically (shared memory on the same node, else a gloo group, else the filesystem)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from urllib.parse import urlparse
 import torch
 
 from vriksha.weights.counters import CopyCounter
+from vriksha.weights.node import NodeIdentity, node_identity
 from vriksha.weights.plan import TensorSpec, WeightTransferError, check_specs
 from vriksha.weights.shm import shm_available
 from vriksha.weights.source import full_parameters
@@ -100,10 +101,18 @@ class WeightSyncClient:
         return self._get("/weight_digests")
 
     # ---- setup --------------------------------------------------------------------------------------
+    def shares_memory(self) -> bool:
+        """Whether the server sees this process's /dev/shm: the same node identity (host name, boot id and
+        /dev/shm mount, `node.py`); a server that states none is judged by its URL's host."""
+        peer = NodeIdentity.from_json(self._get("/weight_version").get("node"))
+        if peer is None:
+            return same_host(self.base_url) and shm_available()
+        return node_identity().shares_memory_with(peer) and shm_available()
+
     def _choose(self) -> list[str]:
         if self.requested != "auto":
             return [self.requested]
-        order = ["shm"] if same_host(self.base_url) and shm_available() else []
+        order = ["shm"] if self.shares_memory() else []
         order.append("gloo")
         if self.fs_root is not None:
             order.append("fs")
