@@ -25,6 +25,7 @@ from vriksha.server.routes_openai import router as openai_router
 from vriksha.server.routes_render import router as render_router
 from vriksha.server.routes_tokenize import router as tokenize_router
 from vriksha.server.routes_weights import install as install_weight_routes
+from vriksha.server.metrics_vllm import install_vllm_metrics
 from vriksha.server.state import ServerState
 
 logger = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ def create_app(
         profiler=ServerProfiler(config.profile_dir),
         drain=Drain(admission, config.shutdown_timeout_s),
     )
+    install_vllm_metrics(metrics, engine.stats, lambda: state.model_name)  # llm-d's endpoint picker reads them
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
