@@ -1,6 +1,11 @@
 """Training over two "nodes" (2 x 1 process, a rendezvous on loopback), each with its own IPC namespace,
 /dev/shm and temporary directory, against one node with 2 processes: the same losses, gradient norms and
 parameters; a resume from the 2-node checkpoint; an output directory that is not shared is named at start.
+
+The runs weigh no token by pi_old / pi_engine (`grpo.importance_correction=false`): the colocated engine's
+log-probs of two runs of one config with 2 processes differ in their last bits (1-node against 1-node too), and
+through that weight so would the parameters (by about 1e-5). Without it every number the trainer computes is
+the same bit for bit; the engine's log-prob gap is compared to 1e-6.
 """
 
 from __future__ import annotations
@@ -74,11 +79,24 @@ def _final(out: Path) -> dict[str, torch.Tensor]:
     return load_file(str(out / "final" / "model.safetensors"))
 
 
+EXACT = ["--set", "grpo.importance_correction=false"]
+ENGINE_LOGPROBS = "logprob_gap/mean"
+
+
+def _same(mine: list[dict], theirs: list[dict]) -> None:
+    assert [r["step"] for r in mine] == [r["step"] for r in theirs]
+    for a, b in zip(mine, theirs, strict=True):
+        assert a[ENGINE_LOGPROBS] == pytest.approx(b[ENGINE_LOGPROBS], abs=1e-6)
+        assert {k: v for k, v in a.items() if k != ENGINE_LOGPROBS} == {
+            k: v for k, v in b.items() if k != ENGINE_LOGPROBS
+        }
+
+
 @pytest.fixture(scope="module")
 def one_node_two_processes(tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("one-node")
     cfg = write_config(tmp, tiny_model_dir, "ref", steps=3, eval_episodes=0)
-    p = train_cli([str(cfg), "--nproc", "2"], env=_env())
+    p = train_cli([str(cfg), "--nproc", "2", *EXACT], env=_env())
     _, err = p.communicate(timeout=600)
     assert p.returncode == 0, err[-6000:]
     return tmp / "ref"
@@ -88,12 +106,12 @@ def one_node_two_processes(tiny_model_dir, tmp_path_factory):
 def test_two_nodes_equal_one_node_and_resume_from_their_checkpoint(one_node_two_processes, tiny_model_dir, tmp_path):
     cfg = write_config(tmp_path, tiny_model_dir, "nodes", steps=3, eval_episodes=0)
     out = tmp_path / "nodes"
-    _ok(run_two_nodes(cfg, tmp_path, ["--set", "trainer.stop_after=2"]))
+    _ok(run_two_nodes(cfg, tmp_path, [*EXACT, "--set", "trainer.stop_after=2"]))
     assert [r["step"] for r in metrics_rows(out)] == [1, 2]
     assert (out / "checkpoints" / "step_000002" / "manifest.json").is_file()
-    _ok(run_two_nodes(cfg, tmp_path, ["--resume"]))  # the rest of the run from the 2-node checkpoint
+    _ok(run_two_nodes(cfg, tmp_path, [*EXACT, "--resume"]))  # the rest of the run from the 2-node checkpoint
     ref = one_node_two_processes
-    assert metrics_rows(out) == metrics_rows(ref)  # losses, gradient norms, rewards: bit for bit
+    _same(metrics_rows(out), metrics_rows(ref))  # losses, gradient norms, rewards: bit for bit
     mine, theirs = _final(out), _final(ref)
     assert mine.keys() == theirs.keys()
     for name, t in theirs.items():

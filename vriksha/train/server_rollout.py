@@ -28,6 +28,7 @@ import torch.distributed as dist
 from vriksha.engine.config import EngineConfig
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
 from vriksha.errors import VrikshaError
+from vriksha.net.health import wait_healthy
 from vriksha.net.launch import free_port
 from vriksha.train.config import ModelConfig, RolloutConfig
 from vriksha.weights import WeightSyncClient, digest
@@ -37,6 +38,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["ServerRollout", "WeightVersionError", "start_server"]
 
 STARTUP_TIMEOUT_S = 300.0
+UNAVAILABLE = (502, 503, 504)  # a router whose replica is gone, a server draining or starting
 
 
 def engine_flags(engine: EngineConfig, dtype: str) -> list[str]:
@@ -247,6 +249,14 @@ class ServerRollout:
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.barrier()
 
+    def _resync(self) -> None:
+        """Push the current weights to every server (rank 0) that serves another version (one restarted)."""
+        for c in self.clients:
+            wait_healthy(c.base_url, self.cfg.recovery_timeout_s, "rollout server")
+            if c.version() != self.version:
+                c.reset()  # a restarted server has no transfer; set it up anew
+                self._push(c)
+
     def _push(self, client: WeightSyncClient) -> None:
         served = client.version()
         expected = self.version - 1 if self._pushed else None
@@ -298,18 +308,34 @@ class ServerRollout:
     # -- generation -------------------------------------------------------
 
     def _request(self, url: str, prompt: dict, params: Any) -> dict:
+        import httpx
+
         body = {
             "input_ids": list(prompt["prompt_token_ids"]),
             "sampling_params": native_sampling(params),
             "return_text": True,
         }
-        r = self.http.post(f"{url}/generate", json=body)
+        deadline = time.monotonic() + self.cfg.recovery_timeout_s
+        while True:
+            try:
+                r = self.http.post(f"{url}/generate", json=body)
+                if r.status_code not in UNAVAILABLE:
+                    break
+                reason = f"{r.status_code}: {r.text[:200]}"
+            except httpx.TransportError as exc:
+                reason = str(exc) or type(exc).__name__
+            if time.monotonic() > deadline:
+                raise VrikshaError(f"{url}/generate: no answer within rollout.recovery_timeout_s ({reason})")
+            # a server or router that died and is being restarted (the Ray launcher does): wait, then repeat the
+            # request; a restarted server answers under another weight version, and `generate` re-syncs it
+            logger.warning("%s/generate unavailable (%s); waiting for it", url, reason)
+            wait_healthy(url, max(1.0, deadline - time.monotonic()), "rollout server")
         if r.status_code != 200:
             raise VrikshaError(f"{url}/generate answered {r.status_code}: {r.text[:500]}")
         return r.json()
 
     def _one(self, i: int, prompt: dict, params: Any) -> RequestOutput:
-        url = self.urls[(self._next + i) % len(self.urls)]
+        url = self.cfg.router or self.urls[(self._next + i) % len(self.urls)]
         body = self._request(url, prompt, params)
         if int(body.get("weight_version", -1)) != self.version:
             raise WeightVersionError(
@@ -353,7 +379,7 @@ class ServerRollout:
                 if attempt or self.rank != 0 or (dist.is_initialized() and dist.get_world_size() > 1):
                     raise WeightVersionError(f"{exc}; restart the server or the run") from None
                 logger.warning("%s: re-syncing the weights and repeating the rollout", exc)
-                self._push_all()
+                self._resync()
         raise AssertionError("unreachable")
 
     def close(self) -> None:

@@ -221,6 +221,12 @@ class WeightSyncClient:
             version, str(self.backend), time.perf_counter() - t0, counter.to_json(), reply["receiver"]
         )
 
+    def reset(self) -> None:
+        """Forget the data plane (a restarted server holds none); the next push sets one up again."""
+        if self.sender is not None:
+            self.sender.close()
+        self.sender = self.backend = None
+
     def close(self) -> None:
         try:
             if self.backend is not None:
