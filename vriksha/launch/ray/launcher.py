@@ -99,8 +99,8 @@ class RayLauncher:
             specs: list[str] = []
             for s, role in zip(replicas, job.roles, strict=True):
                 specs += ["--prefill", s.url] if role == "prefill" else ["--replica", f"{s.url},{events(s)}"]
-            router = Service("router", 0, ["router", "--host", "{host}", "--port", str(job.port), *specs,
-                                           *job.router_args], 1.0, {}, len(job.roles))  # fmt: skip
+            argv = ["router", "--host", "{host}", "--port", "{port}", *specs, *job.router_args]
+            router = Service("router", 0, argv, 1.0, {}, len(job.roles), (job.port or None, None))
             services.start([router])
             logger.warning("fleet of %d replicas behind %s on Ray; Ctrl-C stops it", len(replicas), router.url)
             print(json.dumps({"router": router.url, "replicas": [s.url for s in replicas]}), flush=True)

@@ -43,6 +43,7 @@ class Service:
     num_cpus: float
     resources: dict[str, float]
     bundle: int
+    ports: tuple[int | None, int | None] = (None, None)  # fixed ports; None: a free one on its node
     actor: Any = None
     info: dict[str, Any] = field(default_factory=dict)
     watch: Any = None
@@ -87,7 +88,7 @@ class Services:
 
         t0 = time.monotonic()
         for s in services:
-            s.actor = self._actor(s, (None, None))
+            s.actor = self._actor(s, s.ports)
         for s in services:
             s.info = ray.get(s.actor.describe.remote(), timeout=self.timeout_s)
             s.watch = s.actor.watch.remote()
