@@ -37,6 +37,16 @@ def own_node(private_dirs: Sequence[Path] = ()) -> Callable[[], None]:
     return enter
 
 
+def node_env(tmpdir: Path | None = None, **extra: str) -> dict[str, str]:
+    """This environment for a trainer process: one OpenMP thread, cached bytecode, its own TMPDIR if given."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", **extra)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    if tmpdir is not None:
+        tmpdir.mkdir(parents=True, exist_ok=True)
+        env["TMPDIR"] = str(tmpdir)
+    return env
+
+
 def nodes_unavailable() -> str | None:
     """Why separate nodes cannot be made here, or None when they can."""
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.launch.nodes import nodes_unavailable, own_node
+from tests.launch.nodes import node_env, nodes_unavailable, own_node
 from tests.train.trainer_runs import ROOT, metrics_rows, write_config
 from vriksha.net.launch import free_port
 
@@ -29,12 +29,7 @@ needs_nodes = pytest.mark.skipif(_why is not None, reason=_why or "")
 
 
 def _env(tmpdir: Path | None = None) -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    if tmpdir is not None:
-        tmpdir.mkdir(parents=True, exist_ok=True)
-        env["TMPDIR"] = str(tmpdir)
-    return env
+    return node_env(tmpdir, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 
 
 def train_cli(args: list[str], **kw) -> subprocess.Popen:

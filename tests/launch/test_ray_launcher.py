@@ -3,9 +3,10 @@ environment server on one, the rollout server and the router on the other, place
 The same seeds give the local run's metrics; a killed rollout actor is started again at its URL and re-synced,
 and the run goes on to the same metrics; a killed trainer stops the job, and --resume continues it.
 
-Equal means: rewards, group counts and token counts exactly; the loss, gradient norm, entropy and the engine's
-log-prob statistics to 1e-4 relative (a server's log-probs of one request may differ in their last bits between
-two processes; the tokens do not)."""
+Equal means every metric the trainer computes bit for bit, and the engine's log-prob gap (engine against trainer
+log-probs) to 1e-5: the runs weigh no token by pi_old / pi_engine (`grpo.importance_correction=false`), because
+a server's log-probs of one request differ in their last bits between two runs of the same config (local against
+local too; the tokens do not), and through that weight the parameters would drift by about 1e-5 a step."""
 
 from __future__ import annotations
 
@@ -25,8 +26,7 @@ ray = pytest.importorskip("ray")
 
 pytestmark = pytest.mark.slow
 
-APPROX = ("loss", "grad_norm", "entropy", "kl", "ratio/mean", "importance_weight/mean", "logprob_gap/mean",
-          "clip_fraction")  # fmt: skip
+ENGINE_LOGPROBS = "logprob_gap/mean"
 LAUNCH = {
     "trainer": {"num_cpus": 1, "resources": {"node_a": 1}},
     "env": {"replicas": 1, "num_cpus": 0.5, "resources": {"node_a": 1}},
@@ -58,9 +58,10 @@ def cluster():
 def _config(tmp: Path, model_dir: Path, name: str, **trainer) -> Path:
     import yaml
 
-    path = write_config(tmp, model_dir, name, **{"steps": 3, "eval_episodes": 0, "export": False, **trainer})
+    path = write_config(tmp, model_dir, name, **{"steps": 6, "eval_episodes": 0, "export": False, **trainer})
     cfg = yaml.safe_load(path.read_text())
     cfg["rollout"]["group_size"] = 4
+    cfg["grpo"]["importance_correction"] = False
     cfg["launch"] = {"ray": LAUNCH}
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -84,11 +85,10 @@ def _finish(p: subprocess.Popen, ok: bool = True) -> str:
 def _same(mine: list[dict], theirs: list[dict]) -> None:
     assert [r["step"] for r in mine] == [r["step"] for r in theirs]
     for a, b in zip(mine, theirs, strict=True):
-        for k, v in b.items():
-            if k in APPROX:
-                assert a[k] == pytest.approx(v, rel=1e-4, abs=1e-7), (a["step"], k)
-            else:
-                assert a[k] == v, (a["step"], k)
+        assert a[ENGINE_LOGPROBS] == pytest.approx(b[ENGINE_LOGPROBS], abs=1e-5)
+        assert {k: v for k, v in a.items() if k != ENGINE_LOGPROBS} == {
+            k: v for k, v in b.items() if k != ENGINE_LOGPROBS
+        }
 
 
 def _events(out: Path) -> list[dict]:
@@ -130,7 +130,11 @@ def test_killed_rollout_actor_is_restarted_resynced_and_the_run_unchanged(cluste
                                                                           tmp_path):  # fmt: skip
     out = tmp_path / "kill"
     p = _train([str(_config(tmp_path, tiny_model_dir, "kill")), "--launcher", "ray"], cluster)
-    _wait_for(out / "metrics.jsonl", p)  # step 1 is trained: the server holds version 1
+    pushes = out / "weight_sync.jsonl"
+    deadline = time.monotonic() + 600
+    while not pushes.exists() or len(pushes.read_text().splitlines()) < 2:  # the server holds version 1
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()[1][-6000:]
+        time.sleep(0.1)
     info = ray.get(ray.get_actor("vriksha-rollout-0", namespace="vriksha").describe.remote())
     os.kill(info["pid"], signal.SIGKILL)  # the actor's process dies; its server with it
     _finish(p)
@@ -139,13 +143,13 @@ def test_killed_rollout_actor_is_restarted_resynced_and_the_run_unchanged(cluste
     assert [e["role"] for e in events if e["event"] == "died"] == ["rollout"]
     (restart,) = [e for e in events if e["event"] == "restarted"]
     assert restart["url"] == info["url"]  # the same node and port
-    pushes = [json.loads(x) for x in (out / "weight_sync.jsonl").read_text().splitlines()]
-    # the restarted server came back with its initial weights and was pushed the trainer's current version
-    assert any(p["server_version_before"] != p["version"] - 1 and p["version"] >= 1 for p in pushes[1:])
+    rows = [json.loads(x) for x in pushes.read_text().splitlines()]
+    # the restarted server came back with its initial weights (version 0) and was pushed the current version
+    assert any(r["server_version_before"] < max(q["version"] for q in rows[:i]) for i, r in enumerate(rows) if i)
 
 
 def test_killed_trainer_stops_the_job_and_resume_continues(cluster, tiny_model_dir, tmp_path):
-    cfg = _config(tmp_path, tiny_model_dir, "resume", steps=4, checkpoint_interval=1)
+    cfg = _config(tmp_path, tiny_model_dir, "resume", checkpoint_interval=1)
     out = tmp_path / "resume"
     p = _train([str(cfg), "--launcher", "ray"], cluster)
     _wait_for(out / "checkpoints" / "step_000002" / "manifest.json", p)
@@ -156,7 +160,7 @@ def test_killed_trainer_stops_the_job_and_resume_continues(cluster, tiny_model_d
     assert [e["event"] for e in _events(out)][-1] == "stopped"
     _finish(_train([str(cfg), "--launcher", "ray", "--resume"], cluster))
     rows = metrics_rows(out)
-    assert [r["step"] for r in rows][-1] == 4 and len({r["step"] for r in rows}) == 4
+    assert [r["step"] for r in rows][-1] == 6 and len({r["step"] for r in rows}) == 6
 
 
 def test_fleet_on_ray_serves_through_its_router_and_restarts_a_replica(cluster, tiny_model_dir):

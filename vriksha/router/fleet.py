@@ -14,7 +14,7 @@ from typing import Any
 
 from vriksha.errors import ConfigError
 from vriksha.launch.protocol import FleetJob
-from vriksha.net.launch import Child, free_port, stop_all, vriksha_command
+from vriksha.net.launch import Child, StopSignals, free_port, stop_all, vriksha_command
 from vriksha.router.config import POLICIES
 
 logger = logging.getLogger(__name__)
@@ -185,14 +185,7 @@ def run_local_fleet(job: FleetJob, args: argparse.Namespace) -> int:
     roles = job.roles
     shares = core_shares(usable_cores(), len(roles))
     members: list[Member] = []
-    stopping = False
-
-    def on_signal(sig: int, _frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    signals = StopSignals()
     try:
         specs = []
         for i, (share, role) in enumerate(zip(shares, roles, strict=True)):
@@ -215,7 +208,7 @@ def run_local_fleet(job: FleetJob, args: argparse.Namespace) -> int:
             router_url,
             args.policy,
         )
-        while not stopping:
+        while not signals.stopping:
             for m in members:
                 if m.proc is not None and m.proc.poll() is not None:
                     logger.error("%s exited with status %s", m.name, m.proc.returncode)

@@ -17,6 +17,7 @@ from vriksha.server.drain import Drain
 from vriksha.server.engine_client import EngineClient
 from vriksha.server.errors import install_error_handlers
 from vriksha.server.metrics import ServerMetrics
+from vriksha.server.metrics_vllm import install_vllm_metrics
 from vriksha.server.profiler import ServerProfiler
 from vriksha.server.routes_fleet import router as fleet_router
 from vriksha.server.routes_kv import router as kv_router
@@ -25,7 +26,6 @@ from vriksha.server.routes_openai import router as openai_router
 from vriksha.server.routes_render import router as render_router
 from vriksha.server.routes_tokenize import router as tokenize_router
 from vriksha.server.routes_weights import install as install_weight_routes
-from vriksha.server.metrics_vllm import install_vllm_metrics
 from vriksha.server.state import ServerState
 
 logger = logging.getLogger(__name__)

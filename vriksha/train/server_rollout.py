@@ -31,7 +31,7 @@ from vriksha.errors import VrikshaError
 from vriksha.net.health import wait_healthy
 from vriksha.net.launch import free_port
 from vriksha.train.config import ModelConfig, RolloutConfig
-from vriksha.weights import WeightSyncClient, digest
+from vriksha.weights import WeightSyncClient, WeightTransferError, digest
 
 logger = logging.getLogger(__name__)
 
@@ -258,6 +258,15 @@ class ServerRollout:
                 self._push(c)
 
     def _push(self, client: WeightSyncClient) -> None:
+        try:
+            self._push_once(client)
+        except WeightTransferError as exc:  # the server died (and is being restarted) or lost its transfer
+            logger.warning("weights to %s failed (%s); waiting for it, then pushing again", client.base_url, exc)
+            wait_healthy(client.base_url, self.cfg.recovery_timeout_s, "rollout server")
+            client.reset()
+            self._push_once(client)
+
+    def _push_once(self, client: WeightSyncClient) -> None:
         served = client.version()
         expected = self.version - 1 if self._pushed else None
         if expected is None and served != self.version:

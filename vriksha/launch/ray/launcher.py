@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 from vriksha.errors import ConfigError, VrikshaError
 from vriksha.launch.protocol import FleetJob, TrainJob
 from vriksha.launch.ray.services import LaunchLog, Service, Services
+from vriksha.net.launch import StopSignals
 
 logger = logging.getLogger(__name__)
 
@@ -82,14 +82,7 @@ class RayLauncher:
         bundles = [_bundle(cpus, {}) for _ in job.roles] + [_bundle(1.0, {})]
         pg = _placement(ray, bundles, "SPREAD", job.startup_timeout_s, log)
         services = Services(pg, "vriksha", log, job.startup_timeout_s)
-        stopping = False
-
-        def on_signal(sig: int, _frame: Any) -> None:
-            nonlocal stopping
-            stopping = True
-
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
+        signals = StopSignals()
         try:
             replicas = [
                 Service(role if role != "both" else "replica", i, replica_argv(role, job.serve_args), cpus, {}, i)
@@ -104,7 +97,7 @@ class RayLauncher:
             services.start([router])
             logger.warning("fleet of %d replicas behind %s on Ray; Ctrl-C stops it", len(replicas), router.url)
             print(json.dumps({"router": router.url, "replicas": [s.url for s in replicas]}), flush=True)
-            while not stopping:
+            while not signals.stopping:
                 done, _ = ray.wait(services.watches(), num_returns=1, timeout=0.5)
                 for ref in done:
                     s = services.find(ref)

@@ -18,6 +18,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["LaunchLog", "Service", "Services"]
 
+NAME_RELEASE_S = 60.0  # how long a restart waits for a dead actor's name before it takes another
+
 
 class LaunchLog:
     """`launch.jsonl`: one JSON line per placement, start, restart or stop, with the seconds it took."""
@@ -68,19 +70,25 @@ class Services:
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         cls = ray.remote(ServiceActor)
-        for _ in range(100):  # a dead actor's name is released shortly after its death
+        options = {
+            "namespace": self.namespace,
+            "num_cpus": s.num_cpus,
+            "resources": s.resources or None,
+            "max_concurrency": 4,  # watch() blocks one thread; describe() and stop() use others
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=s.bundle),
+        }
+        args = (s.name, s.argv, max(1, int(s.num_cpus)), ports, self.timeout_s)
+        deadline = time.monotonic() + NAME_RELEASE_S
+        while True:  # a dead actor's name is released once Ray has marked it dead
             try:
-                return cls.options(
-                    name=s.name,
-                    namespace=self.namespace,
-                    num_cpus=s.num_cpus,
-                    resources=s.resources or None,
-                    max_concurrency=4,  # watch() blocks one thread; describe() and stop() use others
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=s.bundle),
-                ).remote(s.name, s.argv, max(1, int(s.num_cpus)), ports, self.timeout_s)
+                return cls.options(name=s.name, **options).remote(*args)
             except ValueError:
-                time.sleep(0.1)
-        raise VrikshaError(f"the Ray actor name {s.name!r} stayed taken; is another job in namespace {self.namespace}?")
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+        name = f"{s.name}.{s.restarts}"
+        logger.warning("the Ray actor name %s is still taken; the new actor is %s", s.name, name)
+        return cls.options(name=name, **options).remote(*args)
 
     def start(self, services: list[Service]) -> None:
         """Start `services` together; return once every one answers /health."""
@@ -111,6 +119,7 @@ class Services:
             )
         s.restarts += 1
         t0 = time.monotonic()
+        ray.kill(s.actor, no_restart=True)  # marks it dead at once, which releases its name
         ports = tuple(s.info["ports"])
         s.actor = self._actor(s, (ports[0], ports[1]))
         s.info = ray.get(s.actor.describe.remote(), timeout=self.timeout_s)
