@@ -31,6 +31,7 @@ from vriksha.errors import VrikshaError
 from vriksha.net.health import wait_healthy
 from vriksha.net.launch import free_port
 from vriksha.train.config import ModelConfig, RolloutConfig
+from vriksha.train.server_recovery import post_until_answered
 from vriksha.weights import WeightSyncClient, WeightTransferError, digest
 
 logger = logging.getLogger(__name__)
@@ -38,7 +39,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["ServerRollout", "WeightVersionError", "start_server"]
 
 STARTUP_TIMEOUT_S = 300.0
-UNAVAILABLE = (502, 503, 504)  # a router whose replica is gone, a server draining or starting
 
 
 def engine_flags(engine: EngineConfig, dtype: str) -> list[str]:
@@ -306,10 +306,15 @@ class ServerRollout:
 
     def flush_cache(self) -> bool:
         """Reset every server's prefix cache (rank 0; the others wait), as `LLM.flush_cache` does in process."""
+        import httpx
+
         ok = True
         if self.rank == 0:
             for url in self.urls:
-                ok &= self.http.post(f"{url}/reset_prefix_cache").status_code == 200
+                try:
+                    ok &= self.http.post(f"{url}/reset_prefix_cache").status_code == 200
+                except httpx.TransportError:  # a server being restarted: it comes back with an empty cache
+                    wait_healthy(url, self.cfg.recovery_timeout_s, "rollout server")
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.barrier()
         return ok
@@ -317,28 +322,12 @@ class ServerRollout:
     # -- generation -------------------------------------------------------
 
     def _request(self, url: str, prompt: dict, params: Any) -> dict:
-        import httpx
-
         body = {
             "input_ids": list(prompt["prompt_token_ids"]),
             "sampling_params": native_sampling(params),
             "return_text": True,
         }
-        deadline = time.monotonic() + self.cfg.recovery_timeout_s
-        while True:
-            try:
-                r = self.http.post(f"{url}/generate", json=body)
-                if r.status_code not in UNAVAILABLE:
-                    break
-                reason = f"{r.status_code}: {r.text[:200]}"
-            except httpx.TransportError as exc:
-                reason = str(exc) or type(exc).__name__
-            if time.monotonic() > deadline:
-                raise VrikshaError(f"{url}/generate: no answer within rollout.recovery_timeout_s ({reason})")
-            # a server or router that died and is being restarted (the Ray launcher does): wait, then repeat the
-            # request; a restarted server answers under another weight version, and `generate` re-syncs it
-            logger.warning("%s/generate unavailable (%s); waiting for it", url, reason)
-            wait_healthy(url, max(1.0, deadline - time.monotonic()), "rollout server")
+        r = post_until_answered(self.http, f"{url}/generate", body, self.cfg.recovery_timeout_s)
         if r.status_code != 200:
             raise VrikshaError(f"{url}/generate answered {r.status_code}: {r.text[:500]}")
         return r.json()

@@ -155,6 +155,7 @@ class TrainingOnRay:
                               f"{self._resume_hint()}") from None  # fmt: skip
         except RayTaskError as exc:
             cause = exc.cause if getattr(exc, "cause", None) is not None else exc
+            logger.error("trainer rank %d failed:\n%s", rank, exc)  # with the rank's traceback
             self.log.write("trainer_failed", rank=rank, error=str(cause)[:500])
             if isinstance(cause, VrikshaError):  # a config or run error the trainer explained
                 raise VrikshaError(str(cause)) from None
