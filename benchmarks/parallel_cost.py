@@ -167,8 +167,9 @@ def worker(args: argparse.Namespace) -> None:
     from vriksha.train.config import GRPOConfig
     from vriksha.train.distributed import init_distributed, shard_range, shutdown_distributed
     from vriksha.train.grpo import group_advantages
+    from vriksha.train.losses import build_loss
     from vriksha.train.parallelize import check_tp_degree, parallelize
-    from vriksha.train.update import policy_update
+    from vriksha.train.update import Learner, UpdateBatch, policy_update
 
     d, t = (int(x) for x in args.worker.split("x"))
     out = Path(args.out) / args.worker
@@ -191,10 +192,11 @@ def worker(args: argparse.Namespace) -> None:
     mine = [groups[i] for i in shard_range(len(groups), dims.dp_rank, dims.dp, "--groups")]
     adv = group_advantages(torch.tensor([[e.reward for e in g] for g in mine])).advantages.tolist()
     cfg = GRPOConfig(micro_batch_groups=args.micro_batch_groups)
+    learner = Learner(policy, opt, build_loss(cfg), cfg, dims.device, max_grad_norm=1.0, dims=dims)
 
     def update() -> None:
         dist.barrier()
-        policy_update(policy, opt, mine, adv, mine[0], cfg, 1.0, 0, dims.device, dims=dims)
+        policy_update(learner, UpdateBatch(mine, adv, mine[0], pad_id=0))
         if dims.device.type == "cuda":
             torch.cuda.synchronize()
 

@@ -54,6 +54,7 @@ sys.path[:0] = [str(REPO / "benchmarks"), str(REPO)]
 from server_load import pct  # noqa: E402
 
 from vriksha.net.launch import Child, StartupError, free_port, stop_all  # noqa: E402
+from vriksha.net.trust import INTERNAL_KEY_ENV, env_key, new_key  # noqa: E402
 
 POLICIES = ("round_robin", "least_load", "cache_aware", "precise", "vllm:cache_aware", "vllm:kv_aware")
 WORDS = "river stone field light harvest market winter bridge lantern forest signal garden copper".split()
@@ -71,9 +72,15 @@ def replica_command(args: argparse.Namespace, index: int, port: int, *flags: str
     return cmd
 
 
+INTERNAL_KEY = env_key(INTERNAL_KEY_ENV) or new_key()
+
+
 def launch(cmd: list[str], name: str, log_dir: Path, url: str, threads: int | None = None) -> Child:
     """`cmd` started with this checkout first on PYTHONPATH, its output in `log_dir/NAME.log`."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
+    env[INTERNAL_KEY_ENV] = (
+        INTERNAL_KEY  # the replicas' and routers' shared key (event streams, snapshots, P/D)
+    )
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     return Child(cmd, name, f"{url}/health", log_path=log_dir / f"{name}.log", env=env, cwd=str(REPO)).start()

@@ -45,6 +45,8 @@ class Setup:
             port, events = bench.free_port(), bench.free_port()
             url = f"http://127.0.0.1:{port}"
             flags = ["--role", role]
+            if role == "decode":
+                flags += ["--kv-peer", urls[0]]  # the prefill replica, started first
             if role != "prefill":
                 flags += ["--kv-events-endpoint", f"tcp://127.0.0.1:{events}"]
                 router_cmd += ["--replica", f"{url},tcp://127.0.0.1:{events}"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -166,6 +167,9 @@ def main() -> None:
     ap.add_argument("--bucket-mb", type=float, default=64.0, help="gloo bucket size in MiB")
     ap.add_argument("--out", default="benchmarks/results/weight_sync.json", help="where the JSON goes")
     args = ap.parse_args()
+    from vriksha.net.trust import WEIGHTS_KEY_ENV, new_key
+
+    os.environ.setdefault(WEIGHTS_KEY_ENV, new_key())  # the servers' weights key, and the clients'
     results = []
     with tempfile.TemporaryDirectory(prefix="vriksha-wsync-") as tmp_s:
         tmp = Path(tmp_s)

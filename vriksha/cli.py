@@ -12,6 +12,7 @@ from vriksha.errors import VrikshaError
 # subcommand -> module with `register(subparsers)`; each module adds its parser and sets `func`.
 SUBCOMMANDS: dict[str, str] = {
     "generate": "vriksha.engine.cli",
+    "tune": "vriksha.engine.tune",
     "serve": "vriksha.server.cli",
     "router": "vriksha.router.cli",
     "fleet": "vriksha.router.fleet",
@@ -29,7 +30,12 @@ def build_parser() -> argparse.ArgumentParser:
         description="vriksha: serve Transformers models on a radix-cache engine, build verifiable RL "
         "environments, train with GRPO on FSDP2, and profile all of it.",
     )
-    parser.add_argument("--log-level", default="WARNING", help="logging level (DEBUG, INFO, WARNING, ERROR)")
+    parser.add_argument(
+        "--log-level",
+        default=None,
+        help="logging level (DEBUG, INFO, WARNING, ERROR; default: INFO for serve and router, which say what "
+        "they serve, where and when they are ready, WARNING for the rest)",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for module in SUBCOMMANDS.values():
         try:
@@ -45,9 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    level = args.log_level or getattr(args, "default_log_level", "WARNING")  # a subcommand may set its own
+    logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

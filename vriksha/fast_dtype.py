@@ -1,4 +1,11 @@
-"""`dtype="auto"`: the compute dtype that runs fastest here, measured once on the model's own weight shapes.
+"""The engine's compute dtype. `dtype="auto"` (the default) computes the model's own numbers: float32 on the
+CPU (a GGUF file dequantized to float32; a bf16 checkpoint widened, which loses nothing), and on an
+accelerator the checkpoint's own dtype. `dtype="fastest"` is the dtype that runs fastest here, measured once on
+the model's own weight shapes; it trades exactness for speed (a bf16 engine's logits differ from the model's by
+about 1e-2, and with the batch), and so the engine also allows bf16 arithmetic and int8 activations under it
+(`fp32_precision.py`, `quantization.py`).
+
+What `fastest` measures:
 
 Whether bf16 beats fp32 depends on the machine far more than on the model: on a CPU with AMX or AVX512-BF16
 a bf16 matmul runs several times faster than fp32, on an AVX2-only CPU several times slower (torch converts
@@ -10,8 +17,9 @@ at least MARGIN faster than every more precise one: fp32 keeps the engine's nati
 bare matmul timing does not see. fp16 is a candidate on accelerators and on CPUs with AVX512-FP16/AMX-FP16.
 
 The result is cached in `$VRIKSHA_CACHE/dtype_choice.json`, keyed by the device's name, the CPU's model and
-flag set, torch's version, the thread count and the shapes, so each machine measures once. `$VRIKSHA_DTYPE`
-pins "auto" to one dtype for a process and its children without measuring.
+flag set, torch's version, the thread count and the shapes, so each machine measures once (again where it was
+timed under load: `vriksha/timing_load.py`). `$VRIKSHA_DTYPE` pins "auto" and "fastest" to one dtype for a
+process and its children without measuring.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 import vriksha.device as devices
+from vriksha import timing_load
 from vriksha.cache import announce_first_load, read_json, write_json
 from vriksha.cpu_features import cpu_features
 from vriksha.errors import ConfigError, VrikshaError
@@ -43,8 +52,12 @@ COLD_BYTES = (
     64 << 20
 )  # decode timing cycles through copies of a weight until they exceed the last-level cache
 CACHE_FILE = "dtype_choice.json"
+WHAT = "dtype"  # in the timings' warnings and `generate --verbose`
 VERSION = 1
-ENV_PIN = "VRIKSHA_DTYPE"  # pins "auto" without measuring (a test suite written against fp32 references)
+ENV_PIN = (
+    "VRIKSHA_DTYPE"  # pins "auto" and "fastest" without measuring (a suite written against fp32 references)
+)
+AUTO, FASTEST = "auto", "fastest"
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,18 +246,22 @@ def choose_dtype(
     key = _cache_key(shapes, device, names)
     record = None if refresh else _read_cache().get(key)
     how = "cached"
-    if record is None or record.get("dtype") not in names:
+    if not timing_load.usable(WHAT, key, record) or record.get("dtype") not in names:
         announce_first_load()
         start = time.perf_counter()
+        watch = timing_load.LoadWatch()
         timings = measure(shapes, device, names)
-        record = {"dtype": pick(timings), "timings": timings, "measured_at": time.time()}
+        record = timing_load.stamped(WHAT, key, {"dtype": pick(timings), "timings": timings}, watch)
         _write_cache(key, record)
         how = "measured"
         logger.info(
-            "dtype auto: measured %s in %.1f s -> %s", timings, time.perf_counter() - start, record["dtype"]
+            "dtype fastest: measured %s in %.1f s -> %s",
+            timings,
+            time.perf_counter() - start,
+            record["dtype"],
         )
     return DtypeChoice(
-        getattr(torch, record["dtype"]), "auto", how, devices.describe(device), timings=record["timings"]
+        getattr(torch, record["dtype"]), FASTEST, how, devices.describe(device), timings=record["timings"]
     )
 
 
@@ -266,21 +283,50 @@ def pinned(device: torch.device) -> DtypeChoice | None:
         return None
     if name not in PRECISION_ORDER:
         raise ConfigError(f"{ENV_PIN}={name!r}: set it to one of {', '.join(PRECISION_ORDER)}, or unset it")
-    return given(name, device, how=f"pinned by {ENV_PIN}", requested="auto")
+    return given(name, device, how=f"pinned by {ENV_PIN}", requested=AUTO)
+
+
+def faithful(model: str | os.PathLike | None, device: torch.device) -> DtypeChoice:
+    """`dtype="auto"`: float32 on the CPU; on an accelerator the checkpoint's dtype where it is a float type
+    the device computes (float32 for a GGUF file, whose blocks dequantize to float32)."""
+    if devices.is_host(device):
+        return given("float32", device, how="the model's own numbers in float32", requested=AUTO)
+    stored = _checkpoint_dtype(model)
+    if stored in ("bfloat16", "float16") and stored in candidates(device):
+        return given(stored, device, how="the checkpoint's dtype", requested=AUTO)
+    return given("float32", device, how="the model's own numbers in float32", requested=AUTO)
+
+
+def _checkpoint_dtype(model: str | os.PathLike | None) -> str | None:
+    """The dtype a Transformers checkpoint declares (`dtype` or `torch_dtype` in its config), or None."""
+    from transformers import AutoConfig
+
+    from vriksha.loading import resolve_model_path
+
+    if model is None or str(model).endswith(".gguf"):
+        return None  # GGUF blocks dequantize to float32
+    try:
+        config = AutoConfig.from_pretrained(resolve_model_path(model))
+    except Exception:  # an unreadable config fails the load itself, with the loader's message
+        return None
+    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    return str(stored).removeprefix("torch.") if stored is not None else None
 
 
 def resolve(requested: str, model: str | os.PathLike | None, device: torch.device) -> DtypeChoice:
-    """The engine's dtype for `requested` ("auto" or a dtype name) and a model path."""
-    if requested != "auto":
+    """The engine's dtype for `requested` ("auto", "fastest" or a dtype name) and a model path."""
+    if requested not in (AUTO, FASTEST):
         return given(requested, device)
     pin = pinned(device)
     if pin is not None:
-        return pin
+        return DtypeChoice(pin.dtype, requested, pin.how, pin.device)
+    if requested == AUTO:
+        return faithful(model, device)
     try:
         shapes = model_shapes(model)
     except VrikshaError:
         raise
     except Exception as exc:  # a config Transformers cannot build on the meta device: load as before
-        logger.warning("dtype auto: could not read the model's layer shapes (%s); using float32", exc)
-        return given("float32", device, how="shapes unreadable", requested="auto")
+        logger.warning("dtype fastest: could not read the model's layer shapes (%s); using float32", exc)
+        return given("float32", device, how="shapes unreadable", requested=FASTEST)
     return choose_dtype(shapes, device)

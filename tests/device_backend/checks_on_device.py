@@ -46,7 +46,8 @@ def test_a_training_step_on_the_device_equals_the_cpu():
     from tests.train.parallel_cases import episodes, tiny_model
     from vriksha.train.config import GRPOConfig
     from vriksha.train.grpo import group_advantages
-    from vriksha.train.update import policy_update
+    from vriksha.train.losses import build_loss
+    from vriksha.train.update import Learner, UpdateBatch, policy_update
 
     groups = episodes()
     rewards = torch.tensor([[e.reward for e in g] for g in groups], dtype=torch.float64)
@@ -55,9 +56,9 @@ def test_a_training_step_on_the_device_equals_the_cpu():
     for device in (torch.device(NAME), torch.device("cpu")):
         policy = tiny_model("llama").to(device)
         opt = torch.optim.AdamW(policy.parameters(), lr=1e-2, eps=1e-4)
-        res = policy_update(
-            policy, opt, groups, adv, groups[0], GRPOConfig(micro_batch_groups=1), 1.0, 0, device
-        )
+        cfg = GRPOConfig(micro_batch_groups=1)
+        learner = Learner(policy, opt, build_loss(cfg), cfg, device, max_grad_norm=1.0)
+        res = policy_update(learner, UpdateBatch(groups, adv, groups[0], pad_id=0))
         results[device.type] = (res, {n: p.detach().cpu() for n, p in policy.named_parameters()})
         assert all(p.device.type == device.type for p in policy.parameters())
     (dev_res, dev_params), (cpu_res, cpu_params) = results[NAME], results["cpu"]

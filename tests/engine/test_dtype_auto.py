@@ -1,5 +1,6 @@
-"""dtype="auto": the engine measures fp32 against bf16 (and fp16 where sensible) on the model's own shapes,
-keeps the faster, caches the measurement per machine, and reports what it chose and the CPU flags it saw."""
+"""The engine's dtype: `auto` (the default) is the model's own numbers, float32 on the CPU, never measured;
+`fastest` measures fp32 against bf16 (and fp16 where sensible) on the model's own shapes, keeps the faster,
+caches the measurement per machine, and reports what it chose and the CPU flags it saw."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.usefixtures("measured_auto")
 
 @pytest.fixture
 def measured_auto(monkeypatch):
-    """auto measures here (the suite pins it to fp32 elsewhere, tests/conftest.py)."""
+    """auto and fastest resolve here as for a user (the suite pins them to fp32 elsewhere, tests/conftest.py)."""
     monkeypatch.delenv("VRIKSHA_DTYPE", raising=False)
 
 
@@ -39,7 +40,7 @@ def cache(tmp_path, monkeypatch):
 
 def test_the_choice_is_the_faster_dtype_as_measured(cache):
     choice = fast_dtype.choose_dtype(SHAPES, devices.host())
-    assert choice.how == "measured" and choice.requested == "auto"
+    assert choice.how == "measured" and choice.requested == "fastest"
     timings = choice.timings
     assert set(timings) == set(fast_dtype.candidates(devices.host())) >= {"float32", "bfloat16"}
     for t in timings.values():
@@ -134,10 +135,26 @@ def test_cpu_as_a_narrower_level_hides_the_wider_flags(monkeypatch):
         cpu_features.cache_clear()
 
 
-def test_vriksha_dtype_pins_auto_without_measuring(cache, monkeypatch):
+def test_auto_is_float32_on_the_cpu_without_measuring(cache):
+    """The default computes the model's own numbers: float32 on the CPU whatever bf16 would measure, for a
+    GGUF file (dequantized) as for a Transformers directory; nothing is timed or cached."""
+    for model in (None, "tests-do-not-read-this"):
+        choice = fast_dtype.resolve("auto", model, devices.host())
+        assert (choice.dtype, choice.requested) == (torch.float32, "auto")
+        assert "own numbers" in choice.how and choice.timings is None
+    assert not cache.exists()
+
+
+def test_vriksha_dtype_pins_auto_and_fastest_without_measuring(cache, monkeypatch):
     monkeypatch.setenv("VRIKSHA_DTYPE", "bfloat16")
     pin = fast_dtype.resolve("auto", None, devices.host())
     assert (pin.dtype, pin.requested, pin.how) == (torch.bfloat16, "auto", "pinned by VRIKSHA_DTYPE")
+    fastest = fast_dtype.resolve("fastest", None, devices.host())
+    assert (fastest.dtype, fastest.requested, fastest.how) == (
+        torch.bfloat16,
+        "fastest",
+        "pinned by VRIKSHA_DTYPE",
+    )
     assert fast_dtype.resolve("float32", None, devices.host()).dtype == torch.float32  # --dtype still wins
     assert not cache.exists()
     monkeypatch.setenv("VRIKSHA_DTYPE", "int4")
@@ -148,7 +165,8 @@ def test_vriksha_dtype_pins_auto_without_measuring(cache, monkeypatch):
 def test_auto_is_the_default_and_dtype_overrides():
     assert EngineConfig().dtype == "auto"
     assert EngineConfig(dtype="bfloat16").dtype == "bfloat16"
-    with pytest.raises(ConfigError, match="dtype must be one of auto, float32"):
+    assert EngineConfig(dtype="fastest").dtype == "fastest"
+    with pytest.raises(ConfigError, match="dtype must be one of auto, fastest, float32"):
         EngineConfig(dtype="int8")
 
 
@@ -181,6 +199,8 @@ def test_the_engine_loads_at_the_measured_dtype_and_reports_it(cache, model_dir,
                 "--max-tokens",
                 "2",
                 "--verbose",
+                "--dtype",
+                "fastest",
                 *options,
             ]
         )
@@ -189,20 +209,22 @@ def test_the_engine_loads_at_the_measured_dtype_and_reports_it(cache, model_dir,
     err = capsys.readouterr().err
     measured = fast_dtype.choose_dtype(fast_dtype.model_shapes(model_dir), devices.host())
     assert measured.how == "cached"  # the engine measured it and stored it
-    assert f"dtype {measured.name} (auto: measured" in err
+    assert f"dtype {measured.name} (fastest: measured" in err
     assert "CPU flags: " + " ".join(cpu_features().notable) in err
 
     from vriksha import LLM
 
     small = dict(kv_cache_memory_gb=0.01, max_model_len=64, native_kernels=False, fast_linear=False)
-    with LLM(model=str(model_dir), **small) as llm:
+    with LLM(model=str(model_dir), dtype="fastest", **small) as llm:
         assert llm.engine.dtype == measured.dtype and llm.engine.dtype_choice.how == "cached"
+    with LLM(model=str(model_dir), **small) as llm:  # the default: the model's own numbers
+        assert llm.engine.dtype == torch.float32 and llm.engine.dtype_choice.requested == "auto"
     with LLM(model=str(model_dir), dtype="float32", **small) as llm:
         assert llm.engine.dtype == torch.float32 and llm.engine.dtype_choice.how == "given"
 
 
 def test_a_gguf_model_runs_float32_where_its_packed_decode_is_faster(model_dir):
-    """Under auto, the embedded GGUF's packed decode step (measured on its shapes) is weighed against each
+    """Under fastest, the embedded GGUF's packed decode step (measured on its shapes) is weighed against each
     dense dtype's decode step: float32 where it is faster than all of them, the dense choice elsewhere."""
     from vriksha.engine.native.quant import quant_kernels
     from vriksha.engine.quantization import packed_dtype
@@ -216,11 +238,11 @@ def test_a_gguf_model_runs_float32_where_its_packed_decode_is_faster(model_dir):
             "float32": {"decode_s": 2 * bf16_decode_s, "prefill_s": 1.0},
             "bfloat16": {"decode_s": bf16_decode_s, "prefill_s": 0.3},
         }
-        return fast_dtype.DtypeChoice(torch.bfloat16, "auto", "measured", "cpu", timings=timings)
+        return fast_dtype.DtypeChoice(torch.bfloat16, "fastest", "measured", "cpu", timings=timings)
 
     embedded = EngineConfig()  # the embedded Q4_1 GGUF, quantization auto
     chosen = packed_dtype(dense(10.0), embedded, cpu)  # a dense step of 10 s: any packed step beats it
-    assert chosen is not None and chosen.dtype == torch.float32 and chosen.requested == "auto"
+    assert chosen is not None and chosen.dtype == torch.float32 and chosen.requested == "fastest"
     assert "packed blocks" in chosen.how and "dense bf16" in chosen.describe()
     assert packed_dtype(dense(1e-9), embedded, cpu) is None  # no packed step beats a nanosecond
     assert packed_dtype(dense(10.0), EngineConfig(quantization="none"), cpu) is None

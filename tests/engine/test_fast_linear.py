@@ -19,7 +19,9 @@ def test_routed_linears_equal_f_linear_and_follow_weight_updates(monkeypatch, tm
     native = kernels() if use_native else None
     installation = ModuleInstallation(model)
     router = fast_linear.FastLinear(model, installation, native)
-    plan = json.loads((tmp_path / "fast_linear.json").read_text())
+    plan = {
+        key: entry["timing"] for key, entry in json.loads((tmp_path / "fast_linear.json").read_text()).items()
+    }
     assert len(plan) == 2
     for choice in plan.values():
         assert len(choice) == len(fast_linear.BUCKETS) and set(choice) <= set(fast_linear.PATHS)

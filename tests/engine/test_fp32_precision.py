@@ -10,6 +10,7 @@ from vriksha.engine import fast_linear, fp32_precision
 from vriksha.engine.config import EngineConfig
 from vriksha.engine.installation import ModuleInstallation
 from vriksha.errors import ConfigError
+from vriksha.timing_load import MachineLoad
 
 needs_bf16 = pytest.mark.skipif(
     not fp32_precision.supported(),
@@ -49,7 +50,11 @@ def _router_on_bf16(monkeypatch, tmp_path, bf16: bool):
     model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(512, 128, bias=False))
     probe = fast_linear.FastLinear.__new__(fast_linear.FastLinear)
     probe.native, probe.bf16 = None, bf16
-    plan = {probe.key(layer): ["bf16"] * len(fast_linear.BUCKETS) for layer in model}
+    quiet = MachineLoad(0.0, 0.0, 1).to_dict()  # timed on a quiet machine, so read back as it is
+    plan = {
+        probe.key(layer): {"timing": ["bf16"] * len(fast_linear.BUCKETS), "measured_at": 0.0, "load": quiet}
+        for layer in model
+    }
     (tmp_path / "fast_linear.json").write_text(json.dumps(plan))
     return model, fast_linear.FastLinear(model, ModuleInstallation(model), None, bf16)
 
@@ -76,7 +81,7 @@ def test_a_router_not_allowed_bf16_never_measures_or_takes_it(monkeypatch, tmp_p
     model = torch.nn.Sequential(torch.nn.Linear(64, 96))
     router = fast_linear.FastLinear(model, ModuleInstallation(model), None, bf16=False)
     plan = json.loads((tmp_path / "fast_linear.json").read_text())
-    assert all("bf16" not in choice for choice in plan.values())
+    assert all("bf16" not in entry["timing"] for entry in plan.values())
     assert router.bf16_buckets() == []
 
 

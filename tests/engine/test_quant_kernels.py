@@ -228,8 +228,8 @@ def test_the_amx_and_int8_paths_are_listed_where_the_cpu_has_them_and_only_timed
     assert ("amx_bf16" in k.paths) is has_amx
     assert k.variant == "avx512_vnni"  # never the default: it rounds to bf16
     assert not set(candidate_paths(k, "q4_1")) & set(BF16_PATHS + INT8_PATHS)
-    assert "avx512_vnni_i8" in candidate_paths(k, "q4_1", int8=True)
-    assert "avx512_vnni_i8" not in candidate_paths(k, "int8", int8=True)
+    assert "avx512_vnni_i8" in candidate_paths(k, "q4_1", activations="int8")
+    assert "avx512_vnni_i8" not in candidate_paths(k, "int8", activations="int8")
     assert ("amx_bf16" in candidate_paths(k, "q4_1", bf16=True)) is has_amx
     assert "amx_bf16" not in candidate_paths(k, "int8", bf16=True)
     if not has_amx:

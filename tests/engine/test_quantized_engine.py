@@ -1,11 +1,11 @@
 """Packed weights in the engine: the embedded Q4_1 GGUF served as it is, and weight-only int8 on any model.
 
 Tolerances (stated here, measured on the machines the tests ran on):
-- GGUF packed vs the dequantized fp32 model (the same weight values; the float paths differ only in the
-  order of the fp32 additions, the integer paths round each activation to int16 within its block of 32):
-  logits within 2e-2 absolute (logits are O(10); measured max 8e-5 on the float paths, 7.6e-3 with the
-  integer paths on every prefill and decode call, against 0.5 to 1.6 for a bf16 model); greedy tokens equal
-  on five of the default-model parity prompts (16 tokens each).
+- GGUF packed vs the dequantized fp32 model (the same weight values; the float paths, the default, differ
+  only in the order of the fp32 additions; the int16 paths, opt-in, round each activation to int16 within its
+  block of 32): logits within 2e-2 absolute (logits are O(10); measured max 8e-5 on the float paths, 7.6e-3
+  with the integer paths on every prefill and decode call, against 0.5 to 1.6 for a bf16 model); greedy tokens
+  equal on five of the default-model parity prompts (16 tokens each).
 - GGUF packed in a bf16 engine vs the fp32 model: the activations are bf16 either way, so the packed model is
   held to the dense bf16 model's own distance from fp32 (mean |delta logits| at most 1.5x, measured 0.9x).
 - GGUF packed with int8 activations (`packed_activations="int8"`, each block of 32 rounded to 1/254 of its
@@ -27,9 +27,9 @@ import torch
 from tests.engine.conftest import ENGINE_TEST_OPTIONS, tiny_model
 from vriksha import LLM, SamplingParams
 from vriksha.engine.installation import ModuleInstallation
-from vriksha.engine.native.quant import BF16_PATHS, INT8_PATHS, quant_kernels
+from vriksha.engine.native.quant import BF16_PATHS, FLOAT_PATHS, INT8_PATHS, quant_kernels
 from vriksha.engine.quant_linear import BUCKETS, QuantLinear
-from vriksha.engine.quantization import int8_activations
+from vriksha.engine.quantization import packed_activations
 from vriksha.errors import ConfigError
 from vriksha.loading import load_model
 from vriksha.loading.gguf_weights import read_gguf_linears
@@ -163,7 +163,7 @@ def test_int8_activations_are_as_close_to_fp32_as_dense_bf16(embedded, packed_gg
     path = int8_path(kernels)
     bf16 = load_model(None, dtype=torch.bfloat16)
     model, tok = embedded.model, embedded.tokenizer
-    router = QuantLinear(model, packed_gguf, kernels, int8=True)
+    router = QuantLinear(model, packed_gguf, kernels, activations="int8")
     n = len(BUCKETS)  # every call on the int8 path, whatever the timings would choose
     router.times = {
         router.key(w): {
@@ -192,42 +192,46 @@ def test_int8_activations_are_as_close_to_fp32_as_dense_bf16(embedded, packed_gg
 
 
 def test_int8_activations_engine(kernels):
-    """`--packed-activations int8`: timed beside the int16 paths under their own key, chosen where faster
-    (nearly everywhere), said in the choice, and the answers stay right."""
+    """`--packed-activations int8`: timed beside the float and int16 paths under their own key, chosen where
+    faster (nearly everywhere), said in the choice, and the answers stay right."""
     int8_path(kernels)
     with LLM(quantization="gguf", packed_activations="int8") as llm:
         quant = llm.engine.runner.quant
-        assert quant.timings.int8 and quant.key(quant.layers[0][1]).endswith(":i8")
+        assert quant.timings.activations == "int8" and quant.key(quant.layers[0][1]).endswith(":int8")
         routes = {p for _, route, _ in quant.installed.values() for p in route}
-        assert llm.engine.quantization.activations == ("int8" if routes & set(INT8_PATHS) else "int16")
+        assert llm.engine.quantization.activations == quant.activations()
+        assert (llm.engine.quantization.activations == "int8") is bool(routes & set(INT8_PATHS))
         assert f"{llm.engine.quantization.activations} activations" in llm.engine.quantization.describe()
         out = llm.generate(PROMPTS[0], GREEDY)[0].outputs[0].text
     assert "Paris" in out
 
 
-def test_int8_activations_follow_the_engines_precision():
-    """`auto` rounds to int8 only where the engine already runs at a bf16 engine's precision: a dtype measured
-    by `dtype="auto"` with fp32_precision auto, or fp32_precision bf16; an explicit dtype, ieee, or an explicit
-    int16 keeps the dequantized model's greedy tokens."""
-    assert int8_activations("auto", "auto", dtype_measured=True)
-    assert int8_activations("auto", "bf16", dtype_measured=False)
-    assert not int8_activations("auto", "auto", dtype_measured=False)
-    assert not int8_activations("auto", "ieee", dtype_measured=True)
-    assert not int8_activations("int16", "bf16", dtype_measured=True)
-    assert int8_activations("int8", "ieee", dtype_measured=False)
-    with pytest.raises(ConfigError, match="packed_activations must be one of auto, int16, int8"):
-        int8_activations("int4", "auto", dtype_measured=True)
+def test_packed_activations_follow_the_engines_precision():
+    """`auto` keeps the activations as they are (the dequantized model's numbers) unless the engine already
+    runs at a bf16 engine's precision: `dtype="fastest"` (measured) with fp32_precision auto, or
+    fp32_precision bf16, where int8 may be taken; an explicit mode is taken as it is."""
+    assert packed_activations("auto", "auto", dtype_measured=True) == "int8"
+    assert packed_activations("auto", "bf16", dtype_measured=False) == "int8"
+    assert packed_activations("auto", "auto", dtype_measured=False) == "float32"
+    assert packed_activations("auto", "ieee", dtype_measured=True) == "float32"
+    assert packed_activations("int16", "bf16", dtype_measured=True) == "int16"
+    assert packed_activations("int8", "ieee", dtype_measured=False) == "int8"
+    assert packed_activations("float32", "bf16", dtype_measured=True) == "float32"
+    with pytest.raises(ConfigError, match="packed_activations must be one of auto, float32, int16, int8"):
+        packed_activations("int4", "auto", dtype_measured=True)
 
 
 def test_the_engine_resolves_auto_activations(kernels):
-    """The engine hands the rule's answer to the packed router: the suite pins the dtype (fp32 references),
-    so the default stays int16 there; fp32_precision bf16 lets the same engine time and take int8."""
+    """The engine hands the rule's answer to the packed router: by default only the float paths are timed and
+    installed (the dequantized model's numbers); fp32_precision bf16 lets the same engine time and take int8."""
     int8_path(kernels)
-    for precision, int8 in (("auto", False), ("bf16", True)):
+    for precision, activations in (("auto", "float32"), ("bf16", "int8")):
         with LLM(quantization="gguf", fp32_precision=precision) as llm:
-            assert llm.engine.runner.quant.timings.int8 is int8
-            if not int8:
-                assert llm.engine.quantization.activations == "int16"
+            assert llm.engine.runner.quant.timings.activations == activations
+            if activations == "float32":
+                assert llm.engine.quantization.activations == "float32"
+                paths = {p for _, r, n in llm.engine.runner.quant.installed.values() for p in r + n} - {None}
+                assert paths and paths <= set(FLOAT_PATHS)
 
 
 def test_bf16_engine_serves_the_gguf_blocks(embedded):
@@ -353,7 +357,7 @@ def test_the_option_is_a_flag():
     args = parser.parse_args(["--packed-activations", "int8"])
     assert EngineConfig.from_args(args).packed_activations == "int8"
     assert EngineConfig().packed_activations == "auto"
-    with pytest.raises(ConfigError, match="packed_activations must be one of auto, int16, int8"):
+    with pytest.raises(ConfigError, match="packed_activations must be one of auto, float32, int16, int8"):
         EngineConfig(packed_activations="int4")
 
 

@@ -149,17 +149,9 @@ def test_eval_trainer_and_openenv_paths_play_the_same_episodes(tiny, name):
             assert (member.prompt_ids, member.completion_ids) == (ep.prompt_ids, ep.completion_ids)
             assert member.reward == ep.reward
         played = remote[i]
-        assert played.outcome.completions == rec.completions
-        assert (
-            _summary(
-                played.outcome.reward, played.outcome.components, played.outcome.success, played.outcome.turns
-            )
-            == scores[i]
-        )
-        assert (
-            played.transcript.prompt_ids == ep.prompt_ids
-            and played.transcript.completion_ids == ep.completion_ids
-        )
+        assert played.completions == rec.completions
+        assert _summary(played.reward, played.components, played.success, played.turns) == scores[i]
+        assert played.prompt_ids == ep.prompt_ids and played.completion_ids == ep.completion_ids
 
 
 def test_trl_reward_functions_score_what_eval_scores(tiny):

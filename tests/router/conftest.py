@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.server.conftest import REPO, build_tiny_model, child_env, free_port
+from tests.server.conftest import INTERNAL, INTERNAL_KEY, REPO, build_tiny_model, child_env, free_port
 from vriksha.net.launch import Child, StartupError, vriksha_command
 
 STARTUP_TIMEOUT_S = 300.0
@@ -37,7 +37,8 @@ class Proc(Child):
     """A subprocess with its log in a file, ready once GET `health_url` answers 200."""
 
     def __init__(self, cmd: list[str], log_path: Path, health_url: str, name: str) -> None:
-        super().__init__(cmd, name, health_url, log_path=log_path, env=child_env(), cwd=str(REPO))
+        env = {**child_env(), "VRIKSHA_INTERNAL_KEY": INTERNAL_KEY}  # replicas' and routers' shared key
+        super().__init__(cmd, name, health_url, log_path=log_path, env=env, cwd=str(REPO))
 
     def start(self, wait: bool = True) -> Proc:
         super().start()
@@ -70,7 +71,7 @@ class Replica(Proc):
         return f"{self.url},{self.events}"
 
     def snapshot(self) -> dict:
-        return httpx.get(f"{self.url}/kv_events/snapshot", timeout=10).json()
+        return httpx.get(f"{self.url}/kv_events/snapshot", headers=INTERNAL, timeout=10).json()
 
 
 class Router(Proc):

@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from tests.router.conftest import Proc, Router, metric, wait_until
-from tests.server.conftest import free_port
+from tests.server.conftest import INTERNAL, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,7 @@ class Serve(Proc):
         return f"{self.url},{self.events}" if self.events else self.url
 
     def transfers(self) -> dict:
-        return httpx.get(f"{self.url}/kv/transfers", timeout=10).json()
+        return httpx.get(f"{self.url}/kv/transfers", headers=INTERNAL, timeout=10).json()
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +48,11 @@ def pd(router_model_dir, tmp_path_factory):
     logs = tmp_path_factory.mktemp("pd-logs")
     prefill = Serve(router_model_dir, logs, "prefill", "--role", "prefill", "--kv-transfer-hold", "5")
     decode = Serve(
-        router_model_dir, logs, "decode", "--role", "decode", "--kv-transfer-timeout", "2", events=True
+        router_model_dir,
+        logs,
+        "decode",
+        *("--role", "decode", "--kv-transfer-timeout", "2", "--kv-peer", prefill.url),
+        events=True,
     )
     colocated = Serve(router_model_dir, logs, "colocated")
     procs = [prefill, decode, colocated]
@@ -128,14 +132,14 @@ def test_unfetched_offers_are_freed_on_the_prefill_side(pd) -> None:
     tokens = list(range(100, 160))
     expired = prefill.transfers()["prefill"]["expired"]
     body = {"token_ids": tokens, "start": 0, "transports": ["stream"], "host_id": "", "hold_s": 4}
-    resp = httpx.post(f"{prefill.url}/kv/prefill", json=body, timeout=60)
+    resp = httpx.post(f"{prefill.url}/kv/prefill", json=body, timeout=60, headers=INTERNAL)
     assert resp.status_code == 200, resp.text
     assert prefill.transfers()["pool"]["locked_tokens"] > 0  # the stream offer holds its slots
     body["transports"] = ["shm"]  # shared memory needs the decode side on this host: an empty id is elsewhere
-    resp = httpx.post(f"{prefill.url}/kv/prefill", json=body, timeout=60)
+    resp = httpx.post(f"{prefill.url}/kv/prefill", json=body, timeout=60, headers=INTERNAL)
     assert resp.status_code == 502 and "no K/V transport in common" in resp.text
     body["host_id"] = _host_id()
-    resp = httpx.post(f"{prefill.url}/kv/prefill", json=body, timeout=60)
+    resp = httpx.post(f"{prefill.url}/kv/prefill", json=body, timeout=60, headers=INTERNAL)
     assert resp.status_code == 200, resp.text
     name = resp.json()["info"]["name"]
     if os.path.isdir("/dev/shm"):
@@ -156,24 +160,30 @@ def _host_id() -> str:
 def test_transfer_endpoints_refuse_bad_input(pd) -> None:
     prefill, decode, colocated, _ = pd
     wrong = httpx.post(
-        f"{colocated.url}/kv/pull", json={"token_ids": [1, 2], "prefill_url": "http://x"}, timeout=10
+        f"{colocated.url}/kv/pull",
+        json={"token_ids": [1, 2], "prefill_url": "http://x"},
+        timeout=10,
+        headers=INTERNAL,
     )
     assert wrong.status_code == 404 and "--role decode" in wrong.json()["error"]["message"]
-    wrong = httpx.post(f"{decode.url}/kv/prefill", json={"token_ids": [1, 2]}, timeout=10)
+    wrong = httpx.post(f"{decode.url}/kv/prefill", json={"token_ids": [1, 2]}, timeout=10, headers=INTERNAL)
     assert wrong.status_code == 404 and "--role prefill" in wrong.json()["error"]["message"]
     both = httpx.post(
-        f"{decode.url}/kv/pull", json={"token_ids": [1], "prefill_url": "http://x", "offer": {}}, timeout=10
+        f"{decode.url}/kv/pull",
+        json={"token_ids": [1], "prefill_url": "http://x", "offer": {}},
+        timeout=10,
+        headers=INTERNAL,
     )
     assert both.status_code == 502 and "exactly one" in both.json()["error"]["message"]
-    empty = httpx.post(f"{prefill.url}/kv/prefill", json={"token_ids": []}, timeout=10)
+    empty = httpx.post(f"{prefill.url}/kv/prefill", json={"token_ids": []}, timeout=10, headers=INTERNAL)
     assert empty.status_code == 400
     forged = {
         "token_ids": list(range(10, 60)),
         "offer": {"transfer_id": "x", "transport": "shm", "num_tokens": 50},
     }
-    assert httpx.post(f"{decode.url}/kv/pull", json=forged, timeout=10).status_code == 502
+    assert httpx.post(f"{decode.url}/kv/pull", json=forged, timeout=10, headers=INTERNAL).status_code == 502
     forged["offer"] |= {"start": 0, "host_id": "", "layout": {}, "info": {"name": "../etc"}}
-    bad = httpx.post(f"{decode.url}/kv/pull", json=forged, timeout=10)
+    bad = httpx.post(f"{decode.url}/kv/pull", json=forged, timeout=10, headers=INTERNAL)
     assert bad.status_code == 502
     assert decode.transfers()["decode"]["reservations"] == 0
 
@@ -183,11 +193,16 @@ def test_killed_prefill_replica_frees_the_decode_side(pd) -> None:
     prefill, decode, colocated, router = pd
     tokens = list(range(300, 380))
     body = {"token_ids": tokens, "start": 0, "transports": ["stream"], "host_id": _host_id(), "hold_s": 60}
-    offer = httpx.post(f"{prefill.url}/kv/prefill", json=body, timeout=60)
+    offer = httpx.post(f"{prefill.url}/kv/prefill", json=body, timeout=60, headers=INTERNAL)
     assert offer.status_code == 200, offer.text
     prefill.kill()  # gone with the K/V the decode replica is about to fetch
     t0 = time.monotonic()
-    pull = httpx.post(f"{decode.url}/kv/pull", json={"token_ids": tokens, "offer": offer.json()}, timeout=60)
+    pull = httpx.post(
+        f"{decode.url}/kv/pull",
+        json={"token_ids": tokens, "offer": offer.json()},
+        timeout=60,
+        headers=INTERNAL,
+    )
     assert pull.status_code == 502 and "kv_transfer_failed" in pull.text
     assert time.monotonic() - t0 < 15  # the fetch timeout (2 s here), not a hang
     stats = decode.transfers()

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from tests.router.conftest import Router, metric, wait_until
+from tests.server.conftest import INTERNAL, INTERNAL_KEY
 from vriksha.router.subscriber import EventSubscriber
 
 pytestmark = pytest.mark.slow
@@ -124,7 +125,9 @@ def test_mirror_equals_the_replica_tree(router, replicas, model_name) -> None:
 
     def equal(i: int) -> bool:
         snap = replicas[i].snapshot()
-        mine = httpx.get(f"{router.url}/router/mirror", params={"replica": i}, timeout=10).json()
+        mine = httpx.get(
+            f"{router.url}/router/mirror", params={"replica": i}, headers=INTERNAL, timeout=10
+        ).json()
         return mine["seq"] == snap["seq"] and mine["paths"] == sorted(snap["paths"])
 
     for i in range(len(replicas)):
@@ -150,7 +153,12 @@ def test_a_lost_batch_is_noticed_and_resynced(replicas, model_name) -> None:
     async def run() -> None:
         async with httpx.AsyncClient() as http:
             sub = LossySubscriber(
-                "r1", r.events, f"{r.url}/kv_events/snapshot", http, on_resync=reasons.append
+                "r1",
+                r.events,
+                f"{r.url}/kv_events/snapshot",
+                http,
+                on_resync=reasons.append,
+                internal_key=INTERNAL_KEY,
             )
             sub.start()
             try:
@@ -161,7 +169,7 @@ def test_a_lost_batch_is_noticed_and_resynced(replicas, model_name) -> None:
                         await http.post(f"{r.url}/v1/completions", json=body, timeout=120)
                     ).status_code == 200
                 await _until(lambda: "gap" in reasons and sub.synced, 30)
-                snap = (await http.get(f"{r.url}/kv_events/snapshot")).json()
+                snap = (await http.get(f"{r.url}/kv_events/snapshot", headers=INTERNAL)).json()
                 await _until(lambda: sub.seq >= snap["seq"], 30)
                 assert sub.tree.paths() == {tuple(p) for p in snap["paths"]} or sub.seq > snap["seq"]
             finally:

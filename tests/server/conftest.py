@@ -18,6 +18,14 @@ STARTUP_TIMEOUT_S = 240.0
 TINY_MAX_MODEL_LEN = 2048
 
 
+# the role keys test servers are started with (tests/router: every replica and router shares the internal key;
+# tests/weights: the weight servers and their trainers share the weights key)
+INTERNAL_KEY = "test-internal-key-0123456789"
+WEIGHTS_KEY = "test-weights-key-0123456789"
+INTERNAL = {"x-vriksha-internal-key": INTERNAL_KEY}
+WEIGHTS = {"x-vriksha-weights-key": WEIGHTS_KEY}
+
+
 def child_env() -> dict[str, str]:
     """This environment with the worktree first on PYTHONPATH and one OpenMP thread unless set."""
     env = dict(os.environ)

@@ -62,3 +62,31 @@ def test_front_limits_are_flags_of_serve_built_from_front_config():
     help_text = serve.format_help()
     for f in fields(FrontConfig):
         assert flag_name(f.name) in help_text
+
+
+def test_transfer_roles_and_events_need_the_internal_key(monkeypatch):
+    """A replica in a transfer role, or publishing cache events, will not start without the internal key; the
+    vLLM-format stream (no authentication) binds to this host only; no key may double as another."""
+    import pytest
+
+    from vriksha.errors import ConfigError
+    from vriksha.server.cli import handler
+
+    monkeypatch.delenv("VRIKSHA_INTERNAL_KEY", raising=False)
+    monkeypatch.delenv("VRIKSHA_WEIGHTS_KEY", raising=False)
+    with pytest.raises(ConfigError, match="--role decode needs --internal-key"):
+        handler(parse(["--role", "decode"]))
+    with pytest.raises(ConfigError, match="needs --internal-key"):
+        handler(parse(["--kv-events-endpoint", "tcp://127.0.0.1:5999"]))
+    key = "k" * 20
+    with pytest.raises(ConfigError, match="--api-key and --internal-key must differ"):
+        handler(parse(["--api-key", key, "--internal-key", key, "--role", "prefill"]))
+    with pytest.raises(ConfigError, match="--internal-key and --weights-key must differ"):
+        handler(parse(["--internal-key", key, "--weights-key", key]))
+    with pytest.raises(ConfigError, match="at least 16 characters"):
+        handler(parse(["--weights-key", "short"]))
+    events = ["--internal-key", key, "--kv-events-endpoint", "tcp://127.0.0.1:5999"]
+    with pytest.raises(ConfigError, match="this host only"):
+        handler(parse([*events, "--kv-events-vllm-endpoint", "tcp://0.0.0.0:5998"]))
+    with pytest.raises(ConfigError, match="--kv-peer names the prefill replicas"):
+        handler(parse(["--internal-key", key, "--role", "prefill", "--kv-peer", "http://127.0.0.1:1"]))

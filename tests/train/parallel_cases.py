@@ -89,8 +89,9 @@ def _run_case(case: Case, out_dir: Path) -> None:
     from vriksha.train.config import GRPOConfig
     from vriksha.train.distributed import all_reduce, init_distributed, shard_range
     from vriksha.train.grpo import group_advantages
+    from vriksha.train.losses import build_loss
     from vriksha.train.parallelize import parallelize
-    from vriksha.train.update import policy_update
+    from vriksha.train.update import Learner, UpdateBatch, policy_update
 
     dims = init_distributed(dp_shard=case.dp_shard, tp=case.tp)
     policy = parallelize(tiny_model(case.family), dims, shard_vocab=case.shard_vocab)
@@ -116,8 +117,9 @@ def _run_case(case: Case, out_dir: Path) -> None:
         logprob_split_overhead_tokens=case.split_overhead,
     )
     record: dict[str, list] = {"loss": [], "grad_norm": [], "grads": grads, "params": [], "steps": []}
+    learner = Learner(policy, opt, build_loss(cfg), cfg, dims.device, max_grad_norm=1.0, dims=dims)
     for step in range(first, case.steps + 1):
-        res = policy_update(policy, opt, mine, adv, mine[0], cfg, 1.0, 0, dims.device, dims=dims)
+        res = policy_update(learner, UpdateBatch(mine, adv, mine[0], pad_id=0))
         sched.step()
         record["steps"].append(step)
         record["loss"].append(all_reduce([res.loss])[0])

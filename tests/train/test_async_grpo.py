@@ -93,11 +93,11 @@ def test_update_published_mid_batch_waits_for_the_next_batch(tiny_model_dir):
     from vriksha.loading import load_model
     from vriksha.train.config import EnvConfig, RolloutConfig
     from vriksha.train.rollout import RolloutWorker
-    from vriksha.train.trainer import build_engine
+    from vriksha.train.rollout_engine import colocated_engine
 
     loaded = load_model(str(tiny_model_dir), dtype=torch.float32)
     module, tok = loaded.model.eval().requires_grad_(False), loaded.tokenizer
-    llm = build_engine(module, tok, EngineConfig(kv_cache_memory_gb=0.05))
+    llm = colocated_engine(module, tok, EngineConfig(kv_cache_memory_gb=0.05))
     cfg = RolloutConfig(group_size=2, max_new_tokens=1)
     env = EnvConfig(name="arithmetic", options={"level": 1})
     half_played, published = threading.Event(), threading.Event()

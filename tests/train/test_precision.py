@@ -14,7 +14,7 @@ from tests.train.trainer_runs import run_trainer, write_config
 from vriksha import fast_dtype
 from vriksha.errors import ConfigError
 from vriksha.train.config import load_config
-from vriksha.train.grpo import grpo_token_loss
+from vriksha.train.losses import DAPOLoss, LossInputs
 from vriksha.train.precision import resolve_precision
 
 pytestmark = pytest.mark.usefixtures("measured_auto")
@@ -43,9 +43,8 @@ def _nll_and_loss(model, ids, old, precision):
         lp = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
         mask = torch.ones_like(lp)
         adv = torch.tensor([1.0, -0.5])
-        loss, _ = grpo_token_loss(
-            lp, old, adv, mask, clip_low=0.2, clip_high=0.2, num_tokens_global=float(mask.sum())
-        )
+        inputs = LossInputs(lp, old, adv, mask, sampling_logprobs=old, num_tokens_global=float(mask.sum()))
+        loss = DAPOLoss(clip_low=0.2, clip_high=0.2, importance_correction=False)(inputs).loss
     loss.backward()
     return lp, loss
 

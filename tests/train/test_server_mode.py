@@ -69,13 +69,16 @@ def test_server_mode_config_is_validated():
     assert Path(sys.executable).exists()
 
 
-def test_killed_trainer_resumes_and_resyncs_the_server(tiny_model_dir, tmp_path):
+def test_killed_trainer_resumes_and_resyncs_the_server(tiny_model_dir, tmp_path, monkeypatch):
     """kill -9 of a server-mode trainer (its transfer never closed), then `--resume`: the same run owns the
     server again, finds it at another version than its checkpoint, re-syncs and finishes."""
     import httpx
 
-    from tests.server.conftest import ServerProcess
+    from tests.server.conftest import WEIGHTS, WEIGHTS_KEY, ServerProcess
 
+    monkeypatch.setenv(
+        "VRIKSHA_WEIGHTS_KEY", WEIGHTS_KEY
+    )  # the server's and the trainers' (a flag would show)
     server = ServerProcess(
         ["--model", str(tiny_model_dir), "--kv-cache-memory-gb", "0.05"], tmp_path / "s.log"
     )
@@ -100,7 +103,7 @@ def test_killed_trainer_resumes_and_resyncs_the_server(tiny_model_dir, tmp_path)
         ]
         out = tmp_path / "resume"
         kill_at_checkpoint([str(cfg), *sets], out, step=2)
-        state = httpx.get(f"{server.base_url}/weight_version", timeout=10).json()
+        state = httpx.get(f"{server.base_url}/weight_version", headers=WEIGHTS, timeout=10).json()
         assert state["owner"] is not None  # the killed run never closed its transfer
         before = len(read_rows(out, "weight_sync.jsonl"))
         run_trainer([str(cfg), "--resume", *sets])
@@ -111,6 +114,7 @@ def test_killed_trainer_resumes_and_resyncs_the_server(tiny_model_dir, tmp_path)
         assert synced[0]["server_version_before"] == state["version"]
         assert [r["version"] for r in synced] == list(range(start, start + len(synced)))
         assert all(r["bit_equal"] for r in synced)
-        assert httpx.get(f"{server.base_url}/weight_version", timeout=10).json()["owner"] is None  # closed
+        after = httpx.get(f"{server.base_url}/weight_version", headers=WEIGHTS, timeout=10).json()
+        assert after["owner"] is None  # closed
     finally:
         server.stop()

@@ -7,9 +7,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.server.conftest import ServerProcess, build_tiny_model
+from tests.server.conftest import WEIGHTS_KEY, ServerProcess, build_tiny_model
 
 SERVER_ARGS = ["--kv-cache-memory-gb", "0.05", "--max-model-len", "512"]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def weights_key() -> Iterator[str]:
+    """The weights key of every server here, in this process's environment (where `WeightSyncClient` and the
+    servers started after it read it)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("VRIKSHA_WEIGHTS_KEY", WEIGHTS_KEY)
+        yield WEIGHTS_KEY
 
 
 @pytest.fixture(scope="session")

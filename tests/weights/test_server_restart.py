@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from tests.server.conftest import ServerProcess
+from tests.server.conftest import WEIGHTS, ServerProcess
 from tests.weights.conftest import SERVER_ARGS
 from tests.weights.test_weight_server import _trainer_model
 from vriksha.weights import WeightSyncClient, WeightTransferError, digest
@@ -34,7 +34,7 @@ def test_killed_server_restarts_on_last_complete_version(tiny_model_dir, tmp_pat
     restarted = ServerProcess([*args, "--load-weights-dir", str(root)], tmp_path / "b.log")
     try:
         assert httpx.get(f"{restarted.base_url}/weight_version", timeout=30).json()["version"] == 1
-        served = httpx.get(f"{restarted.base_url}/weight_digests", timeout=60).json()
+        served = httpx.get(f"{restarted.base_url}/weight_digests", headers=WEIGHTS, timeout=60).json()
         assert served == {n: digest(p) for n, p in good.named_parameters()}
     finally:
         restarted.stop()

@@ -8,6 +8,7 @@ import json
 import httpx
 import torch
 
+from tests.server.conftest import WEIGHTS
 from tests.weights.test_weight_server import PROMPT, _trainer_model
 from vriksha.engine.sampling_params import SamplingParams
 from vriksha.train.config import ModelConfig, RolloutConfig
@@ -41,14 +42,14 @@ def test_server_ahead_or_behind_is_resynced(weight_server, tiny_model_dir, tmp_p
         again = rollout.generate([{"prompt_token_ids": PROMPT}], [params])[0]
         assert again.weight_version == 3  # re-synced, then repeated
         assert [c.token_ids for c in again.outputs] == [c.token_ids for c in first.outputs]
-        served = httpx.get(f"{url}/weight_digests", timeout=60).json()
+        served = httpx.get(f"{url}/weight_digests", headers=WEIGHTS, timeout=60).json()
         assert served == {n: digest(p) for n, p in model.named_parameters()}
 
         # the server falls behind (restarted on old weights, here: older weights pushed under version 2);
         # the trainer's next push sees it, and the rollout after it runs on the trainer's version
         rollout.clients[0].close()
         stale = WeightSyncClient(url, intruder.client_id, backend="gloo")
-        stale.push(other, version=2)
+        stale.push(other, version=2, rewind=True)
         stale.close()
         rollout.clients[0] = WeightSyncClient(url, intruder.client_id, backend="shm")
         with torch.no_grad():

@@ -11,6 +11,7 @@ import httpx
 import pytest
 import torch
 
+from tests.server.conftest import WEIGHTS
 from vriksha.weights import WeightSyncClient, WeightTransferError, digest
 from vriksha.weights.shm import shm_available
 
@@ -98,9 +99,8 @@ def test_second_trainer_is_refused_until_the_first_closes(weight_server, tiny_mo
         a.connect()
         with pytest.raises(WeightTransferError, match="belong to client 'trainer-a'"):
             b.connect()
-        r = httpx.post(
-            f"{url}/start_weight_update", json={"client_id": "trainer-b", "version": 9}, timeout=30
-        )
+        body = {"client_id": "trainer-b", "token": "guessed", "version": 9}
+        r = httpx.post(f"{url}/start_weight_update", json=body, headers=WEIGHTS, timeout=30)
         assert r.status_code == 409
         a.close()
         b.push(_trainer_model(tiny_model_dir, seed=5), version=50)
@@ -125,13 +125,13 @@ def test_mismatched_model_is_refused_by_name(weight_server, tiny_model_dir):
 
 def test_pause_holds_generation_until_resume(weight_server):
     url = weight_server.base_url
-    assert httpx.post(f"{url}/pause", timeout=10).json() == {"paused": True}
+    assert httpx.post(f"{url}/pause", headers=WEIGHTS, timeout=10).json() == {"paused": True}
     box: dict = {}
     t = threading.Thread(target=lambda: box.setdefault("out", _generate(url, PROMPT[:4])))
     t.start()
     time.sleep(1.5)
     assert "out" not in box and httpx.get(f"{url}/weight_version", timeout=10).json()["paused"] is True
-    httpx.post(f"{url}/resume", timeout=10)
+    httpx.post(f"{url}/resume", headers=WEIGHTS, timeout=10)
     t.join(60)
     assert box["out"]["outputs"][0]["token_ids"]
-    assert httpx.post(f"{url}/reset_prefix_cache", timeout=10).json() == {"reset": True}
+    assert httpx.post(f"{url}/reset_prefix_cache", headers=WEIGHTS, timeout=10).json() == {"reset": True}

@@ -39,7 +39,8 @@ def register(subparsers) -> None:
     p.add_argument(
         "--verbose",
         action="store_true",
-        help="print the engine's dtype choice, the CPU flags it saw and its quantization choice",
+        help="print the engine's dtype choice, the CPU flags it saw, its quantization choice, and when each "
+        "of this machine's timings it used was measured and under what load",
     )
     EngineConfig.add_arguments(p)
     add_profile_args(p)
@@ -78,6 +79,10 @@ def run(args: argparse.Namespace) -> int:
             print(f"engine: {engine.host_malloc.describe()}", file=sys.stderr)
         kv = str(engine.pool.dtype).removeprefix("torch.")
         print(f"engine: KV pool {kv} (kv_cache_dtype {engine.config.kv_cache_dtype})", file=sys.stderr)
+        from vriksha import timing_load
+
+        for line in timing_load.report():
+            print(f"engine: timings: {line}", file=sys.stderr)
     prompts = args.prompt
     if args.chat:
         prompts = [

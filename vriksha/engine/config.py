@@ -16,9 +16,9 @@ from typing import Any
 from vriksha.errors import ConfigError
 
 _TYPES = {"int": int, "float": float, "str": str, "bool": bool}
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "fastest", "float32", "bfloat16", "float16")
 SPECULATIVE_METHODS = ("none", "ngram")
-PACKED_ACTIVATIONS = ("auto", "int16", "int8")
+PACKED_ACTIVATIONS = ("auto", "float32", "int16", "int8")
 NATIVE_DECODE = ("auto", "on", "off")
 GRAMMAR_OVERLAP = ("auto", "on", "off")
 FRONT_END_CORE = ("auto", "on", "off")
@@ -38,7 +38,11 @@ class EngineConfig:
         None, "a local Transformers directory or .gguf file (default: the embedded SmolLM2-135M-Instruct)"
     )
     dtype: str = option(
-        "auto", "weights and KV dtype; auto: the fastest here, measured once per CPU/device and cached",
+        "auto", "weights and KV dtype; auto: the model's own numbers (float32 on the CPU, a GGUF dequantized to "
+        "float32; on an accelerator the checkpoint's dtype); fastest: the fastest dtype here, measured once per "
+        "CPU/device and cached, and with it bf16 arithmetic for fp32 matmuls and int8 activations in the packed "
+        "kernels where they measure faster (logits move about as far as a bf16 model's: greedy outputs and "
+        "log-probs may differ from the model's, and with the batch)",
         choices=DTYPES,
     )  # fmt: skip
     device: str | None = option(None, "cpu, cuda, cuda:1, ... (default: the accelerator if there is one)")
@@ -95,8 +99,8 @@ class EngineConfig:
     )  # fmt: skip
     fp32_precision: str = option(
         "auto", "fp32 engines on the CPU: bf16 lets a linear layer's calls run in bf16 arithmetic with fp32 sums "
-        "(oneDNN, AMX or AVX512-BF16) at the batch sizes where that measured faster, ieee keeps strict fp32; "
-        "auto: bf16 when the dtype came from --dtype auto, ieee for an explicit --dtype float32",
+        "(oneDNN, AMX or AVX512-BF16) at the batch sizes where that measured faster (logits move about as far as "
+        "a bf16 model's), ieee keeps strict fp32; auto: bf16 under --dtype fastest, else ieee",
         choices=("auto", "ieee", "bf16"),
     )  # fmt: skip
     kv_cache_dtype: str = option(
@@ -111,11 +115,12 @@ class EngineConfig:
         "CPU, else none)", choices=("none", "gguf", "int8", "auto"),
     )  # fmt: skip
     packed_activations: str = option(
-        "auto", "activations of the packed kernels, rounded per block of 32: int16 (1/65534 of the block's "
-        "largest; logits within 1e-2 of the dequantized model's, greedy tokens equal), int8 (1/254, llama.cpp's "
-        "Q8 numerics: on CPUs with AVX2 or AVX-512 VNNI, where measured faster, linears up to 1.9x faster; "
-        "logits move about as far as a bf16 model's, so greedy outputs may differ), auto: int8 when the dtype "
-        "came from --dtype auto and --fp32-precision is not ieee (the precision a bf16 engine runs at), else int16",
+        "auto", "activations of the packed kernels: float32 (as they are: the dequantized model's numbers at "
+        "every batch size), or rounded per block of 32 where that measures faster: int16 (1/65534 of the "
+        "block's largest; logits within about 1e-3 of the dequantized model's), int8 (1/254, llama.cpp's Q8 "
+        "numerics: on CPUs with AVX2 or AVX-512 VNNI, linears up to 1.9x faster; logits move about as far as a "
+        "bf16 model's, so greedy outputs may differ, and with the batch); auto: int8 under --dtype fastest "
+        "(unless --fp32-precision ieee) or --fp32-precision bf16, else float32",
         choices=PACKED_ACTIVATIONS,
     )  # fmt: skip
     lpm_max_queue: int = option(

@@ -23,7 +23,7 @@ from vriksha.engine.kv_pool import KVPool, ReqToTokenTable, SlotAllocator, kv_ca
 from vriksha.engine.model_runner import ModelRunner
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
 from vriksha.engine.prompt_logprobs import prompt_logprobs_list, record_prompt_logprobs
-from vriksha.engine.quantization import int8_activations, packed_dtype
+from vriksha.engine.quantization import packed_activations, packed_dtype
 from vriksha.engine.request import Request
 from vriksha.engine.sampler import Sampler
 from vriksha.engine.sampling_params import SamplingParams
@@ -187,7 +187,7 @@ class LLMEngine:
             config,
             gguf=gguf,
             bf16_matmuls=self.bf16_arithmetic,
-            int8_activations=int8_activations(config.packed_activations, config.fp32_precision, measured),
+            packed_activations=packed_activations(config.packed_activations, config.fp32_precision, measured),
         )
         self.quantization = self.runner.quantization
         if tp is not None:

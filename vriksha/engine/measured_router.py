@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from vriksha import timing_load
 from vriksha.cache import announce_first_load, read_json, write_json
 
 logger = logging.getLogger(__name__)
@@ -194,16 +195,32 @@ class MeasuredRouter:
         return record
 
     def measured(self, items: Sequence[Any]) -> dict[str, Any]:
-        """The cache file's records, with those of `items` measured where missing or stale (and saved)."""
+        """The records of `items` by key: from the cache file, measured where missing, stale or timed under load
+        (and saved, each with the machine's load while this call measured: `vriksha/timing_load.py`)."""
         known = read_json(self.CACHE_FILE)
-        changed = False
+        out: dict[str, Any] = {}
+        missing: dict[str, Any] = {}
         for item in items:
             key = self.key(item)
-            if key not in known or not self.valid(known[key]):
-                announce_first_load()
-                known[key] = self.measure_one(item)
-                logger.info("%s %s: %s", self.WHAT, key, self.describe(known[key]))
-                changed = True
-        if changed:
-            write_json(self.CACHE_FILE, known, f"the {self.WHAT} timings")
-        return known
+            if key in out or key in missing:
+                continue
+            entry = known.get(key)
+            if (
+                timing_load.usable(self.WHAT, key, entry)
+                and "timing" in entry
+                and self.valid(entry["timing"])
+            ):
+                out[key] = entry["timing"]
+            else:
+                missing[key] = item
+        if not missing:
+            return out
+        announce_first_load()
+        watch = timing_load.LoadWatch()
+        for key, item in missing.items():
+            out[key] = self.measure_one(item)
+            logger.info("%s %s: %s", self.WHAT, key, self.describe(out[key]))
+        for key in missing:
+            known[key] = timing_load.stamped(self.WHAT, key, {"timing": out[key]}, watch)
+        write_json(self.CACHE_FILE, known, f"the {self.WHAT} timings")
+        return out

@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 
 import vriksha.device as devices
+from vriksha import timing_load
 from vriksha.cache import announce_first_load
 from vriksha.engine import fast_linear, fp32_precision, hub_layers, kernel_sets, native_decode, quantization
 from vriksha.engine import native as native_lib
@@ -41,12 +42,12 @@ class ModelRunner:
         config: EngineConfig,
         gguf: Path | None = None,
         bf16_matmuls: bool = False,
-        int8_activations: bool = False,
+        packed_activations: str = "float32",
     ) -> None:
         """`gguf`: the file the model was loaded from, whose packed blocks `quantization` may serve;
         `bf16_matmuls`: an fp32 model's linear layers may run in bf16 arithmetic where it measures faster
-        (`fp32_precision.resolve`); `int8_activations`: the packed kernels may round activations to int8
-        (`quantization.int8_activations`). The KV pool may hold another dtype than the model (`kv_cache_dtype`)."""
+        (`fp32_precision.resolve`); `packed_activations`: the least precise activations the packed kernels may use
+        (`quantization.packed_activations`). The KV pool may hold another dtype than the model (`kv_cache_dtype`)."""
         self.model = model
         self.pool = pool
         self.table = table
@@ -78,7 +79,7 @@ class ModelRunner:
             gguf,
             cpu,
             self.bf16_matmuls and self.fast_linear is not None,
-            int8=int8_activations,
+            activations=packed_activations,
         )
         self._build_linear_layouts()
         self.matmul_choice = self._describe_matmuls()
@@ -129,9 +130,10 @@ class ModelRunner:
             how = "cached"
         else:
             announce_first_load()
+            watch = timing_load.LoadWatch()
             best, times = self._measure_native_decode(model)
             if times:
-                native_decode.store_choice(key, best, times)
+                native_decode.store_choice(key, best, times, watch)
             how = "measured"
         self.native_decode.max_batch = best
         if best == 0:

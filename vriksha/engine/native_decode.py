@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 import vriksha.device as devices
+from vriksha import timing_load
 from vriksha.cache import read_json, write_json
 from vriksha.cpu_features import cpu_features
 from vriksha.engine import native
@@ -47,6 +48,7 @@ SOURCE = Path(__file__).parent / "native" / "layers.c"
 MAX_BATCH = 64  # the most decode tokens one native step takes
 MEASURE_BATCHES = (1, 8, 64)
 CACHE_FILE = "native_decode.json"
+WHAT = "native decode"
 
 
 def choice_key(
@@ -71,16 +73,18 @@ def choice_key(
 
 
 def cached_choice(key: str) -> dict | None:
-    """The kept `auto` choice for `key` ({"max_batch", "timings"}), or None."""
+    """The kept `auto` choice for `key` ({"max_batch", "timings"}), or None (also where it was timed under
+    load: `vriksha/timing_load.py`)."""
     record = read_json(CACHE_FILE).get(key)
-    if not isinstance(record, dict) or not isinstance(record.get("max_batch"), int):
+    if not timing_load.usable(WHAT, key, record) or not isinstance(record.get("max_batch"), int):
         return None
     return record
 
 
-def store_choice(key: str, max_batch: int, timings: list[str]) -> None:
+def store_choice(key: str, max_batch: int, timings: list[str], watch: timing_load.LoadWatch) -> None:
+    """Keep the choice measured since `watch` started, with the machine's load meanwhile."""
     known = read_json(CACHE_FILE)
-    known[key] = {"max_batch": max_batch, "timings": timings, "measured_at": time.time()}
+    known[key] = timing_load.stamped(WHAT, key, {"max_batch": max_batch, "timings": timings}, watch)
     write_json(CACHE_FILE, known, "the native decode choice")
 
 

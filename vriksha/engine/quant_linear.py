@@ -69,16 +69,28 @@ def _random_packed(qtype: str, out_f: int, in_f: int) -> PackedWeight:
     return PackedWeight(qtype, data, out_f, in_f)
 
 
-def candidate_paths(kernels: QuantKernels, qtype: str, bf16: bool = False, int8: bool = False) -> list[str]:
-    """The packed code paths worth timing for `qtype`: the widest float one and the widest integer one with
-    int16 activations (the integer paths win at one or two rows, the float ones where more rows share each
-    decoded weight), with `bf16` (bf16 arithmetic allowed) the bf16 ones (AMX: from 16 rows up), and with
-    `int8` (int8 activations allowed) the widest int8 one."""
+ACTIVATIONS = (
+    "float32",
+    "int16",
+    "int8",
+)  # the least precise activations a router may time, most precise first
+
+
+def candidate_paths(
+    kernels: QuantKernels, qtype: str, bf16: bool = False, activations: str = "float32"
+) -> list[str]:
+    """The packed code paths worth timing for `qtype`: the widest float one (the dequantized model's
+    numbers), with `activations` int16 or int8 the widest integer one with int16 activations (they win at one
+    or two rows, the float ones where more rows share each decoded weight), with `bf16` (bf16 arithmetic
+    allowed) the bf16 ones (AMX: from 16 rows up), and with `activations` int8 the widest int8 one."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
     floats = [p for p in kernels.paths if p in FLOAT_PATHS]
     gguf = qtype != "int8"
-    ints = [p for p in kernels.paths if p not in FLOAT_PATHS + BF16_PATHS + INT8_PATHS] if gguf else []
+    rounded = activations != "float32" and gguf
+    ints = [p for p in kernels.paths if p not in FLOAT_PATHS + BF16_PATHS + INT8_PATHS] if rounded else []
     bf16s = [p for p in kernels.paths if p in BF16_PATHS] if bf16 and gguf else []
-    int8s = [p for p in kernels.paths if p in INT8_PATHS] if int8 and gguf else []
+    int8s = [p for p in kernels.paths if p in INT8_PATHS] if activations == "int8" and gguf else []
     return floats[-1:] + ints[-1:] + bf16s + int8s[-1:]
 
 
@@ -90,20 +102,20 @@ def measure(
     dense: Kernels | None,
     dtype: torch.dtype = torch.float32,
     bf16: bool = False,
-    int8: bool = False,
+    activations: str = "float32",
 ) -> dict[str, list]:
     """Per bucket, with `dtype` activations, each on weights out of cache: the seconds of the fastest packed
     code path (`packed`) and its name (`path`), and of the dense path (`dense`: the fastest of `F.linear`,
     the native linear kernel `dense` and, with `bf16` in an fp32 model, `F.linear` in bf16 arithmetic, the
     paths the fast-linear router chooses among; `dense_native`: the fastest without bf16 arithmetic, what a
-    native decode step has in place of a packed kernel). With `int8`, the packed paths include those that round
-    activations to int8. Buckets above MAX_TIMED_MACS are extrapolated."""
+    native decode step has in place of a packed kernel). `activations`: the least precise activations the
+    packed paths timed may use (`candidate_paths`). Buckets above MAX_TIMED_MACS are extrapolated."""
     packed_copies = cold_copies(row_bytes(qtype, in_f) * out_f)
     dense_copies = cold_copies(torch.empty((), dtype=dtype).element_size() * out_f * in_f)
     packed = [_random_packed(qtype, out_f, in_f) for _ in range(packed_copies)]
     weights = [torch.randn(out_f, in_f, dtype=dtype) for _ in range(dense_copies)]
     allowed = bf16 or dtype == torch.bfloat16  # a bf16 model's activations are bf16 already
-    paths = [p for p in candidate_paths(kernels, qtype, allowed, int8) if kernels.runs(packed[0], p)]
+    paths = [p for p in candidate_paths(kernels, qtype, allowed, activations) if kernels.runs(packed[0], p)]
     for path in paths:  # a tiled path's copies are made before timing, as install() makes them
         for weight in packed:
             kernels.pointer(weight, path)
@@ -167,25 +179,25 @@ class PackedTimings(MeasuredRouter):
         dense: Kernels | None,
         dtype: torch.dtype,
         bf16: bool = False,
-        int8: bool = False,
+        activations: str = "float32",
     ) -> None:
-        """`bf16`: the dense path of an fp32 model includes `F.linear` in bf16 arithmetic; `int8`: the packed
-        paths include those that round activations to int8."""
+        """`bf16`: the dense path of an fp32 model includes `F.linear` in bf16 arithmetic; `activations`: the
+        least precise activations the packed paths timed may use (`candidate_paths`)."""
         super().__init__()
         self.kernels, self.dense, self.dtype = kernels, dense, dtype
         self.bf16 = bf16 and dtype == torch.float32
-        self.int8 = int8
+        self.activations = activations
 
     def key(self, shape: PackedShape) -> str:
         return (
-            f"v5:{shape.qtype}:{shape.out_features}x{shape.in_features}:{self.kernels.variant}:"
+            f"v6:{shape.qtype}:{shape.out_features}x{shape.in_features}:{self.kernels.variant}:"
             f"{self.dtype}:t{torch.get_num_threads()}:{torch.__version__}:{source_digest()}:"
             f"{'native' if self.dense is not None else 'torch'}{':bf16' if self.bf16 else ''}"
-            f"{':i8' if self.int8 else ''}"
+            f":{self.activations}"
         )
 
     def measure_one(self, shape: PackedShape) -> dict[str, list]:
-        return measure(*shape, self.kernels, self.dense, self.dtype, self.bf16, self.int8)
+        return measure(*shape, self.kernels, self.dense, self.dtype, self.bf16, self.activations)
 
     def valid(self, record: dict[str, list]) -> bool:
         keys = ("packed", "path", "dense", "dense_native")
@@ -213,11 +225,11 @@ class QuantLinear(MeasuredRouter):
         kernels: QuantKernels,
         dense: Kernels | None = None,
         bf16: bool = False,
-        int8: bool = False,
+        activations: str = "float32",
     ) -> None:
         """`dense`: the native linear kernels of the model's dtype, timed beside `F.linear` as the dense path;
         `bf16`: so is `F.linear` in bf16 arithmetic (an fp32 model whose fast-linear router may take it);
-        `int8`: the packed paths that round activations to int8 are timed too."""
+        `activations`: the least precise activations the packed paths timed may use (`candidate_paths`)."""
         super().__init__()
         self.kernels = kernels
         self.dense = dense
@@ -227,7 +239,7 @@ class QuantLinear(MeasuredRouter):
             raise ValueError(
                 f"packed kernels take float32 or bfloat16 activations, the model is {self.dtype}"
             )
-        self.timings = PackedTimings(kernels, dense, self.dtype, bf16, int8)
+        self.timings = PackedTimings(kernels, dense, self.dtype, bf16, activations)
         modules = dict(model.named_modules())
         self.layers: list[tuple[nn.Linear, PackedWeight]] = []
         for name, weight in packed.items():
@@ -284,10 +296,18 @@ class QuantLinear(MeasuredRouter):
             installation.replace_forward(module, self._make_forward(module, weight, route))
             self.installed[module] = (weight, route, native_route)
 
+    def paths(self) -> set[str]:
+        """The packed code paths the installed routes run (the engine's forwards and native decode steps)."""
+        return {p for _, route, native in self.installed.values() for p in route + native} - {None}
+
     def activations(self) -> str:
-        """int8 where some installed route rounds activations to int8, else int16."""
-        paths = {p for _, route, native in self.installed.values() for p in route + native}
-        return "int8" if paths & set(INT8_PATHS) else "int16"
+        """The least precise activations an installed route uses: int8, bf16, int16 or float32."""
+        paths = self.paths()
+        if paths & set(INT8_PATHS):
+            return "int8"
+        if paths & set(BF16_PATHS):
+            return "bf16"
+        return "float32" if paths <= set(FLOAT_PATHS) else "int16"
 
     def packed_for(
         self, module: nn.Module, rows: int, native: bool = False

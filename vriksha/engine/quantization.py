@@ -12,17 +12,20 @@ Packed kernels run on the CPU with fp32 or bf16 activations (bf16 ones are widen
 sums are fp32); `auto` falls back to `none` elsewhere, an explicit `gguf` or `int8` there is a configuration
 error.
 
-The dtype follows from the weights served (`packed_dtype`): under `dtype="auto"`, a GGUF model whose every
+The dtype follows from the weights served (`packed_dtype`): under `dtype="fastest"`, a GGUF model whose every
 linear layer the packed kernels serve runs float32 when a packed decode step (one row, measured on the file's
 shapes before loading) beats the dense decode step of every dtype `fast_dtype` timed. Decode then reads the
 4-bit blocks whatever the dtype, and float32 is the dtype whose decode steps run as one native call
-(`native_decode.py`); bf16 would keep only its edge on large prefill matmuls.
+(`native_decode.py`); bf16 would keep only its edge on large prefill matmuls. Under `dtype="auto"` the engine
+runs float32 anyway (the model's own numbers).
 
-The packed integer paths round each block of 32 activations to int16 or to int8 (`packed_activations`,
-`int8_activations`): int16 keeps the dequantized model's greedy tokens; int8 (llama.cpp's Q8 numerics, up
-to 1.9x faster linears) moves logits about as far as a bf16 model's, and is what `auto` allows where the
-engine already runs at a bf16 engine's precision: the dtype measured by `dtype="auto"` (which picks bf16
-itself where that is fastest) with fp32 matmuls allowed bf16 arithmetic, the same rule as `fp32_precision`.
+What the packed kernels do with activations (`packed_activations`, `packed_activations()`): `float32`, the
+default, multiplies the dequantized weights with the activations as they are, so a packed layer computes the
+dequantized model's numbers (to fp32 summation order) at every batch size, on the packed path or the dense
+one; `int16` rounds each block of 32 activations to 1/65534 of its largest (logits within about 1e-3 of the
+dequantized model's); `int8` (llama.cpp's Q8 numerics, up to 1.9x faster linears on AVX2) moves logits about
+as far as a bf16 model's, and is what `auto` allows where the engine already runs at a bf16 engine's
+precision: `dtype="fastest"` with fp32 matmuls allowed bf16 arithmetic, the same rule as `fp32_precision`.
 """
 
 from __future__ import annotations
@@ -67,14 +70,16 @@ class QuantizationChoice:
     packed_ms: float | None = None  # the packed layers of one decode step (1 row), measured
     dense_ms: float | None = None  # the same layers on their dense path (the engine's dtype)
     dense: str = "fp32"
-    activations: str = "int16"  # what the packed integer paths round activations to: int16, or int8 somewhere
+    activations: str = (
+        "float32"  # what the packed kernels do with activations: float32, int16, or int8 somewhere
+    )
 
     def describe(self) -> str:
         text = f"quantization {self.mode} (requested {self.requested}): {self.reason}"
         if self.formats:
             text += f"; packed layers {', '.join(f'{n} {q}' for q, n in sorted(self.formats.items()))}"
         if self.variant:
-            text += f"; kernels {self.variant}, {self.activations} activations"
+            text += f"; packed paths {self.variant}, {self.activations} activations"
         if self.packed_ms is not None and self.dense_ms is not None:
             text += (
                 f"; decode-step linears {self.packed_ms:.2f} ms packed vs {self.dense_ms:.2f} ms {self.dense}"
@@ -82,21 +87,24 @@ class QuantizationChoice:
         return text
 
 
-def int8_activations(requested: str, fp32_precision_requested: str, dtype_measured: bool) -> bool:
-    """Whether the packed kernels may round activations to int8 (timed beside int16, taken where faster):
-    `requested` the engine's `packed_activations`; under `auto`, where the engine's precision is a bf16
-    engine's (see the module's text), by the rule `fp32_precision` applies to bf16 arithmetic."""
+def packed_activations(requested: str, fp32_precision_requested: str, dtype_measured: bool) -> str:
+    """The least precise activations the packed kernels may use: `float32` (the activations as they are: the
+    dequantized model's numbers), `int16` (each block of 32 rounded to 1/65534 of its largest) or `int8`
+    (1/254, llama.cpp's Q8 numerics). `requested` is the engine's `packed_activations`; `auto` is float32,
+    except where the engine already runs at a bf16 engine's precision (`--dtype fastest`, or fp32_precision
+    bf16: see the module's text), where int8 is timed beside the float paths and taken where faster."""
     if requested not in PACKED_ACTIVATIONS:
         raise ConfigError(
             f"engine option packed_activations must be one of {', '.join(PACKED_ACTIVATIONS)}, got {requested!r}"
         )
     if requested != "auto":
-        return requested == "int8"
-    return fp32_precision.bf16_precision_allowed(fp32_precision_requested, dtype_measured)
+        return requested
+    allowed = fp32_precision.bf16_precision_allowed(fp32_precision_requested, dtype_measured)
+    return "int8" if allowed else "float32"
 
 
 def packed_dtype(dense: DtypeChoice, config: EngineConfig, device: torch.device) -> DtypeChoice | None:
-    """float32 in place of `dense` (the measured dense choice of `dtype="auto"`) where the model's GGUF blocks
+    """float32 in place of `dense` (the measured dense choice of `dtype="fastest"`) where the model's GGUF blocks
     make decode faster than any dense dtype (see the module's text), else None."""
     from vriksha.engine import kernel_sets
     from vriksha.loading.gguf_weights import gguf_linear_types
@@ -114,8 +122,8 @@ def packed_dtype(dense: DtypeChoice, config: EngineConfig, device: torch.device)
     kernel_set = kernel_sets.select(config.kernels, device, torch.float32, config.native_kernels)
     fp32_kernels = kernel_set.linear_for(torch.float32)
     bf16 = config.fast_linear and fp32_precision.resolve(config.fp32_precision, torch.float32, True, True)
-    int8 = int8_activations(config.packed_activations, config.fp32_precision, dtype_measured=True)
-    timings = PackedTimings(kernels, fp32_kernels, torch.float32, bf16, int8)  # the router's key
+    activations = packed_activations(config.packed_activations, config.fp32_precision, dtype_measured=True)
+    timings = PackedTimings(kernels, fp32_kernels, torch.float32, bf16, activations)  # the router's key
     packed_s, _ = timings.step_seconds([PackedShape(*t) for t in types], rows=1)
     best = min(dense.timings, key=lambda name: dense.timings[name]["decode_s"])
     best_s = dense.timings[best]["decode_s"]
@@ -123,7 +131,7 @@ def packed_dtype(dense: DtypeChoice, config: EngineConfig, device: torch.device)
         return None
     return DtypeChoice(
         torch.float32,
-        "auto",
+        dense.requested,
         f"{dense.how}: decode from the GGUF's packed blocks, {packed_s * 1e3:.2f} ms a step against "
         f"{best_s * 1e3:.2f} ms for dense {SHORT_DTYPES[getattr(torch, best)]}; float32 runs it natively",
         dense.device,
@@ -152,12 +160,13 @@ def apply(
     gguf: Path | None,
     cpu: bool,
     bf16: bool = False,
-    int8: bool = False,
+    activations: str = "float32",
 ) -> tuple[QuantLinear | None, QuantizationChoice]:
     """Decide what to serve for `requested` and install it; returns the router (None for dense) and why.
     `dense_kernels`: the native linear kernels of the model's dtype, the dense path packed layers are timed
     against; `cpu`: whether the model runs on the host; `bf16`: the dense path of an fp32 model may run in
-    bf16 arithmetic (`fp32_precision.py`); `int8`: the packed kernels may round activations to int8."""
+    bf16 arithmetic (`fp32_precision.py`); `activations`: the least precise activations the packed kernels may
+    use (`packed_activations`)."""
     if requested not in MODES:
         raise ConfigError(f"engine option quantization must be one of {', '.join(MODES)}, got {requested!r}")
     dtype = next(model.parameters()).dtype
@@ -189,13 +198,13 @@ def apply(
     packed = _packed_weights(model, mode, gguf)
     if not packed:
         return refuse("no linear weight in a packed format", "use --quantization none")
-    router = QuantLinear(model, packed, kernels, dense_kernels, bf16, int8)
+    router = QuantLinear(model, packed, kernels, dense_kernels, bf16, activations)
     choice = QuantizationChoice(
         requested, mode, "as requested", router.formats(), kernels.variant, dense=dense
     )
     if explicit:
         router.install(installation)
-        choice.activations = router.activations()
+        choice.activations, choice.variant = router.activations(), _paths(router)
         return router, choice
     packed_s, dense_s = router.step_seconds(1)
     choice.packed_ms, choice.dense_ms = packed_s * 1e3, dense_s * 1e3
@@ -205,5 +214,9 @@ def apply(
         return None, choice
     choice.reason = f"the GGUF's packed weights measured faster than {dense}"
     router.install(installation, measured=True)
-    choice.activations = router.activations()
+    choice.activations, choice.variant = router.activations(), _paths(router)
     return router, choice
+
+
+def _paths(router: QuantLinear) -> str:
+    return ", ".join(sorted(router.paths())) or "none (the dense path measured faster everywhere)"

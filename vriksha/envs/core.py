@@ -207,7 +207,7 @@ def _check_tool_arguments(tool: Tool, arguments: dict[str, Any]) -> None:
         extra = sorted(set(arguments) - set(props))
         if extra:
             raise ToolError(f"tool {tool.name!r}: unknown argument(s) {extra}; it takes {sorted(props)}")
-    types = {
+    types: dict[str, type | tuple[type, ...]] = {
         "string": str,
         "integer": int,
         "number": (int, float),

@@ -12,13 +12,16 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vriksha.envs.core import Environment
 from vriksha.envs.episode import ActionShape
-from vriksha.envs.play import Played, Sampling, play_groups
+from vriksha.envs.play import Episode, Sampling, play_groups
 from vriksha.envs.registry import get_env_class
 from vriksha.envs.transcript import PromptFormat
+
+if TYPE_CHECKING:
+    from vriksha import LLM
 
 logger = logging.getLogger(__name__)
 
@@ -36,17 +39,10 @@ class EpisodeRecord:
     truncated: bool = False
 
     @classmethod
-    def from_played(cls, played: Played) -> EpisodeRecord:
-        o = played.outcome
-        return cls(
-            seed=played.seed,
-            reward=o.reward,
-            success=o.success,
-            turns=o.turns,
-            components=dict(o.components),
-            completions=list(o.completions),
-            truncated=o.truncated,
-        )
+    def of(cls, episode: Episode) -> EpisodeRecord:
+        """The report's view of an episode (its scores and texts, not its token ids)."""
+        e = episode
+        return cls(e.seed, e.reward, e.success, e.turns, dict(e.components), list(e.completions), e.truncated)
 
 
 @dataclass(slots=True)
@@ -72,7 +68,7 @@ class EvalResult:
 
 def evaluate(
     env_name: str | type[Environment],
-    llm: Any,
+    llm: LLM,
     *,
     episodes: int = 16,
     split: str = "test",
@@ -100,7 +96,7 @@ def evaluate(
     started = time.monotonic()
     bar = _progress(episodes, f"{cls.name}", enabled=progress)
 
-    def on_turn(finished: list[Played]) -> None:
+    def on_turn(finished: list[Episode]) -> None:
         bar.update(len(finished))
         if on_step is not None:  # one profiler step per turn: generation plus the environment steps
             on_step()
@@ -124,8 +120,8 @@ def evaluate(
     )
     bar.close()
     played = [g[0] for g in groups]
-    records = [EpisodeRecord.from_played(p) for p in played]
-    tokens = sum(sum(p.transcript.loss_mask) for p in played)
+    records = [EpisodeRecord.of(e) for e in played]
+    tokens = sum(e.num_generated for e in played)
     n = max(1, len(records))
     keys = sorted({k for r in records for k in r.components})
     return EvalResult(

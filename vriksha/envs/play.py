@@ -5,24 +5,30 @@ is a single engine request with `n = group_size`, so the engine computes the pro
 its prefix across the group. Later turns of every live episode go to the engine together, each
 continuing from its own exact token ids (`Transcript`); each completion is one `EpisodeDriver.act`.
 
-The engine is `LLM`-shaped: `generate(prompts, params, use_tqdm=False)` taking
-`{"prompt_token_ids": [...]}` prompts, and `eos_token_ids`.
+The engine is any `RolloutEngine` (`envs/rollout_engine.py`): the colocated `LLM`, the trainer's
+client of `vriksha serve` processes. Each finished episode becomes one `Episode`, the record the
+trainer collates, checkpoints and updates on as it is.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from vriksha.envs.episode import ActionShape, EpisodeDriver, EpisodeEnv, Outcome
+from vriksha.envs.core import EpisodeStateError
+from vriksha.envs.episode import ActionShape, EpisodeDriver, EpisodeEnv
+from vriksha.envs.rollout_engine import RolloutEngine
 from vriksha.envs.transcript import PromptFormat, Transcript
 from vriksha.toolcalls import DEFAULT_PARSER
 
+if TYPE_CHECKING:
+    from vriksha import CompletionOutput, SamplingParams
+
 logger = logging.getLogger(__name__)
 
-__all__ = ["Played", "Sampling", "play_groups"]
+__all__ = ["Episode", "Sampling", "play_groups"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,23 +42,69 @@ class Sampling:
 
 
 @dataclass(slots=True)
-class Played:
-    """One finished episode: its outcome, its tokens, and how its last turn ended."""
+class Episode:
+    """One played episode, from the engine to the policy update: what the model saw and produced,
+    exactly as token ids, and how it scored."""
 
     group: int
     member: int  # index within the group
     seed: int
-    outcome: Outcome
-    transcript: Transcript
-    finish_reason: str | None = None
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    engine_logprobs: list[float] = field(default_factory=list)  # 0.0 on environment tokens
+    loss_mask: list[int] = field(default_factory=list)  # 1 on generated tokens, 0 on environment tokens
+    reward: float = 0.0
+    components: dict[str, float] = field(default_factory=dict)
+    success: bool = False
+    turns: int = 0
+    tool_calls: int = 0
+    finish_reason: str | None = None  # how the last turn ended
     text: str = ""  # the last turn's completion text
+    done: bool = False
+    truncated: bool = False  # ended by a turn limit, not by the environment
+    completions: list[str] = field(default_factory=list)  # the model's text, one per turn
+
+    @property
+    def num_generated(self) -> int:
+        return sum(self.loss_mask)
 
 
 @dataclass(slots=True)
 class _Live:
-    played: Played
+    """An episode in play: its environment, its driver (the score) and its transcript (the tokens)."""
+
+    group: int
+    member: int
+    seed: int
     env: EpisodeEnv
     driver: EpisodeDriver
+    transcript: Transcript
+    finish_reason: str | None = None
+    text: str = ""
+    record: Episode | None = None  # set when the episode ends
+
+    def finish(self) -> Episode:
+        t, o = self.transcript, self.driver.outcome
+        self.record = Episode(
+            self.group,
+            self.member,
+            self.seed,
+            t.prompt_ids,
+            t.completion_ids,
+            t.logprobs,
+            t.loss_mask,
+            reward=o.reward,
+            components=dict(o.components),
+            success=o.success,
+            turns=o.turns,
+            tool_calls=o.tool_calls,
+            finish_reason=self.finish_reason,
+            text=self.text,
+            done=o.done,
+            truncated=o.truncated,
+            completions=list(o.completions),
+        )
+        return self.record
 
 
 def _turn_seed(sampling_seed: int | None, turn: int, member: int) -> int | None:
@@ -63,7 +115,7 @@ def _turn_seed(sampling_seed: int | None, turn: int, member: int) -> int | None:
 
 
 def play_groups(
-    llm: Any,
+    llm: RolloutEngine,
     tokenizer: Any,
     make_env: Callable[[], EpisodeEnv],
     seeds: Sequence[int],
@@ -74,10 +126,10 @@ def play_groups(
     sampling_seeds: Sequence[int | None] | None = None,
     max_turns: int | None = None,
     prompt_format: PromptFormat | None = None,
-    on_turn: Callable[[list[Played]], None] | None = None,
+    on_turn: Callable[[list[Episode]], None] | None = None,
     action_shape: ActionShape | None = None,
     tool_parser: str = DEFAULT_PARSER,
-) -> list[list[Played]]:
+) -> list[list[Episode]]:
     """Play `group_size` episodes for each episode seed; returns one list per seed (a group).
 
     `make_env()` gives a local `Environment` or a client of a remote one (then pass `action_shape`,
@@ -104,18 +156,18 @@ def play_groups(
             first = driver.reset(seed=int(seed), options=dict(options or {}))
             transcript = Transcript(tokenizer, fmt)
             transcript.start(first)
-            lives.append(_Live(Played(gi, member, int(seed), driver.outcome, transcript), env, driver))
+            lives.append(_Live(gi, member, int(seed), env, driver, transcript))
         groups.append(lives)
     group_seed = [None if sampling_seeds is None else sampling_seeds[i] for i in range(len(groups))]
 
-    def params(live: _Live, n: int, turn: int) -> Any:
+    def params(live: _Live, n: int, turn: int) -> SamplingParams:
         stop = live.driver.stop
-        seed = group_seed[live.played.group]
+        seed = group_seed[live.group]
         return SamplingParams(
             n=n,
             temperature=sampling.temperature,
             top_p=sampling.top_p if sampling.temperature > 0 else 1.0,
-            seed=_turn_seed(None if seed is None else int(seed), turn, live.played.member),
+            seed=_turn_seed(None if seed is None else int(seed), turn, live.member),
             max_tokens=stop.max_tokens or sampling.max_tokens,
             stop=stop.strings or None,
             stop_token_ids=stop.token_ids,
@@ -126,14 +178,14 @@ def play_groups(
     try:
         # first turn: one request per group, n = group_size, so the prompt is computed once
         outputs = llm.generate(
-            [{"prompt_token_ids": g[0].played.transcript.context_ids} for g in groups],
+            [{"prompt_token_ids": g[0].transcript.context_ids} for g in groups],
             [params(g[0], group_size, 1) for g in groups],
             use_tqdm=False,
         )
-        finished: list[Played] = []
+        finished: list[Episode] = []
         for g, out in zip(groups, outputs, strict=True):
             for live, comp in zip(g, sorted(out.outputs, key=lambda c: c.index), strict=True):
-                live.played.transcript.prompt_ids = list(out.prompt_token_ids)
+                live.transcript.prompt_ids = list(out.prompt_token_ids)
                 _advance(live, comp, eos_ids, finished)
         if on_turn is not None:
             on_turn(finished)
@@ -142,7 +194,7 @@ def play_groups(
         while active := [lv for g in groups for lv in g if not lv.driver.done]:
             turn += 1
             outputs = llm.generate(
-                [{"prompt_token_ids": lv.played.transcript.context_ids} for lv in active],
+                [{"prompt_token_ids": lv.transcript.context_ids} for lv in active],
                 [params(lv, 1, turn) for lv in active],
                 use_tqdm=False,
             )
@@ -157,20 +209,28 @@ def play_groups(
                 close = getattr(lv.env, "close", None)
                 if close is not None:
                     close()
-    return [[lv.played for lv in g] for g in groups]
+    return [[_record(lv) for lv in g] for g in groups]
 
 
-def _advance(live: _Live, comp: Any, eos_ids: frozenset[int], finished: list[Played]) -> None:
-    """Record one generated turn and let the environment answer it."""
+def _advance(live: _Live, comp: CompletionOutput, eos_ids: frozenset[int], finished: list[Episode]) -> None:
+    """Record one generated turn and let the environment answer it; a finished episode becomes its record."""
     ids = list(comp.token_ids)
     lps = list(comp.token_logprobs)
-    played = live.played
-    played.transcript.add_generated(ids, lps)
-    played.finish_reason = comp.finish_reason
-    played.text = comp.text
+    live.transcript.add_generated(ids, lps)
+    live.finish_reason = comp.finish_reason
+    live.text = comp.text
     live.driver.act(comp.text)
     if live.driver.done:
-        finished.append(played)
+        finished.append(live.finish())
         return
     ended_with_eos = bool(ids) and ids[-1] in eos_ids
-    played.transcript.add_reply(comp.text, live.driver.reply, ended_with_eos)
+    reply = live.driver.reply
+    if reply is None:
+        raise EpisodeStateError("the episode goes on but the driver holds no reply to present")
+    live.transcript.add_reply(comp.text, reply, ended_with_eos)
+
+
+def _record(live: _Live) -> Episode:
+    if live.record is None:
+        raise EpisodeStateError(f"episode {live.group}/{live.member} was still being played")
+    return live.record

@@ -26,6 +26,7 @@ from vriksha.kv_events.schema import (
     seq_bytes,
 )
 from vriksha.kv_events.vllm_blocks import BlockView, VLLMEventBatch
+from vriksha.net.curve import CurveKeys, stop_authenticator
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +38,9 @@ class PublisherConfig:
     vllm_block_size: int = 16
     interval_s: float = 0.005
     topic: bytes = b""
+    # CURVE keys of the internal key: the token stream admits only subscribers holding it (the vLLM block
+    # stream stays plain, for vllm-router, and is bound to loopback only: see server/cli.py)
+    keys: CurveKeys | None = None
 
 
 class KVEventPublisher:
@@ -51,7 +55,7 @@ class KVEventPublisher:
         self._next_seq = 0
         self._vllm_seq = 0
         self._ctx = zmq.Context()
-        self._pub = self._bind(zmq.PUB, config.endpoint)
+        self._pub = self._bind(zmq.PUB, config.endpoint, config.keys)
         self._vllm_pub = self._bind(zmq.PUB, config.vllm_endpoint) if config.vllm_endpoint else None
         self._blocks = BlockView(config.vllm_block_size)
         self._stop = threading.Event()
@@ -59,14 +63,25 @@ class KVEventPublisher:
         self._thread.start()
         logger.info("KV events on %s (instance %s)", config.endpoint, self.instance)
 
-    def _bind(self, kind: int, endpoint: str):
+    def _bind(self, kind: int, endpoint: str, keys: CurveKeys | None = None):
         import zmq
 
         sock = self._ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SNDHWM, 100_000)
-        sock.bind(endpoint)
+        if keys is not None:
+            keys.serve(sock)
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError:
+            sock.close()
+            self._stop_auth()
+            raise
         return sock
+
+    def _stop_auth(self) -> None:
+        if self.config.keys is not None:
+            stop_authenticator(self._ctx)
 
     # ---- the engine's CacheEventSink (called in the engine's thread) ---------------------------------
     def stored(self, parent: Sequence[int], token_ids: Sequence[int], slots: Any = None) -> None:
@@ -139,4 +154,5 @@ class KVEventPublisher:
         self._pub.close()
         if self._vllm_pub is not None:
             self._vllm_pub.close()
+        self._stop_auth()
         self._ctx.term()

@@ -43,6 +43,7 @@ class FleetJob:
     port: int = 8080
     startup_timeout_s: float = 600.0
     extra: dict[str, object] = field(default_factory=dict)
+    secrets: dict[str, str] = field(default_factory=dict)  # keys every member gets in its environment
 
 
 class Launcher(Protocol):

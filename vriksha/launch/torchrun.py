@@ -60,7 +60,9 @@ class TorchrunConfig:
         if self.nnodes < 1:
             raise ConfigError(f"--nnodes: must be >= 1, got {self.nnodes}")
         if self.rdzv_backend not in RDZV_BACKENDS:
-            raise ConfigError(f"--rdzv-backend: {self.rdzv_backend!r} is not one of {', '.join(RDZV_BACKENDS)}")
+            raise ConfigError(
+                f"--rdzv-backend: {self.rdzv_backend!r} is not one of {', '.join(RDZV_BACKENDS)}"
+            )
         if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes:
             raise ConfigError(f"--node-rank: must be in 0..{self.nnodes - 1} for --nnodes {self.nnodes}")
         if self.nnodes > 1:
@@ -121,7 +123,15 @@ def run_torchrun(cfg: TorchrunConfig, argv: list[str]) -> int:
     return subprocess.call(cmd, env=env)
 
 
-_VALUED = ("--nproc", "--nnodes", "--node-rank", "--rdzv-endpoint", "--rdzv-backend", "--rdzv-id", "--launcher")
+_VALUED = (
+    "--nproc",
+    "--nnodes",
+    "--node-rank",
+    "--rdzv-endpoint",
+    "--rdzv-backend",
+    "--rdzv-id",
+    "--launcher",
+)
 
 
 def strip_launch_flags(argv: list[str]) -> list[str]:

@@ -34,13 +34,29 @@ def front_config(app: Any, host: str, port: int, front: FrontConfig, **uvicorn_k
 
 
 class FrontServer(uvicorn.Server):
-    """A uvicorn server that, as it starts, raises the descriptor limit and rate-limits repeated log lines."""
+    """A uvicorn server that, as it starts, raises the descriptor limit and rate-limits repeated log lines; with
+    `ready`, it logs "ready on http://HOST:PORT: <ready>" at INFO once it accepts connections."""
 
-    def __init__(self, config: uvicorn.Config, front: FrontConfig) -> None:
+    def __init__(self, config: uvicorn.Config, front: FrontConfig, ready: str | None = None) -> None:
         super().__init__(config)
         self.front = front
+        self.ready = ready
 
     async def serve(self, sockets: Any = None) -> None:
         raise_fd_limit(self.front.fd_limit)
         install_repeat_filter(self.front.log_repeat_limit, self.front.log_repeat_window_s)
         await super().serve(sockets)
+
+    async def startup(self, sockets: Any = None) -> None:
+        await super().startup(sockets)
+        if self.started and self.ready is not None and not self.should_exit:
+            logger.info("ready on %s: %s", self.url(), self.ready)
+
+    def url(self) -> str:
+        """Where the server listens (the bound port, where the config asked for port 0)."""
+        host, port = self.config.host, self.config.port
+        for server in getattr(self, "servers", []):
+            for sock in server.sockets or ():
+                port = sock.getsockname()[1]
+                break
+        return f"http://{f'[{host}]' if ':' in host else host}:{port}"

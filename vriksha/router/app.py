@@ -4,6 +4,7 @@ tokenized for the policy, then forwarded; plus /health, /metrics and /router/rep
 from __future__ import annotations
 
 import gc
+import hmac
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -18,13 +19,15 @@ from pydantic import BaseModel, ValidationError
 from starlette.datastructures import Headers
 
 from vriksha.net.offload import off_loop
+from vriksha.net.trust import INTERNAL_HEADER
+from vriksha.router import passthrough
 from vriksha.router.config import RouterConfig
 from vriksha.router.fast_path import Handler, HotPathApp
 from vriksha.router.pool import ReplicaPool
 from vriksha.router.proxy import Forwarder, NoReplicaError
 from vriksha.router.tokens import PromptTokens
 from vriksha.server.auth import APIKeyMiddleware
-from vriksha.server.errors import BadRequestError, install_error_handlers
+from vriksha.server.errors import AuthenticationError, BadRequestError, install_error_handlers
 from vriksha.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
 
 logger = logging.getLogger(__name__)
@@ -46,6 +49,10 @@ def _parse(model: type[BaseModel], body: bytes) -> Any:
         raise RequestValidationError(exc.errors()) from exc
 
 
+class InternalOnlyError(AuthenticationError, status=403, code="internal_only"):
+    """A router endpoint for holders of the internal key, asked without it."""
+
+
 def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) -> FastAPI:
     tokens = tokens or PromptTokens.for_model(config.model)
     http = httpx.AsyncClient(
@@ -58,7 +65,12 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         await pool.start()
-        logger.info("routing over %d replicas with %s", len(pool.replicas), pool.policy.name)
+        logger.info(
+            "routing over %d replicas with the %s policy: %s",
+            len(pool.replicas),
+            pool.policy.name,
+            ", ".join(f"{r.url} ({r.spec.role})" for r in pool.replicas),
+        )
         # what is alive now (modules, the tokenizer: ~350k objects) lives as long as the router: out of the
         # collector's full passes, each of which would otherwise stall every request for tens of ms
         gc.collect()
@@ -93,15 +105,7 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
     key = config.api_key
     app.hot_paths(hot, wrap=(lambda inner: APIKeyMiddleware(inner, key, config.auth_exempt)) if key else None)
 
-    @app.get("/v1/models")
-    async def models(request: Request) -> Response:
-        for r in pool.healthy():
-            try:
-                resp = await http.get(f"{r.url}/v1/models", headers=dict(request.headers.items()))
-            except httpx.TransportError:
-                continue
-            return Response(resp.content, resp.status_code, media_type="application/json")
-        raise NoReplicaError("no replica is healthy; retry shortly", headers={"Retry-After": "1"})
+    passthrough.install(app, pool, http)
 
     @app.get("/health")
     async def health() -> Response:
@@ -141,8 +145,14 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
         return JSONResponse({"policy": pool.policy.name, "replicas": out})
 
     @app.get("/router/mirror")
-    async def mirror(replica: int) -> Response:
-        """A replica's mirrored tree as leaf paths (for tests and debugging)."""
+    async def mirror(replica: int, request: Request) -> Response:
+        """A replica's mirrored tree as leaf paths (for tests and debugging): the cached prompts of every
+        client, so for holders of the internal key only, never a client's API key."""
+        given = request.headers.get(INTERNAL_HEADER, "")
+        if not config.internal_key or not hmac.compare_digest(given.encode(), config.internal_key.encode()):
+            raise InternalOnlyError(
+                f"/router/mirror shows every client's cached prompts: send the internal key in `{INTERNAL_HEADER}`"
+            )
         if not 0 <= replica < len(pool.replicas):
             raise BadRequestError(
                 f"replica must be in 0..{len(pool.replicas) - 1}, got {replica}", param="replica"
@@ -153,5 +163,7 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
         return JSONResponse({"seq": r.events.seq, "paths": sorted(list(p) for p in r.events.tree.paths())})
 
     if config.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=config.auth_exempt)
+        # /router/mirror takes the internal key instead (checked above), never a client's
+        exempt = config.auth_exempt | {"/router/mirror"}
+        app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=exempt)
     return app

@@ -9,6 +9,7 @@ import signal
 from typing import Any
 
 from vriksha.errors import ConfigError
+from vriksha.net.trust import INTERNAL_KEY_ENV, check_keys, env_key
 from vriksha.router.config import POLICIES, ReplicaSpec, RouterConfig
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,13 @@ def register(subparsers: Any) -> None:
         f"are not cached on the chosen decode replica (default: {_D.pd_threshold_tokens})",
     )
     p.add_argument(
+        "--pd-timeout",
+        type=float,
+        default=_D.pd_timeout_s,
+        help="with --prefill: seconds a whole transfer (the decode replica's /kv/pull) may take; past it the "
+        f"request goes to the decode replica as is (default: {_D.pd_timeout_s:g})",
+    )
+    p.add_argument(
         "--policy", choices=POLICIES, default=_D.policy, help=f"routing policy (default: {_D.policy})"
     )
     p.add_argument(
@@ -64,7 +72,14 @@ def register(subparsers: Any) -> None:
         "--api-key",
         default=os.environ.get("VRIKSHA_API_KEY"),
         help="require `Authorization: Bearer KEY` (default: $VRIKSHA_API_KEY, else none); it is passed on to "
-        "the replicas unchanged",
+        "the replicas unchanged, and presented on the router's own /load and /health polls",
+    )
+    p.add_argument(
+        "--internal-key",
+        default=None,
+        help="the replicas' --internal-key: presented on /load, /kv_events/snapshot and /kv/pull, and the CURVE "
+        "keys of their event streams; needed with event streams (URL,EVENTS) and --prefill (default: "
+        "$VRIKSHA_INTERNAL_KEY; prefer the variable: a flag shows in the process list)",
     )
     p.add_argument(
         "--session-header",
@@ -114,7 +129,7 @@ def register(subparsers: Any) -> None:
         help="the affinity rule binds only a replica holding at least this share of the prompt (0..1) more "
         "than the replica with the best estimate",
     )
-    p.set_defaults(func=handler)
+    p.set_defaults(func=handler, default_log_level="INFO")  # its address, replicas and policy, and "ready"
 
 
 def config_from_args(args: argparse.Namespace, need_replicas: bool = True) -> RouterConfig:
@@ -146,6 +161,15 @@ def config_from_args(args: argparse.Namespace, need_replicas: bool = True) -> Ro
         raise ConfigError(
             f"--affinity-min-share must be in 0..1 (a share of the prompt), got {args.affinity_min_share}"
         )
+    if not args.pd_timeout > 0:
+        raise ConfigError(f"--pd-timeout must be > 0 seconds, got {args.pd_timeout}")
+    internal_key = args.internal_key or env_key(INTERNAL_KEY_ENV)
+    check_keys(args.api_key or None, internal_key)
+    if not internal_key and (args.prefill or any(s.events for s in specs)):
+        raise ConfigError(
+            "event streams (--replica URL,EVENTS) and --prefill need the replicas' internal key: pass "
+            f"--internal-key or set ${INTERNAL_KEY_ENV} to the key the replicas were started with"
+        )
     if need_replicas and args.policy == "precise" and not any(s.events for s in specs):
         logger.warning(
             "--policy precise without event streams: it sees load only (add ,tcp://... to --replica)"
@@ -155,6 +179,7 @@ def config_from_args(args: argparse.Namespace, need_replicas: bool = True) -> Ro
         policy=args.policy,
         model=args.model,
         api_key=args.api_key or None,
+        internal_key=internal_key,
         session_header=args.session_header.lower(),
         health_interval_s=args.health_interval,
         load_interval_s=args.load_interval,
@@ -167,6 +192,7 @@ def config_from_args(args: argparse.Namespace, need_replicas: bool = True) -> Ro
         affinity_bound_tokens=args.affinity_bound,
         affinity_min_share=args.affinity_min_share,
         pd_threshold_tokens=args.pd_threshold,
+        pd_timeout_s=args.pd_timeout,
     )
 
 
@@ -183,8 +209,11 @@ def handler(args: argparse.Namespace) -> int:
         from vriksha.semantic.serve import semantic_app
 
         app = semantic_app(args.config, config_from_args(args, need_replicas=False))
+        ready = f"routing by meaning ({args.config})"
     else:
-        app = create_router_app(config_from_args(args))
+        config = config_from_args(args)
+        app = create_router_app(config)
+        ready = f"routing to {', '.join(r.url for r in config.replicas)}"
     level = logging.getLogger().getEffectiveLevel()
     uv_config = front_config(
         app,
@@ -196,7 +225,7 @@ def handler(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=5,
         lifespan="on",
     )
-    server = _server_class()(uv_config, front)
+    server = _server_class()(uv_config, front, ready)
     try:
         server.run()
     finally:

@@ -19,7 +19,10 @@ class RouterConfig:
     replicas: list[ReplicaSpec] = field(default_factory=list)
     policy: str = "precise"
     model: str | None = None  # for the tokenizer; None: the embedded default
-    api_key: str | None = None
+    api_key: str | None = None  # clients' key; also presented on the router's own polls of /load and /health
+    # the replicas' internal key: presented on /load, /kv_events/snapshot and /kv/pull, and the CURVE keys of
+    # the event streams; never forwarded from or to a client
+    internal_key: str | None = None
     auth_exempt: frozenset[str] = frozenset({"/health", "/metrics"})
     session_header: str = "x-session-id"
     max_sessions: int = 100_000
@@ -41,4 +44,6 @@ class RouterConfig:
     # prefill/decode: a prompt whose uncached part on the chosen replica is longer than this many tokens is
     # computed on a prefill replica (when there is one) and its K/V moved over first
     pd_threshold_tokens: int = 256
-    pd_timeout_s: float = 600.0  # the decode replica's bound on the whole transfer (prefill included)
+    # the router's bound on a whole transfer (the decode replica's /kv/pull: its prefill and fetch timeouts);
+    # past it the request goes to the decode replica as is and is computed there
+    pd_timeout_s: float = 30.0

@@ -2,12 +2,14 @@
 whose uncached part there is longer than `pd_threshold_tokens` is computed on the least loaded prefill
 replica and its K/V moved into the decode replica's radix tree (`POST /kv/pull` on the decode replica, which
 asks the prefill replica and fetches). Short prompts, and prompts the decode replica mostly holds, skip it.
-A failed transfer costs nothing but time: the request is forwarded anyway and the decode replica computes
-the prompt itself.
+A failed transfer costs nothing but time, at most `pd_timeout_s`: the request is forwarded anyway and the
+decode replica computes the prompt itself. The router calls /kv/pull with the internal key, never a
+client's credentials.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -37,7 +39,7 @@ class Disaggregation:
         mirrored = ev.tree.match(tokens) if ev is not None and ev.synced else 0
         return len(tokens) - max(predicted_cached, mirrored) > self.pool.config.pd_threshold_tokens
 
-    async def prefill(self, decode: Replica, tokens: list[int], headers: dict[str, str]) -> str:
+    async def prefill(self, decode: Replica, tokens: list[int]) -> str:
         """Move the prompt's K/V to `decode`; returns the outcome (ok, skipped, failed, no_prefill)."""
         candidates = self.pool.healthy_prefill()
         metrics = self.pool.metrics
@@ -54,9 +56,10 @@ class Disaggregation:
         p.in_flight += 1
         status = "failed"
         try:
-            resp = await self.http.post(
-                f"{decode.url}/kv/pull", json=body, headers=headers, timeout=self.pool.config.pd_timeout_s
-            )
+            async with asyncio.timeout(self.pool.config.pd_timeout_s):  # the whole call, not each read
+                resp = await self.http.post(
+                    f"{decode.url}/kv/pull", json=body, headers=self.pool.internal_headers
+                )
             if resp.status_code == 200:
                 result = resp.json()
                 status = "skipped" if result.get("skipped") else "ok"
@@ -69,6 +72,12 @@ class Disaggregation:
                     resp.status_code,
                     resp.text[:300],
                 )
+        except TimeoutError:
+            logger.warning(
+                "P/D transfer to %s took over %g s (--pd-timeout); forwarding as is",
+                decode.url,
+                self.pool.config.pd_timeout_s,
+            )
         except httpx.HTTPError as exc:
             logger.warning("P/D transfer to %s failed: %s; forwarding as is", decode.url, exc)
         finally:

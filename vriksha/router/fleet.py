@@ -1,6 +1,8 @@
 """`vriksha fleet`: N replicas on this machine, each pinned to its share of the cores with as many threads,
 each publishing KV events, and `vriksha router` in front of them; SIGINT/SIGTERM stops them all. With
-`--prefill N --decode M`, N prefill and M decode replicas (prefill/decode disaggregation) instead."""
+`--prefill N --decode M`, N prefill and M decode replicas (prefill/decode disaggregation) instead. The
+members share one internal key ($VRIKSHA_INTERNAL_KEY, else a fresh one) and the API key, both handed over
+in their environment; decode replicas may ask exactly the fleet's prefill replicas (`--kv-peer`)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ from typing import Any
 from vriksha.errors import ConfigError
 from vriksha.launch.protocol import FleetJob
 from vriksha.net.launch import Child, StopSignals, free_port, stop_all, vriksha_command
+from vriksha.net.trust import API_KEY_ENV, INTERNAL_KEY_ENV, check_keys, env_key, new_key
 from vriksha.router.config import POLICIES
 
 logger = logging.getLogger(__name__)
@@ -53,7 +56,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--host", default="127.0.0.1", help="the router's address (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="the router's port (default: 8080)")
     p.add_argument("--policy", choices=POLICIES, default="precise", help="routing policy (default: precise)")
-    p.add_argument("--api-key", default=os.environ.get("VRIKSHA_API_KEY"), help="for the router and replicas")
+    p.add_argument(
+        "--api-key",
+        default=os.environ.get("VRIKSHA_API_KEY"),
+        help="the clients' key, for the router and the replicas (default: $VRIKSHA_API_KEY, else none); the "
+        "members also share an internal key of their own ($VRIKSHA_INTERNAL_KEY, else a fresh one)",
+    )
     p.add_argument("--startup-timeout", type=float, default=600.0, help="seconds to wait for each replica")
     p.add_argument(
         "--launcher",
@@ -115,8 +123,9 @@ def _start(
     cores: list[int] | None,
     threads: int | None,
     events: str | None = None,
+    secrets: dict[str, str] | None = None,
 ) -> Member:
-    env = dict(os.environ)
+    env = {**os.environ, **(secrets or {})}
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
 
@@ -137,9 +146,11 @@ def spawn_replica(
     common: list[str],
     role: str = "both",
     threads: int | None = None,
+    secrets: dict[str, str] | None = None,
 ) -> Member:
     """One `vriksha serve` on free loopback ports, pinned to `share` with `threads` (default: one per core
-    of its share) OMP threads; `common`: flags every replica gets (model, API key, extra serve flags)."""
+    of its share) OMP threads; `common`: flags every replica gets (model, extra serve flags); `secrets`: its
+    keys, as environment variables (a flag would show in the process list)."""
     port = free_port()
     cmd = vriksha_command("serve", "--port", str(port), log_level=_log_level())
     endpoint = f"tcp://127.0.0.1:{free_port()}" if role != "prefill" else None
@@ -148,7 +159,18 @@ def spawn_replica(
     if role != "both":
         cmd += ["--role", role]
     url = f"http://127.0.0.1:{port}"
-    return _start([*cmd, *common], f"{name} (cores {share})", url, share, threads or len(share), endpoint)
+    name = f"{name} (cores {share})"
+    return _start([*cmd, *common], name, url, share, threads or len(share), endpoint, secrets)
+
+
+def fleet_secrets(api_key: str | None, internal_key: str | None = None) -> dict[str, str]:
+    """The keys a fleet's members share, as environment variables: the client API key (when given) and the
+    internal key (`internal_key`, else this environment's, else a fresh one: the members start together)."""
+    out = {INTERNAL_KEY_ENV: internal_key or env_key(INTERNAL_KEY_ENV) or new_key()}
+    if api_key:
+        out[API_KEY_ENV] = api_key
+    check_keys(api_key, out[INTERNAL_KEY_ENV])
+    return out
 
 
 def fleet_job(args: argparse.Namespace) -> FleetJob:
@@ -164,13 +186,14 @@ def fleet_job(args: argparse.Namespace) -> FleetJob:
         ["prefill"] * args.prefill + ["decode"] * args.decode if args.prefill else ["both"] * args.replicas
     )
     extra = [a for a in args.serve_args if a != "--"]
-    common = (["--model", args.model] if args.model else []) + (
-        ["--api-key", args.api_key] if args.api_key else []
-    )
+    common = ["--model", args.model] if args.model else []
     router = ["--policy", args.policy, *common]
     if args.prefill and args.pd_threshold is not None:
         router += ["--pd-threshold", str(args.pd_threshold)]
-    return FleetJob(roles, [*common, *extra], router, args.host, args.port, args.startup_timeout)
+    secrets = fleet_secrets(args.api_key)
+    return FleetJob(
+        roles, [*common, *extra], router, args.host, args.port, args.startup_timeout, secrets=secrets
+    )
 
 
 def handler(args: argparse.Namespace) -> int:
@@ -184,21 +207,34 @@ def run_local_fleet(job: FleetJob, args: argparse.Namespace) -> int:
     """The fleet as child processes of this host, each replica pinned to its share of the cores."""
     roles = job.roles
     shares = core_shares(usable_cores(), len(roles))
+    secrets = job.secrets
     members: list[Member] = []
     signals = StopSignals()
     try:
-        specs = []
+        specs: list[str] = []
+        prefill_urls: list[str] = []
         for i, (share, role) in enumerate(zip(shares, roles, strict=True)):
-            m = spawn_replica(f"{'replica' if role == 'both' else role} {i}", share, job.serve_args, role)
+            peers = [x for url in prefill_urls for x in ("--kv-peer", url)] if role == "decode" else []
+            name = f"{'replica' if role == 'both' else role} {i}"
+            m = spawn_replica(name, share, [*job.serve_args, *peers], role, secrets=secrets)
             members.append(m)
+            if role == "prefill":
+                prefill_urls.append(m.url)
             specs += ["--prefill", m.url] if role == "prefill" else ["--replica", m.spec]
         for m in members:
             m.wait_healthy(job.startup_timeout_s, hint="; raise --startup-timeout")
         cmd = vriksha_command(
-            "router", "--host", job.host, "--port", str(job.port), *specs, *job.router_args, log_level=_log_level()
+            "router",
+            "--host",
+            job.host,
+            "--port",
+            str(job.port),
+            *specs,
+            *job.router_args,
+            log_level=_log_level(),
         )
         router_url = f"http://{job.host}:{job.port}"
-        router = _start(cmd, "router", router_url, None, None)
+        router = _start(cmd, "router", router_url, None, None, secrets=secrets)
         members.append(router)
         router.wait_healthy(job.startup_timeout_s, hint="; raise --startup-timeout")
         logger.warning(

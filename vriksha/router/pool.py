@@ -8,6 +8,7 @@ from collections import OrderedDict
 
 import httpx
 
+from vriksha.net.trust import internal_headers
 from vriksha.router.config import RouterConfig
 from vriksha.router.metrics import RouterMetrics
 from vriksha.router.policies import Decision, make_policy
@@ -26,6 +27,11 @@ class ReplicaPool:
         self.metrics = RouterMetrics(lambda: self.replicas)
         self.sessions: OrderedDict[str, int] = OrderedDict()
         self._tasks: list[asyncio.Task] = []
+        # the router's own credentials on its polls: a replica's /load takes the API key or the internal key
+        self.poll_headers = internal_headers(config.internal_key)
+        if config.api_key:
+            self.poll_headers["authorization"] = f"Bearer {config.api_key}"
+        self.internal_headers = internal_headers(config.internal_key)
 
     async def start(self) -> None:
         for r in self.replicas:
@@ -36,6 +42,7 @@ class ReplicaPool:
                     f"{r.url}/kv_events/snapshot",
                     self.http,
                     on_resync=lambda reason, url=r.url: self.metrics.resyncs.labels(url, reason).inc(),
+                    internal_key=self.config.internal_key,
                 )
                 r.events.start()
         await asyncio.gather(*(self._poll(r) for r in self.replicas))
@@ -69,12 +76,12 @@ class ReplicaPool:
         t = self.config.connect_timeout_s
         try:
             if with_health or not r.healthy:
-                h = await self.http.get(f"{r.url}/health", timeout=t)
+                h = await self.http.get(f"{r.url}/health", headers=self.poll_headers, timeout=t)
                 if h.status_code != 200:
                     self.eject(r, f"/health answered {h.status_code}")
                     return
             sent_in_flight = r.in_flight
-            resp = await self.http.get(f"{r.url}/load", timeout=t)
+            resp = await self.http.get(f"{r.url}/load", headers=self.poll_headers, timeout=t)
             resp.raise_for_status()
             body = resp.json()
         except (httpx.HTTPError, ValueError) as exc:

@@ -34,7 +34,8 @@ class _Attempt(Exception):
     """This replica failed before anything reached the client: try another."""
 
 
-def _headers(headers: Headers) -> dict[str, str]:
+def forwarded_headers(headers: Headers) -> dict[str, str]:
+    """The client's headers a replica sees (its key, body type, request id)."""
     return {k: v for k, v in headers.items() if k.lower() in _FORWARDED}
 
 
@@ -55,7 +56,7 @@ class Forwarder:
     ) -> Response:
         """`headers`: the client request's (`request.headers`, or `Headers(scope=scope)` in raw ASGI)."""
         session = headers.get(self.pool.config.session_header)
-        forwarded = _headers(headers)
+        forwarded = forwarded_headers(headers)
         tried: set[int] = set()
         last_error = "no replica is healthy"
         while True:
@@ -70,8 +71,7 @@ class Forwarder:
             if not tried - {r.index}:
                 self.pool.metrics.overhead.observe(time.perf_counter() - arrived)
             if self.disagg.wanted(r, tokens, decision.cached_tokens):
-                auth = {k: v for k, v in forwarded.items() if k in ("authorization", "x-api-key")}
-                await self.disagg.prefill(r, tokens, auth)
+                await self.disagg.prefill(r, tokens)
             try:
                 return await self._attempt(r, forwarded, path, body, tokens, stream)
             except _Attempt as exc:

@@ -1,6 +1,7 @@
 """Follows one replica's KV event stream into a `TokenTree`: batches in sequence order; a gap, a new replica
 instance, or a stream that falls behind the sequence number the replica reports triggers a resync from the
-replica's snapshot (`GET /kv_events/snapshot`)."""
+replica's snapshot (`GET /kv_events/snapshot`). Both take the replicas' internal key: the snapshot as a
+header, the stream as the CURVE keys derived from it."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from vriksha.kv_events.schema import (
     seq_from_bytes,
 )
 from vriksha.kv_events.token_tree import TokenTree
+from vriksha.net.curve import CurveKeys
+from vriksha.net.trust import internal_headers
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +36,11 @@ class EventSubscriber:
         snapshot_url: str,
         http: httpx.AsyncClient,
         on_resync: Callable[[str], None] = lambda reason: None,
+        internal_key: str | None = None,
     ) -> None:
         self.name = name
+        self.headers = internal_headers(internal_key)
+        self.keys = CurveKeys.from_key(internal_key) if internal_key else None
         self.endpoint = endpoint
         self.snapshot_url = snapshot_url
         self.http = http
@@ -100,7 +106,7 @@ class EventSubscriber:
         self.batches += 1
 
     async def resync(self, reason: str) -> None:
-        resp = await self.http.get(self.snapshot_url, timeout=10)
+        resp = await self.http.get(self.snapshot_url, headers=self.headers, timeout=10)
         resp.raise_for_status()
         snap = msgspec.json.decode(resp.content, type=CacheSnapshot)
         self.tree = TokenTree.from_paths(snap.paths)
@@ -116,6 +122,8 @@ class EventSubscriber:
         sock = ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.SUBSCRIBE, b"")
+        if self.keys is not None:
+            self.keys.connect(sock)
         sock.connect(self.endpoint)
         try:
             while True:

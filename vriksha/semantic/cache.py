@@ -1,6 +1,7 @@
 """The semantic cache: an earlier answer served again when a new request is similar enough. Entries are
-scoped by (API key, pool, context): the context is the whole request except the last user message's text
-(earlier turns, system prompt, sampling fields), so only the wording of that one message may differ. TTL,
+scoped by (API key, end user, pool, context): the end user is the OpenAI `user` field; the context is the
+whole request except the last user message's text (earlier turns, system prompt, sampling fields), so only
+the wording of that one message may differ. TTL,
 a global size bound (least recently used first out), and two cheap guards against near misses that embed
 alike: the same numbers in both texts (number words counted: "three" is 3), and the words both texts share
 in the same order ("10 miles to km" is not "10 km to miles")."""
@@ -70,7 +71,8 @@ class Entry:
 
 
 def scope_key(api_key: str | None, pool: str, endpoint: str, body: dict[str, Any], text: str) -> str:
-    """One scope per API key, pool, endpoint and context (the request minus the routed text)."""
+    """One scope per API key, end user (the OpenAI `user` field: end users sharing a key never see each
+    other's answers), pool, endpoint and context (the request minus the routed text)."""
     ctx = {k: v for k, v in body.items() if k not in _IGNORED}
     if "messages" in ctx:
         msgs = list(ctx["messages"])
@@ -82,7 +84,7 @@ def scope_key(api_key: str | None, pool: str, endpoint: str, body: dict[str, Any
     elif isinstance(ctx.get("prompt"), str):
         ctx["prompt"] = None
     key = hashlib.sha256((api_key or "").encode()).hexdigest()
-    blob = json.dumps([key, pool, endpoint, ctx], sort_keys=True, default=str)
+    blob = json.dumps([key, body.get("user"), pool, endpoint, ctx], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

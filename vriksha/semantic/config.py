@@ -32,7 +32,15 @@ class FleetSpec(_Strict):
     @field_validator("serve_args")
     @classmethod
     def _owned(cls, v: list[str]) -> list[str]:
-        owned = {"--port", "--host", "--model", "--kv-events-endpoint", "--role", "--api-key"}
+        owned = {
+            "--port",
+            "--host",
+            "--model",
+            "--kv-events-endpoint",
+            "--role",
+            "--api-key",
+            "--internal-key",
+        }
         bad = sorted({a.split("=", 1)[0] for a in v} & owned)
         if bad:
             raise ValueError(f"{bad} are set by the router for each replica: drop them (the model: `model`)")

@@ -16,9 +16,9 @@ logger = logging.getLogger(__name__)
 
 
 class PoolFleets:
-    def __init__(self, cfg: RoutesConfig, api_key: str | None = None) -> None:
+    def __init__(self, cfg: RoutesConfig, secrets: dict[str, str] | None = None) -> None:
         self.cfg = cfg
-        self.api_key = api_key
+        self.secrets = secrets or {}  # the members' keys, as environment variables (fleet_secrets)
         self.members: list[Member] = []
         self.pools = [p for p in cfg.pools if p.fleet is not None]
 
@@ -42,9 +42,7 @@ class PoolFleets:
             for p in self.pools:
                 assert p.fleet is not None
                 model = self.model(p)
-                common = (["--model", model] if model else []) + (
-                    ["--api-key", self.api_key] if self.api_key else []
-                )
+                common = ["--model", model] if model else []
                 for i in range(p.fleet.replicas):
                     m = spawn_replica(
                         f"pool {p.name} replica {i}",
@@ -52,6 +50,7 @@ class PoolFleets:
                         [*common, *p.fleet.serve_args],
                         "both",
                         p.fleet.threads,
+                        self.secrets,
                     )
                     self.members.append(m)
                     by_pool.setdefault(p.name, []).append(m)

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 
 from vriksha.engine.protocol import EngineProtocol
 from vriksha.server.admission import Admission
-from vriksha.server.auth import APIKeyMiddleware
+from vriksha.server.auth import AccessPolicy, RoleMiddleware
 from vriksha.server.config import ServerConfig
 from vriksha.server.drain import Drain
 from vriksha.server.engine_client import EngineClient
@@ -20,6 +20,7 @@ from vriksha.server.metrics import ServerMetrics
 from vriksha.server.metrics_vllm import install_vllm_metrics
 from vriksha.server.profiler import ServerProfiler
 from vriksha.server.routes_fleet import router as fleet_router
+from vriksha.server.routes_info import router as info_router
 from vriksha.server.routes_kv import router as kv_router
 from vriksha.server.routes_native import router as native_router
 from vriksha.server.routes_openai import router as openai_router
@@ -83,6 +84,7 @@ def create_app(
     app.include_router(kv_router)
     app.include_router(render_router)
     app.include_router(tokenize_router)
-    if config.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=config.api_key, exempt=config.auth_exempt)
+    app.include_router(info_router)
+    policy = AccessPolicy(config.api_key, config.internal_key, config.weights_key, config.auth_exempt)
+    app.add_middleware(RoleMiddleware, policy=policy)
     return app

@@ -9,6 +9,7 @@ from typing import Any
 
 from vriksha.engine.config import EngineConfig
 from vriksha.errors import ConfigError, VrikshaError
+from vriksha.net.trust import INTERNAL_KEY_ENV, WEIGHTS_KEY_ENV, check_keys, env_key
 from vriksha.server.config import ServerConfig
 from vriksha.toolcalls import PARSERS
 
@@ -33,12 +34,26 @@ def register(subparsers: Any) -> None:
         help="require `Authorization: Bearer KEY` on requests (default: $VRIKSHA_API_KEY, else none)",
     )
     p.add_argument(
+        "--internal-key",
+        default=None,
+        help="the key replicas and routers present to each other (K/V transfer, /kv_events/snapshot, the KV "
+        "event stream's CURVE keys), never a client's key; needed by --role prefill|decode and "
+        "--kv-events-endpoint, and the same on every replica and router of a fleet (default: "
+        "$VRIKSHA_INTERNAL_KEY; prefer the variable: a flag shows in the process list)",
+    )
+    p.add_argument(
+        "--weights-key",
+        default=None,
+        help="the key trainers present to update the weights, pause and resume generation, and reset the "
+        "prefix cache; without it those endpoints are closed (default: $VRIKSHA_WEIGHTS_KEY)",
+    )
+    p.add_argument(
         "--auth-exempt",
         nargs="*",
         default=["/health", "/metrics"],
         metavar="PATH",
         help="paths that need no key when --api-key is set (default: /health /metrics; "
-        "pass the flag alone to protect every path)",
+        "pass the flag alone to protect every path); never the replica-to-replica or weight endpoints",
     )
     p.add_argument(
         "--served-model-name",
@@ -123,7 +138,9 @@ def register(subparsers: Any) -> None:
 
     # --profile: scheduled capture over engine steps; --profile-dir also for /start_profile
     add_profile_args(p)
-    p.set_defaults(func=handler)
+    # INFO unless --log-level says otherwise: the model, its dtype, quantization, KV pool and threads, the
+    # address, and a "ready" line once it accepts requests
+    p.set_defaults(func=handler, default_log_level="INFO")
 
 
 def engine_kwargs(args: argparse.Namespace) -> dict[str, Any]:
@@ -148,9 +165,14 @@ def handler(args: argparse.Namespace) -> int:
         raise ConfigError(f"--shutdown-timeout must be >= 0 seconds, got {args.shutdown_timeout}")
     front = from_args(FrontConfig, args)
     front.validate()
+    internal_key = args.internal_key or env_key(INTERNAL_KEY_ENV)
+    weights_key = args.weights_key or env_key(WEIGHTS_KEY_ENV)
+    check_keys(args.api_key or None, internal_key, weights_key)
     config = ServerConfig(
         served_model_names=list(args.served_model_name or []),
         api_key=args.api_key or None,
+        internal_key=internal_key,
+        weights_key=weights_key,
         auth_exempt=frozenset(args.auth_exempt),
         max_waiting=args.max_waiting,
         max_prompt_logprobs=args.max_prompt_logprobs,
@@ -162,19 +184,22 @@ def handler(args: argparse.Namespace) -> int:
     )
     from vriksha.profiling import ProfileConfig, StepProfiler
 
-    if args.kv_events_vllm_endpoint and not args.kv_events_endpoint:
-        raise ConfigError("--kv-events-vllm-endpoint needs --kv-events-endpoint as well")
-    if args.kv_events_block_size < 1:
-        raise ConfigError(f"--kv-events-block-size must be >= 1, got {args.kv_events_block_size}")
+    _check_events(args, internal_key)
     from vriksha.server import kv_roles
 
-    role_config = kv_roles.from_args(args)
+    role_config = kv_roles.from_args(args, internal_key)
     engine_config = EngineConfig.from_args(args)
     if role_config.role != "both" and not engine_config.enable_prefix_caching:
         raise ConfigError(
             f"--role {role_config.role} needs the prefix cache; drop --no-enable-prefix-caching"
         )
-    publisher = _kv_events(args)
+    publisher = _kv_events(args, internal_key)
+    logger.info(
+        "loading %s; the server listens on %s:%d once it is loaded",
+        engine_config.model or "the embedded default model",
+        args.host,
+        args.port,
+    )
     engine = AsyncEngine(LLMEngine(engine_config, cache_events=publisher))
     if args.load_weights_dir:
         from vriksha.weights.fs import restore_latest
@@ -201,7 +226,13 @@ def handler(args: argparse.Namespace) -> int:
         lifespan="on",
     )
     server = GracefulServer(
-        uv_config, front, state.drain, lambda: state.admission.in_flight, lambda: engine.failure
+        uv_config,
+        front,
+        state.drain,
+        lambda: state.admission.in_flight,
+        lambda: engine.failure,
+        ready=f"serving {', '.join(state.model_names)} (POST /v1/chat/completions, /v1/completions, /generate; "
+        "GET /v1/models)",
     )
     try:
         server.run()
@@ -223,19 +254,52 @@ def handler(args: argparse.Namespace) -> int:
     return 0
 
 
-def _kv_events(args: argparse.Namespace) -> Any:
+def _check_events(args: argparse.Namespace, internal_key: str | None) -> None:
+    """The event stream carries every cached prompt's tokens: it needs the internal key (its CURVE keys, and
+    the snapshot endpoint's credential); the vLLM-format stream, which vllm-router reads without a key, may
+    bind to this host only."""
+    if args.kv_events_vllm_endpoint and not args.kv_events_endpoint:
+        raise ConfigError("--kv-events-vllm-endpoint needs --kv-events-endpoint as well")
+    if args.kv_events_block_size < 1:
+        raise ConfigError(f"--kv-events-block-size must be >= 1, got {args.kv_events_block_size}")
+    if args.kv_events_endpoint and not internal_key:
+        raise ConfigError(
+            "--kv-events-endpoint publishes the cached prompts' tokens, so it needs --internal-key (or "
+            f"${INTERNAL_KEY_ENV}): only routers holding the same key can subscribe or take snapshots"
+        )
+    if args.kv_events_vllm_endpoint and not loopback_endpoint(args.kv_events_vllm_endpoint):
+        raise ConfigError(
+            f"--kv-events-vllm-endpoint {args.kv_events_vllm_endpoint}: the vLLM-format stream has no "
+            "authentication (vllm-router presents no key), so it binds to this host only: "
+            "tcp://127.0.0.1:PORT or ipc://PATH"
+        )
+
+
+def loopback_endpoint(endpoint: str) -> bool:
+    """Whether a ZMQ endpoint binds to this host only (loopback TCP, ipc, inproc)."""
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return True
+    host = endpoint.removeprefix("tcp://").rpartition(":")[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1")
+
+
+def _kv_events(args: argparse.Namespace, internal_key: str | None) -> Any:
     """A publisher of the prefix cache's changes (the engine's cache event sink), when --kv-events-endpoint is
-    given."""
+    given; its token stream is CURVE-keyed by the internal key."""
     if not args.kv_events_endpoint:
         return None
     from vriksha.kv_events.publisher import KVEventPublisher, PublisherConfig
+    from vriksha.net.curve import CurveKeys
 
+    assert internal_key is not None  # _check_events
+    keys = CurveKeys.from_key(internal_key)
     try:
         publisher = KVEventPublisher(
             PublisherConfig(
                 endpoint=args.kv_events_endpoint,
                 vllm_endpoint=args.kv_events_vllm_endpoint,
                 vllm_block_size=args.kv_events_block_size,
+                keys=keys,
             )
         )
     except Exception as exc:  # zmq.ZMQError: address in use, bad endpoint

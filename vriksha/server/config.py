@@ -14,7 +14,11 @@ class ServerConfig:
     # names a request's `model` may use; the first is the one reported. Empty: the engine's model name.
     served_model_names: list[str] = field(default_factory=list)
     api_key: str | None = None
-    # endpoints that need no key even when `api_key` is set
+    # replicas' and routers' credential among themselves (K/V transfer, cache events); never a client's
+    internal_key: str | None = None
+    # trainers' credential for weight updates, pause and resume; without it those endpoints are closed
+    weights_key: str | None = None
+    # endpoints that need no key even when `api_key` is set (never the internal or weight endpoints)
     auth_exempt: frozenset[str] = frozenset({"/health", "/metrics"})
     # sequences (prompts x n) admitted but not yet given their first token; beyond this the server answers 503
     max_waiting: int = 256

@@ -7,6 +7,10 @@ it runs, and the HTTP peer through which a decode replica asks a prefill replica
   the hold timeout.
 - `decode`: on `POST /kv/pull` fetches what of a prompt it lacks from a prefill replica into its radix tree,
   so the request the router sends next only decodes.
+
+Both roles need the internal key: the `/kv/*` endpoints take it (never a client's API key), a decode replica
+presents it to the prefill replica and asks only the prefill replicas it was given (`--kv-peer`), and the
+stream transport's socket is CURVE-keyed by it.
 """
 
 from __future__ import annotations
@@ -14,8 +18,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -29,6 +34,8 @@ from vriksha.engine.kv_transfer import (
     host_id,
 )
 from vriksha.errors import ConfigError
+from vriksha.net.curve import CurveKeys
+from vriksha.net.trust import INTERNAL_KEY_ENV, internal_headers
 
 logger = logging.getLogger(__name__)
 
@@ -40,25 +47,73 @@ class KVRoleConfig:
     role: str = "both"
     transport: str = "auto"  # auto: shared memory to a replica on this host, the stream to others
     endpoint: str = "tcp://127.0.0.1:*"  # the stream transport's socket on a prefill replica
-    timeout_s: float = 30.0  # a decode replica's bound on one fetch
+    timeout_s: float = 10.0  # a decode replica's bound on one fetch
     hold_s: float = 30.0  # a prefill replica's bound on an offer nobody fetches
-    prefill_timeout_s: float = 600.0  # a decode replica's bound on the prefill replica's answer
-    api_key: str | None = None  # sent to the prefill replica
+    prefill_timeout_s: float = 10.0  # a decode replica's bound on the prefill replica's answer
+    peers: list[str] = field(default_factory=list)  # the prefill replicas a decode replica may ask
+    internal_key: str | None = None  # presented to the prefill replica; keys the stream socket's CURVE
 
     def validate(self) -> None:
         if self.role not in ROLES:
             raise ConfigError(f"--role must be one of {ROLES}, got {self.role!r}")
+        if self.role != "both" and not self.internal_key:
+            raise ConfigError(
+                f"--role {self.role} needs --internal-key (or ${INTERNAL_KEY_ENV}), the same on the router and "
+                "every prefill and decode replica: the /kv/* endpoints and the K/V stream take it, never a "
+                "client's API key (`vriksha fleet` makes one for its members)"
+            )
+        if self.peers and self.role != "decode":
+            raise ConfigError(
+                "--kv-peer names the prefill replicas a decode replica may ask: use it with --role decode"
+            )
+        for url in self.peers:
+            peer_origin(url)
         if self.transport != "auto" and self.transport not in TRANSPORTS:
             raise ConfigError(
                 f"--kv-transport must be auto or one of {sorted(TRANSPORTS)}, got {self.transport!r}"
             )
-        for name, value in (("--kv-transfer-timeout", self.timeout_s), ("--kv-transfer-hold", self.hold_s)):
+        bounds = (
+            ("--kv-transfer-timeout", self.timeout_s),
+            ("--kv-transfer-hold", self.hold_s),
+            ("--kv-prefill-timeout", self.prefill_timeout_s),
+        )
+        for name, value in bounds:
             if not value > 0:
                 raise ConfigError(f"{name} must be > 0 seconds, got {value}")
 
     @property
     def transports(self) -> list[str]:
         return accepted(self.transport)
+
+    def allowed_peer(self, url: str) -> str | None:
+        """The configured peer `url` names (the same scheme, host and port), or None."""
+        try:
+            origin = peer_origin(url)
+        except ConfigError:
+            return None
+        return next((p.rstrip("/") for p in self.peers if peer_origin(p) == origin), None)
+
+
+def peer_origin(url: str) -> str:
+    """`scheme://host:port` of a replica's base URL; anything else in it (a path, a user) is refused."""
+    parts = urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    if (
+        parts.scheme not in ("http", "https")
+        or not parts.hostname
+        or parts.username is not None
+        or parts.path not in ("", "/")
+        or parts.query
+        or parts.fragment
+        or port == -1
+    ):
+        raise ConfigError(f"{url!r} is not a replica's base URL (http[s]://HOST[:PORT])")
+    port = port or (443 if parts.scheme == "https" else 80)
+    host = parts.hostname.lower()
+    return f"{parts.scheme}://[{host}]:{port}" if ":" in host else f"{parts.scheme}://{host}:{port}"
 
 
 def add_arguments(p: Any) -> None:
@@ -89,7 +144,23 @@ def add_arguments(p: Any) -> None:
         "--kv-transfer-timeout",
         type=float,
         default=d.timeout_s,
-        help="decode: seconds one fetch may take before its slots are freed (default: 30)",
+        help=f"decode: seconds one fetch may take before its slots are freed (default: {d.timeout_s:g})",
+    )
+    g.add_argument(
+        "--kv-prefill-timeout",
+        type=float,
+        default=d.prefill_timeout_s,
+        help="decode: seconds a prefill replica may take to compute a prompt and offer its K/V; past it the "
+        "transfer fails and the request is computed here (raise it for long prompts on slow prefill "
+        f"replicas; default: {d.prefill_timeout_s:g})",
+    )
+    g.add_argument(
+        "--kv-peer",
+        action="append",
+        default=[],
+        metavar="URL",
+        help="decode: a prefill replica this replica may ask (its base URL); a /kv/pull naming any other is "
+        "refused; repeat per prefill replica (default: none)",
     )
     g.add_argument(
         "--kv-transfer-hold",
@@ -99,14 +170,16 @@ def add_arguments(p: Any) -> None:
     )
 
 
-def from_args(args: Any) -> KVRoleConfig:
+def from_args(args: Any, internal_key: str | None) -> KVRoleConfig:
     config = KVRoleConfig(
         role=args.role,
         transport=args.kv_transport,
         endpoint=args.kv_transfer_endpoint,
         timeout_s=args.kv_transfer_timeout,
         hold_s=args.kv_transfer_hold,
-        api_key=getattr(args, "api_key", None) or None,
+        prefill_timeout_s=args.kv_prefill_timeout,
+        peers=list(args.kv_peer),
+        internal_key=internal_key,
     )
     config.validate()
     return config
@@ -119,7 +192,7 @@ class HttpPeer:
         self.url = url.rstrip("/")
         self.http = http
         self.config = config
-        self.headers = {"authorization": f"Bearer {config.api_key}"} if config.api_key else {}
+        self.headers = internal_headers(config.internal_key)
 
     async def prefill(self, tokens: list[int], start: int) -> Descriptor:
         body = {
@@ -128,13 +201,15 @@ class HttpPeer:
             "transports": self.config.transports,
             "host_id": host_id(),
         }
+        bound = self.config.prefill_timeout_s
         try:
-            resp = await self.http.post(
-                f"{self.url}/kv/prefill",
-                json=body,
-                headers=self.headers,
-                timeout=self.config.prefill_timeout_s,
-            )
+            async with asyncio.timeout(bound):  # the whole exchange, not each read
+                resp = await self.http.post(f"{self.url}/kv/prefill", json=body, headers=self.headers)
+        except TimeoutError:
+            raise KVTransferError(
+                f"the prefill replica {self.url} did not offer the prompt within {bound:g} s "
+                "(--kv-prefill-timeout); it is stuck or slow, so the prompt is computed here"
+            ) from None
         except httpx.HTTPError as exc:
             raise KVTransferError(
                 f"the prefill replica {self.url} failed: {type(exc).__name__}: {exc}"
@@ -161,20 +236,31 @@ class KVRoles:
         self._http: httpx.AsyncClient | None = None
         self._sweeper: asyncio.Task | None = None
         pool = engine.engine.pool
+        keys = CurveKeys.from_key(config.internal_key) if config.internal_key else None
         if config.role == "prefill":
             sources = {}
             for name in config.transports:
                 source_cls, _ = TRANSPORTS[name]
-                sources[name] = source_cls(endpoint=config.endpoint)
+                sources[name] = source_cls(endpoint=config.endpoint, secure=keys.serve if keys else None)
             self.prefill = PrefillSide(engine.call, pool, sources, config.hold_s)
         elif config.role == "decode":
-            sinks = {name: TRANSPORTS[name][1]() for name in config.transports}
+            sinks = {
+                name: TRANSPORTS[name][1](secure=keys.connect if keys else None) for name in config.transports
+            }
             self.decode = DecodeSide(engine.call, pool, sinks, config.timeout_s)
+            if not config.peers:
+                logger.warning(
+                    "--role decode without --kv-peer: every /kv/pull naming a prefill_url is refused"
+                )
 
-    def peer(self, url: str) -> HttpPeer:
+    def peer(self, url: str) -> HttpPeer | None:
+        """The prefill replica `url` names, if it is one of `--kv-peer`; None otherwise."""
+        allowed = self.config.allowed_peer(url)
+        if allowed is None:
+            return None
         if self._http is None:
             self._http = httpx.AsyncClient(timeout=httpx.Timeout(self.config.prefill_timeout_s, connect=5.0))
-        return HttpPeer(url, self._http, self.config)
+        return HttpPeer(allowed, self._http, self.config)
 
     def watch_offers(self) -> None:
         """Sweep expired offers while there are any (started by each new offer)."""

@@ -27,6 +27,12 @@ class Strict(WireModel):
 class StreamOptions(Strict):
     include_usage: bool | None = None
     include_obfuscation: bool | None = None
+    # vLLM's extension (guidellm always sends it): with include_usage, the usage so far in every chunk
+    continuous_usage_stats: bool | None = None
+
+    @property
+    def continuous(self) -> bool:
+        return bool(self.include_usage and self.continuous_usage_stats)
 
 
 class StructuredOutputsRequest(Strict):

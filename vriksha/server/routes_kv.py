@@ -8,6 +8,8 @@
 - `GET /kv/transfers`: both sides' counters and what they hold now (offers, reservations).
 
 A failed transfer (`KVTransferError`) answers 502 `kv_transfer_failed`, through the server's error mapping.
+Every endpoint here takes the internal key only (server/auth.py); a `prefill_url` must be one of the decode
+replica's `--kv-peer`s (403 otherwise).
 """
 
 from __future__ import annotations
@@ -22,12 +24,16 @@ from vriksha.engine.kv_transfer import Descriptor
 from vriksha.engine.sampling_params import SamplingParams
 from vriksha.net.fields import TokenId
 from vriksha.server.context import check_context
-from vriksha.server.errors import TransferFailedError, WrongRoleError
+from vriksha.server.errors import ServerError, TransferFailedError, WrongRoleError
 from vriksha.server.kv_roles import KVRoles
 from vriksha.server.protocol import Strict
 from vriksha.server.state import StateDep
 
 router = APIRouter(prefix="/kv")
+
+
+class PeerNotAllowedError(ServerError, status=403, type="invalid_request_error", code="peer_not_allowed"):
+    """A /kv/pull naming a prefill replica outside the decode replica's `--kv-peer` list."""
 
 
 class PrefillRequest(Strict):
@@ -91,7 +97,14 @@ async def pull(req: PullRequest, request: Request, state: StateDep) -> Response:
     tokens = list(req.token_ids)
     check_context(len(tokens), SamplingParams(max_tokens=1), int(state.max_model_len))
     if req.prefill_url is not None:
-        result = await side.pull(tokens, peer=roles.peer(req.prefill_url), min_new=req.min_new_tokens)
+        peer = roles.peer(req.prefill_url)
+        if peer is None:
+            raise PeerNotAllowedError(
+                f"prefill_url {req.prefill_url!r} is not a prefill replica this decode replica may ask; start it "
+                "with --kv-peer URL for each of its prefill replicas",
+                param="prefill_url",
+            )
+        result = await side.pull(tokens, peer=peer, min_new=req.min_new_tokens)
     else:
         result = await side.pull(tokens, offer=Descriptor.from_dict(req.offer), min_new=req.min_new_tokens)
     return JSONResponse(

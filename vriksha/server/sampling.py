@@ -164,8 +164,21 @@ def build(kw: dict[str, Any]) -> SamplingParams:
         raise BadRequestError(str(e), param=field) from None
 
 
+def echo_only(req: CompletionRequest) -> bool:
+    """`echo` with `max_tokens: 0`: the prompt back (with its log-probs), nothing generated (OpenAI's legacy
+    prompt-scoring request, which vLLM accepts too)."""
+    return bool(req.echo) and req.max_tokens == 0
+
+
 def completion_params(req: CompletionRequest) -> SamplingParams:
-    _check_positive(req.max_tokens, "max_tokens")
+    if req.max_tokens == 0 and not req.echo:
+        raise BadRequestError(
+            "max_tokens=0 generates nothing; it is for scoring the prompt with echo=true (and logprobs): "
+            "send echo=true or max_tokens >= 1",
+            param="max_tokens",
+        )
+    if not echo_only(req):
+        _check_positive(req.max_tokens, "max_tokens")
     if req.best_of is not None and req.best_of != (req.n or 1):
         raise BadRequestError(
             f"best_of={req.best_of} is not supported; omit it or set it equal to n", param="best_of"
@@ -174,6 +187,8 @@ def completion_params(req: CompletionRequest) -> SamplingParams:
         raise refuse("suffix", "insertion (fill-in-the-middle) is not implemented; omit suffix")
     kw = _openai_common(req)
     kw["max_tokens"] = req.max_tokens if req.max_tokens is not None else DEFAULT_COMPLETION_MAX_TOKENS
+    if echo_only(req):  # the engine's one token (the prompt's last forward gives it) is not returned
+        kw["max_tokens"] = 1
     if req.logprobs is not None:
         kw["logprobs"] = req.logprobs
         if req.echo:  # the prompt's tokens are scored too

@@ -11,6 +11,7 @@ from vriksha.engine.outputs import CompletionOutput, RequestOutput
 from vriksha.engine.sampling_params import SamplingParams
 from vriksha.net.offload import body_size, off_loop
 from vriksha.profiling import phase
+from vriksha.server.call_repeats import RepeatGuard
 from vriksha.server.deltas import DeltaTracker
 from vriksha.server.engine_client import RequestStream
 from vriksha.server.errors import BadRequestError, to_response
@@ -40,6 +41,12 @@ def _usage(out: RequestOutput) -> Usage:
     return Usage.of(
         len(out.prompt_token_ids), sum(len(c.token_ids) for c in out.outputs), out.num_cached_tokens
     )
+
+
+def _usage_before(stream: RequestStream) -> Usage:
+    """The usage before any completion token (the first chunk of a stream, which only names the role)."""
+    first = stream.last
+    return Usage.of(len(first.prompt_token_ids), 0, first.num_cached_tokens) if first else Usage()
 
 
 def _logprobs(
@@ -82,11 +89,14 @@ async def create_chat_completion(
     except BaseException:
         await stream.aclose()
         raise
+    guard = RepeatGuard(plan) if plan.forced is not None else None
     if req.stream:
-        return sse_response(_stream(req, state, model, stream, plan), [stream], state.drain)
-    final = await unless_disconnected(request, stream.final(), state.drain)
+        return sse_response(_stream(req, state, model, stream, plan, guard), [stream], state.drain)
+    final = await unless_disconnected(request, _final(stream, guard), state.drain)
     choices = []
     for c in final.outputs:
+        if guard is not None:
+            c = guard.view(c)
         content, calls, finish = message_fields(plan, c.text, c.finish_reason)
         if plan.forced is not None and not calls:
             raise missing_call(plan, c.finish_reason)
@@ -109,6 +119,20 @@ async def create_chat_completion(
         return JSONResponse(body.model_dump())
 
     return await off_loop(None, with_prompt_logprobs)
+
+
+async def _final(stream: RequestStream, guard: RepeatGuard | None) -> RequestOutput:
+    """The last output: the engine's final one, or the one at which every choice repeated a forced call
+    (the request is then aborted)."""
+    if guard is None or not guard.active:
+        return await stream.final()
+    last = None
+    async for out in stream:
+        last = out
+        if guard.settled(out):
+            break
+    assert last is not None
+    return last
 
 
 class _ToolDeltas:
@@ -138,15 +162,23 @@ class _ToolDeltas:
 
 
 async def _stream(
-    req: ChatCompletionRequest, state: ServerState, model: str, stream: RequestStream, plan: ToolPlan
+    req: ChatCompletionRequest,
+    state: ServerState,
+    model: str,
+    stream: RequestStream,
+    plan: ToolPlan,
+    guard: RepeatGuard | None,
 ) -> AsyncIterator[bytes]:
     rid, created = new_id("chatcmpl"), now()
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    continuous = bool(req.stream_options and req.stream_options.continuous)
     tracker = DeltaTracker()
     last: RequestOutput | None = None
     tools: dict[int, _ToolDeltas] = {}
 
     def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> bytes:
+        if usage is None and continuous:  # vLLM's continuous_usage_stats: the usage so far
+            usage = _usage(last) if last is not None else _usage_before(stream)
         body = ChatCompletionChunk(id=rid, created=created, model=model, choices=choices, usage=usage)
         return event(body.model_dump(exclude=None if include_usage else {"usage"}))
 
@@ -157,6 +189,8 @@ async def _stream(
             last = out
             choices = []
             for c in out.outputs:
+                if guard is not None:
+                    c = guard.view(c)
                 d = tracker.advance(c.index, c)
                 if d is None:
                     continue
@@ -181,6 +215,8 @@ async def _stream(
                 )
             if choices:
                 yield chunk(choices)
+            if guard is not None and guard.settled(out):
+                break
         if include_usage and last is not None:
             yield chunk([], _usage(last))
     except Exception as exc:  # headers are sent: report in-band, as OpenAI does

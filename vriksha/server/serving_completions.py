@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -19,16 +20,28 @@ from vriksha.server.logprobs import completion_logprobs, prompt_completion_logpr
 from vriksha.server.prompts import completion_prompts
 from vriksha.server.protocol import CompletionRequest
 from vriksha.server.responses import CompletionChoice, CompletionResponse, Usage, new_id, now
-from vriksha.server.sampling import check_prompt_logprobs, completion_params
+from vriksha.server.sampling import check_prompt_logprobs, completion_params, echo_only
 from vriksha.server.sse import DONE, error_event, event, sse_response, unless_disconnected
 from vriksha.server.state import ServerState
 
 
-def _usage(finals: list[RequestOutput]) -> Usage:
+def _usage(finals: list[RequestOutput], prompt_only: bool = False) -> Usage:
     return Usage.of(
         sum(len(o.prompt_token_ids) for o in finals),
-        sum(len(c.token_ids) for o in finals for c in o.outputs),
+        0 if prompt_only else sum(len(c.token_ids) for o in finals for c in o.outputs),
         sum(o.num_cached_tokens for o in finals),
+    )
+
+
+def _without_completion(c: CompletionOutput) -> CompletionOutput:
+    """A choice of an `echo` request with `max_tokens: 0`: its prompt alone (finished: "length", as OpenAI)."""
+    return replace(
+        c,
+        text="",
+        token_ids=[],
+        token_logprobs=[],
+        logprobs=[] if c.logprobs is not None else None,
+        finish_reason="length" if c.finished else None,
     )
 
 
@@ -93,6 +106,7 @@ def _response(
     req: CompletionRequest, state: ServerState, model: str, finals: list[RequestOutput]
 ) -> CompletionResponse:
     n = req.n or 1
+    prompt_only = echo_only(req)
     choices = []
     for i, out in enumerate(finals):
         prompt_logprobs = (  # one list, shared by the prompt's choices
@@ -101,6 +115,8 @@ def _response(
             else None
         )
         for c in out.outputs:
+            if prompt_only:
+                c = _without_completion(c)
             prefix = ""
             if req.echo:
                 prefix = (
@@ -118,7 +134,9 @@ def _response(
                     prompt_logprobs=prompt_logprobs,
                 )
             )
-    return CompletionResponse(id=new_id("cmpl"), model=model, choices=choices, usage=_usage(finals))
+    return CompletionResponse(
+        id=new_id("cmpl"), model=model, choices=choices, usage=_usage(finals, prompt_only)
+    )
 
 
 def _echoed(state: ServerState, out: RequestOutput, k: int, completion, prefix_len: int):
@@ -135,11 +153,15 @@ async def _stream(
     req: CompletionRequest, state: ServerState, model: str, streams: list[RequestStream]
 ) -> AsyncIterator[bytes]:
     rid, created, n = new_id("cmpl"), now(), req.n or 1
+    prompt_only = echo_only(req)
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    continuous = bool(req.stream_options and req.stream_options.continuous)
     tracker = DeltaTracker()
     finals: list[RequestOutput | None] = [None] * len(streams)
 
     def chunk(choices: list[dict], usage: Usage | None = None) -> bytes:
+        if usage is None and continuous:  # vLLM's continuous_usage_stats: the usage so far
+            usage = _usage([s.last for s in streams if s.last is not None], prompt_only)
         body = {
             "id": rid,
             "object": "text_completion",
@@ -170,6 +192,8 @@ async def _stream(
             finals[i] = out
             choices = []
             for c in out.outputs:
+                if prompt_only:
+                    c = _without_completion(c)
                 d = tracker.advance(i * n + c.index, c)
                 if d is None:
                     continue
@@ -185,7 +209,7 @@ async def _stream(
             if choices:
                 yield chunk(choices)
         if include_usage:
-            yield chunk([], _usage([f for f in finals if f is not None]))
+            yield chunk([], _usage([f for f in finals if f is not None], prompt_only))
     except Exception as exc:  # headers are sent: report in-band, as OpenAI does
         resp = to_response(exc)
         yield error_event(str(exc), "server_error" if resp.status_code >= 500 else "invalid_request_error")

@@ -34,8 +34,9 @@ class GracefulServer(FrontServer):
         drain: Drain,
         in_flight: Callable[[], int],
         failure: Callable[[], BaseException | None] = lambda: None,
+        ready: str | None = None,
     ) -> None:
-        super().__init__(config, front)
+        super().__init__(config, front, ready)
         self.drain = drain
         self.in_flight = in_flight
         self.failure = failure  # the engine's fatal error: the server exits at once

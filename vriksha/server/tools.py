@@ -104,13 +104,19 @@ def plan_tools(req: ChatCompletionRequest, parser_name: str) -> ToolPlan:
     return ToolPlan(tools, get_parser(parser_name, tools), parallel, forced)
 
 
+def several_calls(plan: ToolPlan) -> bool:
+    """Whether a forced reply may hold more than one call: `required` with parallel calls allowed."""
+    return plan.forced == "required" and plan.parallel
+
+
 def _lark_literal(text: str) -> str:
     return json.dumps(text)
 
 
 def forced_call_grammar(plan: ToolPlan) -> StructuredOutputsParams:
-    """A Lark grammar whose every sentence is one call (or several, with parallel calls) in the parser's format,
-    each function's arguments constrained by its parameter schema."""
+    """A Lark grammar whose every sentence is one call in the parser's format (or, for `required` with parallel
+    calls, several), each function's arguments constrained by its parameter schema. A named function is
+    called exactly once, as vLLM does: the model cannot repeat it."""
     assert plan.parser is not None and plan.forced is not None
     names = [t["function"]["name"] for t in plan.tools]
     if plan.forced != "required":
@@ -131,7 +137,7 @@ def forced_call_grammar(plan: ToolPlan) -> StructuredOutputsParams:
         rules.append(f"call{i}: {_lark_literal(delims[0])} args{i} {_lark_literal(delims[1])}")
         rules.append(f"args{i}: %json {json.dumps(schema)}")
         alts.append(f"call{i}")
-    start = "start: call" + (' ("\\n" call)*' if plan.parallel else "")
+    start = "start: call" + (' ("\\n" call)*' if several_calls(plan) else "")
     grammar = "\n".join([start, "call: " + " | ".join(alts), *rules])
     return check_structured(StructuredOutputsParams(grammar=grammar), "tools")
 

@@ -33,12 +33,17 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from vriksha.envs.play import Episode
+from vriksha.envs.rollout_engine import RolloutEngine, TokenPrompt
 from vriksha.errors import VrikshaError
-from vriksha.train.rollout import Episode
+from vriksha.train.rollout_engine import TrainingEngine
+
+if TYPE_CHECKING:
+    from vriksha import RequestOutput, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -116,9 +121,9 @@ class StalenessStats:
 
 
 class _VersionTap:
-    """`LLM`-shaped: passes `generate` through and notes the weight version each output reports."""
+    """A `RolloutEngine` that passes `generate` through and notes the weight version each output reports."""
 
-    def __init__(self, llm: Any) -> None:
+    def __init__(self, llm: RolloutEngine) -> None:
         self.llm = llm
         self.seen: set[int] = set()
 
@@ -126,25 +131,30 @@ class _VersionTap:
     def eos_token_ids(self) -> frozenset[int]:
         return self.llm.eos_token_ids
 
-    def generate(self, prompts: Any, sampling_params: Any = None, use_tqdm: bool = False) -> list[Any]:
+    def generate(
+        self,
+        prompts: Sequence[TokenPrompt],
+        sampling_params: Sequence[SamplingParams],
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
         outs = self.llm.generate(prompts, sampling_params, use_tqdm=use_tqdm)
-        self.seen.update(int(getattr(o, "weight_version", 0)) for o in outs)
+        self.seen.update(o.weight_version for o in outs)
         return outs
 
 
 class AsyncRollout:
     """The producer thread, its module and engine, the staged weights and the finished batches.
 
-    `play(llm, step)` plays the groups of `step` on an `LLM`-shaped engine (the trainer passes its
-    rollout worker's `play`); `llm` is the producer's engine over the module whose parameters are
-    `params` (in the order `publish` gets tensors), which nothing else touches.
+    `play(engine, step)` plays the groups of `step` on a `RolloutEngine` (the off-policy producer passes
+    its `StepRollout`'s); `llm` is the producer's engine over the module whose parameters are `params`
+    (in the order `publish` gets tensors), which nothing else touches.
     """
 
     def __init__(
         self,
-        llm: Any,
+        llm: TrainingEngine,
         params: Sequence[torch.Tensor],
-        play: Callable[[Any, int], list[list[Episode]]],
+        play: Callable[[RolloutEngine, int], list[list[Episode]]],
         *,
         max_staleness: int,
         start_version: int,
@@ -172,8 +182,7 @@ class AsyncRollout:
         self._thread = threading.Thread(target=self._run, name="rollout-producer", daemon=True)
 
     def start(self) -> AsyncRollout:
-        if hasattr(self.llm, "set_weight_version"):
-            self.llm.set_weight_version(self.start_version)
+        self.llm.set_weight_version(self.start_version)
         self._thread.start()
         return self
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from vriksha.train.rollout import Episode
+from vriksha.envs.play import Episode
 
 __all__ = ["GroupBatch", "collate_groups"]
 
@@ -35,8 +35,14 @@ class GroupBatch:
 
     def to(self, device: torch.device | str) -> GroupBatch:
         return GroupBatch(
-            *(getattr(self, f).to(device) for f in self.__slots__ if f != "group_size"),
-            group_size=self.group_size,
+            self.prompt_ids.to(device),
+            self.prompt_mask.to(device),
+            self.completion_ids.to(device),
+            self.completion_mask.to(device),
+            self.loss_mask.to(device),
+            self.engine_logprobs.to(device),
+            self.advantages.to(device),
+            self.group_size,
         )
 
 

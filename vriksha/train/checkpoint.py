@@ -311,7 +311,7 @@ def load_checkpoint(
     if not rng_file.is_file() and not resharded:
         raise CheckpointError(f"{path} has no RNG state for rank {rank}: the checkpoint is incomplete")
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    state: dict[str, Any] = {"model": model_sd, "optim": optim_sd}
     try:
         dcp.load(state, checkpoint_id=str(path))
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
@@ -335,7 +335,7 @@ def load_checkpoint(
             trainer_state.get("world_size"),
             world,
         )
-    else:
+    elif rng is not None:
         _set_rng_state(rng)
     logger.info("resumed from %s (step %d)", path, trainer_state["step"])
     return trainer_state

@@ -46,7 +46,8 @@ class RankReport:
 
 
 def _causes(exc: BaseException) -> list[BaseException]:
-    out, todo = [], [exc]
+    out: list[BaseException] = []
+    todo: list[BaseException] = [exc]
     while todo and len(out) < 32:
         e = todo.pop()
         out.append(e)

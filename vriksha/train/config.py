@@ -21,6 +21,7 @@ from pydantic import (
     PlainSerializer,
     PlainValidator,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
@@ -194,6 +195,11 @@ SUB_BATCH_OVERHEAD_TOKENS = 64
 class GRPOConfig(_Section):
     """The objective."""
 
+    loss_type: str = Field(
+        "dapo",
+        description="the policy loss, by its name in vriksha/train/losses/: dapo = DAPO's clipped token-level "
+        "loss over every generated token of the step (clip_low/clip_high, optional KL, importance weight)",
+    )
     clip_low: float = Field(0.2, ge=0.0, lt=1.0, description="ratio lower bound is 1 - clip_low")
     clip_high: float = Field(0.28, ge=0.0, description="ratio upper bound is 1 + clip_high")
     kl_coef: float = Field(
@@ -221,6 +227,15 @@ class GRPOConfig(_Section):
         description="what one more completion forward costs, in positions, when completions of very "
         "different lengths may run as sub-batches each to its own longest (0: every length apart)",
     )
+
+    @field_validator("loss_type")
+    @classmethod
+    def _known_loss(cls, name: str) -> str:
+        from vriksha.train.losses import loss_names
+
+        if name not in loss_names():
+            raise ValueError(f"unknown loss; choose one of {', '.join(loss_names())}")
+        return name
 
 
 class ParallelConfig(_Section):

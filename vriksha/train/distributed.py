@@ -28,6 +28,7 @@ __all__ = [
     "shard_range",
     "EngineWeights",
     "all_reduce",
+    "all_gather_floats",
 ]
 
 
@@ -166,6 +167,17 @@ def all_reduce(values: list[float], op: str = "sum", device: torch.device | None
     return t.tolist()
 
 
+def all_gather_floats(values: list[float], device: torch.device | None = None) -> list[list[float]]:
+    """Every rank's list of floats (float64; as long on every rank), in rank order."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [list(values)]
+    dev = devices.collective_device(device) if device is not None else devices.host()
+    t = torch.tensor(values, dtype=torch.float64, device=dev)
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [x.tolist() for x in out]
+
+
 class EngineWeights:
     """Keeps a plain (unsharded) module that the engine reads in step with the sharded policy.
 
@@ -216,3 +228,8 @@ class EngineWeights:
         for _, p, q in self._pairs:
             full = p.full_tensor() if isinstance(p, DTensor) else p.data
             q.data.copy_(full)
+
+    def full_tensors(self) -> list[torch.Tensor]:
+        """The policy's full tensors, up to date, in the engine module's parameter order (`sync` first)."""
+        self.sync()
+        return [p.data for p in self.engine_module.parameters()]

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from vriksha.envs.play import Episode
 from vriksha.train.grpo import has_signal
-from vriksha.train.rollout import Episode
 
 __all__ = ["SampledGroups", "sample_with_signal"]
 

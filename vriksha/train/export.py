@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -20,7 +23,7 @@ __all__ = ["export_model"]
 
 
 def export_model(
-    policy: nn.Module, plain: nn.Module, tokenizer: Any, out_dir: str | Path, rank: int
+    policy: nn.Module, plain: PreTrainedModel, tokenizer: Any, out_dir: str | Path, rank: int
 ) -> Path | None:
     """Collective: gather the full weights to rank 0, load them into `plain` (an unsharded module
     of the same architecture) and save it. Returns the directory on rank 0, None elsewhere."""
@@ -30,7 +33,7 @@ def export_model(
         with torch.no_grad():
             own = plain.state_dict()
             for name, value in full.items():
-                if name in own:
+                if name in own and isinstance(value, torch.Tensor):
                     own[name].copy_(value.to(own[name].device, own[name].dtype))
         out.mkdir(parents=True, exist_ok=True)
         plain.save_pretrained(out)

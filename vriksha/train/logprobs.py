@@ -27,8 +27,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import Tensor, nn
@@ -37,6 +38,9 @@ from torch.utils.checkpoint import checkpoint
 from vriksha.train.batch import GroupBatch
 from vriksha.train.config import SUB_BATCH_OVERHEAD_TOKENS
 from vriksha.train.vocab_parallel import VocabShard, local_logits, sharded_token_logprobs
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 __all__ = ["CompletionLogprobs", "completion_logprobs", "DEFAULT_CHUNK_TOKENS"]
 
@@ -77,7 +81,7 @@ def _token_logprobs(
 
 
 @contextlib.contextmanager
-def _head_input(model: nn.Module) -> Iterator[list[Tensor]]:
+def _head_input(model: PreTrainedModel) -> Iterator[list[Tensor]]:
     """While active, the model's LM head sees only the last position of its input; the full
     input (the final hidden states) is kept in the yielded list. The hook runs before any
     tensor-parallel input hook of the head, so it sees a plain tensor."""
@@ -146,7 +150,9 @@ def _splittable(cache: object) -> bool:
     from transformers.cache_utils import DynamicLayer
 
     layers = getattr(cache, "layers", None)
-    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+    if not layers:
+        return False
+    return all(type(layer) is DynamicLayer for layer in layers)
 
 
 def _with_other_ranks() -> bool:
@@ -155,25 +161,25 @@ def _with_other_ranks() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def grown_plan(plan: list[list[int]], count: int) -> list[list[int] | None]:
+def grown_plan(plan: Sequence[list[int] | None], count: int) -> list[list[int] | None]:
     """`plan` made `count` forwards long, as another rank's plan needs: the sub-batch of most rows split in
     two (its longer rows first) while one has two rows, then None entries (a forward that counts zero)."""
     grown: list[list[int] | None] = list(plan)
     while len(grown) < count:
         widest = max(
             (i for i, rows in enumerate(grown) if rows is not None and len(rows) > 1),
-            key=lambda i: len(grown[i]),
+            key=lambda i: len(grown[i] or ()),
             default=None,
         )
         if widest is None:
             grown.append(None)
             continue
-        rows = grown[widest]
+        rows = grown[widest] or []
         grown[widest : widest + 1] = [rows[: len(rows) // 2], rows[len(rows) // 2 :]]
     return grown
 
 
-def _cache_rows(cache: object, rows: Tensor) -> object:
+def _cache_rows(cache: Any, rows: Tensor) -> Any:
     """A copy of `cache` holding the batch rows `rows` (repeats allowed), the original untouched."""
     sub = copy.copy(cache)
     sub.layers = [copy.copy(layer) for layer in cache.layers]
@@ -182,8 +188,8 @@ def _cache_rows(cache: object, rows: Tensor) -> object:
 
 
 def _completion_pass(
-    model: nn.Module,
-    cache: object,
+    model: PreTrainedModel,
+    cache: Any,
     inputs: Tensor,
     attention_mask: Tensor,
     positions: Tensor,
@@ -194,7 +200,10 @@ def _completion_pass(
     """Log-probs (and entropies) of `targets`, the completions' next tokens, from one forward of `inputs`
     attending to the prompts' `cache`."""
     chunked = chunk_tokens > 0 and targets.numel() > chunk_tokens
-    with _head_input(model) if chunked else contextlib.nullcontext([]) as hidden:
+    keeping: contextlib.AbstractContextManager[list[Tensor]] = (
+        _head_input(model) if chunked else contextlib.nullcontext([])
+    )
+    with keeping as hidden:
         out = model(
             input_ids=inputs,
             attention_mask=attention_mask,
@@ -211,7 +220,7 @@ def _completion_pass(
 
 
 def completion_logprobs(
-    model: nn.Module,
+    model: PreTrainedModel,
     batch: GroupBatch,
     with_entropy: bool = False,
     chunk_tokens: int | None = None,
@@ -249,7 +258,7 @@ def completion_logprobs(
     if c_len == 1:
         plan = []
     elif splittable:
-        plan = length_sub_batches(lengths.tolist(), overhead_tokens)
+        plan = list(length_sub_batches(lengths.tolist(), overhead_tokens))
     else:
         plan = [list(range(n))]
     if agree is not None:
@@ -293,8 +302,8 @@ def completion_logprobs(
             uncounted = uncounted + 0.0 * lp.sum()
             continue
         lps[index, :k] = lp.float()
-        if ents is not None:
+        if ents is not None and ent is not None:
             ents[index, :k] = ent.float()
     logprobs = torch.cat([lp0[:, None], lps], dim=1) + uncounted
-    entropy = torch.cat([ent0[:, None], ents], dim=1) if with_entropy else None
+    entropy = torch.cat([ent0[:, None], ents], dim=1) if ent0 is not None and ents is not None else None
     return CompletionLogprobs(logprobs, entropy)

@@ -1,5 +1,9 @@
-"""The trainer's side of off-policy rollouts (`rollout.max_staleness >= 1`): start the producer over its own
-copy of the weights, take each step's batch with its staleness, hand over new weights, save the queue.
+"""The trainer's side of off-policy rollouts (`rollout.max_staleness >= 1`): the producer over its own copy
+of the weights and its own engine, each step's batch with its staleness, new weights handed over, the
+queue saved.
+
+The producer owns its rollout: it gets its module, a way to build its engine over that module, what a
+step plays (`StepRollout`) and where new weights come from (`PolicyWeights`), and nothing of the trainer.
 
 Resume: the queue is checkpointed, not regenerated. A checkpoint after step s holds the batches of
 steps s+1 .. s+K, played under versions older than s that the checkpoint cannot reproduce; it waits
@@ -11,93 +15,141 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
-from torch import nn
 
+from vriksha.envs.play import Episode
+from vriksha.envs.rollout_engine import RolloutEngine
 from vriksha.train.async_rollout import AsyncRollout, RolloutBatch, StalenessStats
-from vriksha.train.rollout import Episode, RolloutWorker
+from vriksha.train.dynamic_sampling import SampledGroups
+from vriksha.train.rollout import StepRollout
+from vriksha.train.rollout_engine import TrainingEngine
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OffPolicy"]
+__all__ = ["OffPolicy", "OffPolicyMetrics", "PolicyWeights", "TakenBatch"]
+
+
+class PolicyWeights(Protocol):
+    """Where new weight versions come from: the policy's full tensors, current, in the parameter order
+    of the producer's module (`distributed.EngineWeights`)."""
+
+    def full_tensors(self) -> list[torch.Tensor]: ...
+
+
+@dataclass(slots=True)
+class OffPolicyMetrics:
+    version: int  # the weight version the batch was played under
+    staleness: int  # versions behind the trainer's
+    histogram: list[int]  # groups trained per lag 0..K
+    dropped_groups: int
+    dropped_total: int
+    batches_ready: int  # this one included
+    wait_s: float  # the trainer's wait for it
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "async/version": self.version,
+            "async/staleness_mean": float(self.staleness),
+            "async/staleness_max": self.staleness,
+            "async/staleness_hist": self.histogram,
+            "async/dropped_groups": self.dropped_groups,
+            "async/dropped_total": self.dropped_total,
+            "perf/batches_ready": self.batches_ready,
+            "time/rollout_wait_s": self.wait_s,
+        }
+
+
+@dataclass(slots=True)
+class TakenBatch:
+    """One step's groups as the producer played them, and what the staleness bound made of them."""
+
+    groups: list[list[Episode]]
+    seconds: float  # playing them took
+    dropped: bool  # past max_staleness: trained on by no optimizer step
+    sampled: SampledGroups | None  # what dynamic sampling played; None for a batch restored from a checkpoint
+    metrics: OffPolicyMetrics
 
 
 class OffPolicy:
-    def __init__(self, trainer: Any, module: nn.Module) -> None:
+    def __init__(
+        self,
+        module: PreTrainedModel,
+        make_engine: Callable[[PreTrainedModel], TrainingEngine],
+        rollout: StepRollout,
+        weights: PolicyWeights,
+        *,
+        max_staleness: int,
+        start_version: int,
+        last_step: int,
+        saved: Mapping[str, Any] | None = None,
+    ) -> None:
+        """`module`: the producer's own copy of the model (loaded only between its batches);
+        `make_engine(module)`: its engine; `saved`: what `state` returned at the checkpoint resumed from."""
         from vriksha.envs.registry import get_env_class
-        from vriksha.train.trainer import build_engine
 
-        cfg = trainer.cfg
-        self.max_staleness = cfg.rollout.max_staleness
-        self.dropped_total = int(trainer.state.get("async_dropped_total", 0))
-        get_env_class(cfg.env.name)  # the registry loads its providers on first use, not thread-safely
-        trainer.engine_weights.sync()
+        saved = saved or {}
+        self.max_staleness = max_staleness
+        self.dropped_total = int(saved.get("async_dropped_total", 0))
+        self.weights = weights
+        self._sampled: dict[int, SampledGroups] = {}  # what the producer played, by step, until taken
+        get_env_class(rollout.env.name)  # the registry loads its providers on first use, not thread-safely
         params = list(module.parameters())
-        self.publish_params = list(trainer.engine_module.parameters())  # the policy's values (aliased)
         with torch.no_grad():
-            for q, p in zip(params, self.publish_params, strict=True):
-                q.data.copy_(p.data)
-        if cfg.rollout.mode == "server":
-            from vriksha.train.server_rollout import ServerRollout
-
-            self.llm: Any = ServerRollout(
-                cfg.rollout,
-                cfg.model,
-                module,
-                trainer.tokenizer,
-                trainer.out_dir,
-                trainer.pd.rank,
-                trainer.start_step,
-            )
-        else:
-            self.llm = build_engine(module, trainer.tokenizer, cfg.rollout.engine)
-        restored = [RolloutBatch.from_dict(b) for b in trainer.state.get("rollout_queue", [])]
-        restored = [b for b in restored if b.step > trainer.start_step]
+            for q, p in zip(params, weights.full_tensors(), strict=True):
+                q.data.copy_(p)
+        self.engine = make_engine(module)
+        restored = [RolloutBatch.from_dict(b) for b in saved.get("rollout_queue", [])]
+        restored = [b for b in restored if b.step > start_version]
         if restored:
             logger.info("rollout queue restored from the checkpoint: steps %s", [b.step for b in restored])
-        tc = cfg.trainer
-        stop_at = tc.steps if tc.stop_after is None else min(tc.steps, trainer.start_step + tc.stop_after)
 
-        def play(engine: Any, step: int) -> list[list[Episode]]:
-            worker = RolloutWorker(engine, trainer.tokenizer, cfg.env, cfg.rollout)
-            return trainer._rollout(step, worker)
+        def play(engine: RolloutEngine, step: int) -> list[list[Episode]]:
+            sampled = rollout.play(engine, step)
+            self._sampled[step] = sampled
+            return sampled.groups
 
-        # K batches past the last step of this invocation: what a checkpoint there needs next
         self.producer = AsyncRollout(
-            self.llm,
+            self.engine,
             params,
             play,
-            max_staleness=self.max_staleness,
-            start_version=trainer.start_step,
-            last_step=min(tc.steps, stop_at + self.max_staleness),
+            max_staleness=max_staleness,
+            start_version=start_version,
+            last_step=last_step,
             restored=restored,
         ).start()
 
-    def take(self, step: int) -> tuple[list[list[Episode]], float, bool, dict[str, Any]]:
-        """This step's groups, the seconds playing them took, whether they are dropped, and the metrics."""
+    def take(self, step: int) -> TakenBatch:
+        """This step's groups, waiting for the producer to finish them."""
         t0 = time.perf_counter()
         batch = self.producer.get(step)
         wait = time.perf_counter() - t0
         st = StalenessStats.of(batch, step - 1, self.max_staleness)
         self.dropped_total += st.dropped
-        metrics = {
-            "async/version": batch.version,
-            "async/staleness_mean": float(st.lag),
-            "async/staleness_max": st.lag,
-            "async/staleness_hist": st.histogram,
-            "async/dropped_groups": st.dropped,
-            "async/dropped_total": self.dropped_total,
-            "perf/batches_ready": len(self.producer.queued_steps()) + 1,
-            "time/rollout_wait_s": wait,
-        }
-        return batch.groups, batch.seconds, st.dropped > 0, metrics
+        metrics = OffPolicyMetrics(
+            version=batch.version,
+            staleness=st.lag,
+            histogram=st.histogram,
+            dropped_groups=st.dropped,
+            dropped_total=self.dropped_total,
+            batches_ready=len(self.producer.queued_steps()) + 1,
+            wait_s=wait,
+        )
+        sampled = self._sampled.pop(step, None)
+        return TakenBatch(batch.groups, batch.seconds, st.dropped > 0, sampled, metrics)
 
     def publish(self, step: int) -> float:
-        return self.producer.publish(step, [p.data for p in self.publish_params])
+        """Hand the producer the policy's weights after `step` (version `step`); returns seconds."""
+        return self.producer.publish(step, self.weights.full_tensors())
 
     def state(self, step: int) -> dict[str, Any]:
+        """What a checkpoint after `step` saves (and `saved` gives back on resume)."""
         return {
             "rollout_queue": [b.to_dict() for b in self.producer.pending(step)],
             "max_staleness": self.max_staleness,
@@ -106,6 +158,4 @@ class OffPolicy:
 
     def close(self) -> None:
         self.producer.close()
-        close = getattr(self.llm, "close", None)
-        if close is not None:
-            close()
+        self.engine.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 from torch import nn
@@ -34,9 +35,24 @@ from torch.distributed.tensor.parallel import (
 from vriksha.errors import ConfigError
 from vriksha.train.distributed import ParallelDims
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["parallelize", "apply_tp", "apply_fsdp", "check_tp_degree", "tp_plan", "TP_FAMILIES"]
+
+Model = TypeVar("Model", bound="PreTrainedModel")  # a Transformers causal LM, split and sharded in place
+
+
+def _decoder_layers(model: nn.Module) -> nn.ModuleList:
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, nn.ModuleList):
+        raise ConfigError(
+            f"parallel.tp: {type(model).__name__} has no `model.layers` list of decoder layers to split; "
+            "train this model with parallel.tp=1"
+        )
+    return layers
 
 
 def _decoder_plan(model: nn.Module, shard_vocab: bool) -> dict[str, ParallelStyle]:
@@ -47,7 +63,7 @@ def _decoder_plan(model: nn.Module, shard_vocab: bool) -> dict[str, ParallelStyl
         # all-reduced); the head's output columns by vocabulary id, left sharded for the loss
         plan["model.embed_tokens"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
         plan["lm_head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
-    for i in range(len(model.model.layers)):
+    for i in range(len(_decoder_layers(model))):
         prefix = f"model.layers.{i}"
         for name in (
             "self_attn.q_proj",
@@ -67,7 +83,7 @@ def _qk_norm_plan(model: nn.Module, shard_vocab: bool) -> dict[str, ParallelStyl
     gradient is a partial sum: as a DTensor over inputs sharded on the head dimension (dim 2 of
     `[batch, seq, heads, head_dim]`), the sum over ranks is taken for it."""
     plan = _decoder_plan(model, shard_vocab)
-    for i in range(len(model.model.layers)):
+    for i in range(len(_decoder_layers(model))):
         for name in ("q_norm", "k_norm"):
             plan[f"model.layers.{i}.self_attn.{name}"] = SequenceParallel(
                 sequence_dim=2, use_local_output=True
@@ -109,12 +125,12 @@ def tp_plan(model: nn.Module, shard_vocab: bool = True) -> dict[str, ParallelSty
     return TP_FAMILIES[_family(model)](model, shard_vocab)
 
 
-def _tied(model: nn.Module) -> bool:
-    head, embed = getattr(model, "lm_head", None), model.get_input_embeddings()
+def _tied(model: PreTrainedModel) -> bool:
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
     return head is not None and head.weight is embed.weight
 
 
-def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, shard_vocab: bool = True) -> nn.Module:
+def apply_tp(model: Model, tp_mesh: DeviceMesh, shard_vocab: bool = True) -> Model:
     """Split the model over `tp_mesh` in place (a no-op on a mesh of one)."""
     if tp_mesh.size() == 1:
         return model
@@ -122,11 +138,12 @@ def apply_tp(model: nn.Module, tp_mesh: DeviceMesh, shard_vocab: bool = True) ->
     check_tp_degree(model.config, tp_mesh.size())
     tied = _tied(model)
     parallelize_module(model, tp_mesh, plan)
+    head = model.get_output_embeddings()
     if tied and shard_vocab:
         # both styles shard the (vocab, hidden) table by rows: one parameter serves both again
-        model.lm_head.weight = model.get_input_embeddings().weight
+        head.weight = model.get_input_embeddings().weight
     elif tied:
-        assert model.lm_head.weight is model.get_input_embeddings().weight
+        assert head.weight is model.get_input_embeddings().weight
     logger.info(
         "tensor parallel over %d ranks (vocabulary %s)",
         tp_mesh.size(),
@@ -145,7 +162,7 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
     return blocks
 
 
-def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, param_dtype: torch.dtype | None = None) -> nn.Module:
+def apply_fsdp(model: Model, dp_mesh: DeviceMesh, param_dtype: torch.dtype | None = None) -> Model:
     """`fully_shard` each transformer block, then the root (embeddings, final norm, head).
 
     FSDP averages gradients over the data-parallel ranks; the loss is normalised by the global
@@ -153,26 +170,24 @@ def apply_fsdp(model: nn.Module, dp_mesh: DeviceMesh, param_dtype: torch.dtype |
     `update.py`) to get the summed, i.e. the single-process, gradient. (A divide factor of 1
     would say the same, but gloo has no PREMUL_SUM.)
     """
+    # fully_shard's own default policy where the parameters keep their dtype
     mp = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32) if param_dtype else None
+    policy = mp or MixedPrecisionPolicy()
     # one rank: keep the gathered parameters from forward to backward (nothing to save by freeing
     # them, and the prompt and completion forwards of a micro-batch then gather only once)
-    kwargs = {
-        "mesh": dp_mesh,
-        "reshard_after_forward": dp_mesh.size() > 1,
-        **({"mp_policy": mp} if mp else {}),
-    }
+    reshard = dp_mesh.size() > 1
     for block in _blocks(model):
-        fully_shard(block, **kwargs)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
     # the root (embeddings, final norm, head) stays gathered from forward to backward, as FSDP's
     # own default does for a root: its backward needs it at once, and the log-probs apply the
     # head after the forward, in chunks (see `logprobs.py`)
-    fully_shard(model, **{**kwargs, "reshard_after_forward": False})
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=False, mp_policy=policy)
     return model
 
 
 def parallelize(
-    model: nn.Module, dims: ParallelDims, param_dtype: torch.dtype | None = None, shard_vocab: bool = True
-) -> nn.Module:
+    model: Model, dims: ParallelDims, param_dtype: torch.dtype | None = None, shard_vocab: bool = True
+) -> Model:
     """Tensor parallel on `dims.tp_mesh`, then FSDP2 on `dims.dp_mesh` (torchtitan's order)."""
     apply_tp(model, dims.tp_mesh, shard_vocab)
     return apply_fsdp(model, dims.dp_mesh, param_dtype)

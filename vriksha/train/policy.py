@@ -3,27 +3,36 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from vriksha.errors import ConfigError
 from vriksha.train.config import ModelConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["load_policy"]
 
 
-def load_policy(cfg: ModelConfig, seed: int) -> tuple[nn.Module, Any]:
+def load_policy(cfg: ModelConfig, seed: int) -> tuple[PreTrainedModel, Any]:
     """The policy and its tokenizer. Every rank builds identical weights (same seed)."""
+    from transformers import PreTrainedModel
+
     from vriksha.loading import load_model, load_tokenizer, resolve_model_path
 
     dtype = getattr(torch, cfg.dtype)
     if cfg.random_init is None:
         loaded = load_model(cfg.path, dtype=dtype)
-        model, tokenizer = loaded.model, loaded.tokenizer
+        model = loaded.model
+        if not isinstance(model, PreTrainedModel):
+            raise ConfigError(
+                f"model.path: {cfg.path} loads as {type(model).__name__}, not a Transformers causal LM"
+            )
+        tokenizer: Any = loaded.tokenizer
     else:
         from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -1,6 +1,6 @@
 """The dtype the policy update computes in: fp32, bf16 autocast over fp32 master weights, or FSDP2's bf16.
 
-`model.mixed_precision = "auto"` (the default) asks the same measurement the engine's `dtype="auto"` makes
+`model.mixed_precision = "auto"` (the default) asks the same measurement the engine's `dtype="fastest"` makes
 (`vriksha/fast_dtype.py`, cached per machine): where this CPU (or device) runs the policy's linear shapes
 faster in bf16, the training forwards and backwards run under bf16 autocast while the parameters, gradients
 and optimizer state stay fp32; where it does not (an AVX2-only CPU), everything stays fp32. "none" and

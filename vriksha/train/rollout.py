@@ -3,81 +3,50 @@
 The episodes are played by `vriksha.envs.play.play_groups` (the loop `vriksha env eval` runs too):
 each group is one environment episode played `group_size` times, its first turn one engine request
 with `n = group_size`; every turn goes through the environments' `EpisodeDriver`, and the token ids
-are the engine's own (`Transcript`). This module turns what was played into the trainer's `Episode`s.
+are the engine's own (`Transcript`). What comes back is the `Episode` record that the update trains on.
+
+`StepRollout` is what a rank plays at a step: its share of the step's prompts, their episode and
+sampling seeds, and the extra rounds of dynamic sampling. The trainer runs it on its engine; the
+off-policy producer (`offpolicy.py`) runs the same on its own engine, ahead of the trainer.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from vriksha.envs import make_env
 from vriksha.envs.episode import EpisodeEnv
-from vriksha.envs.play import Played, Sampling, play_groups
+from vriksha.envs.play import Episode, Sampling, play_groups
 from vriksha.envs.protocol import EnvConnectionError, ErrorCode, RemoteEnvError
+from vriksha.envs.rollout_engine import RolloutEngine
 from vriksha.envs.transcript import PromptFormat
+from vriksha.profiling import phase
 from vriksha.train.config import EnvConfig, RolloutConfig
+from vriksha.train.distributed import shard_range
+from vriksha.train.dynamic_sampling import SampledGroups, sample_with_signal
 from vriksha.train.remote_envs import RemoteEnvs
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Episode", "RolloutWorker"]
+__all__ = ["Episode", "RolloutWorker", "StepRollout", "episode_seed"]
 
 REPLAYS = 3  # plays of one batch repeated after an environment server was lost
 
 
-@dataclass(slots=True)
-class Episode:
-    """One trajectory: what the model saw and produced, exactly as token ids, and how it scored."""
-
-    group: int
-    member: int  # index within the group
-    seed: int
-    prompt_ids: list[int]
-    completion_ids: list[int] = field(default_factory=list)
-    engine_logprobs: list[float] = field(default_factory=list)  # 0.0 on environment tokens
-    loss_mask: list[int] = field(default_factory=list)  # 1 on generated tokens, 0 on environment tokens
-    reward: float = 0.0
-    components: dict[str, float] = field(default_factory=dict)
-    success: bool = False
-    turns: int = 0
-    tool_calls: int = 0
-    finish_reason: str | None = None
-    text: str = ""  # the last turn's completion text (for logs)
-    done: bool = False
-
-    @property
-    def num_generated(self) -> int:
-        return sum(self.loss_mask)
-
-    @classmethod
-    def from_played(cls, played: Played) -> Episode:
-        t, o = played.transcript, played.outcome
-        return cls(
-            group=played.group,
-            member=played.member,
-            seed=played.seed,
-            prompt_ids=list(t.prompt_ids),
-            completion_ids=list(t.completion_ids),
-            engine_logprobs=list(t.logprobs),
-            loss_mask=list(t.loss_mask),
-            reward=o.reward,
-            components=dict(o.components),
-            success=o.success,
-            turns=o.turns,
-            tool_calls=o.tool_calls,
-            finish_reason=played.finish_reason,
-            text=played.text,
-            done=o.done,
-        )
+def episode_seed(*parts: int) -> int:
+    """A stable 31-bit seed from integers (run seed, step, prompt index, ...)."""
+    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
 class RolloutWorker:
-    """Plays episodes of one environment on an engine (`LLM`-shaped: `generate`, `eos_token_ids`)."""
+    """Plays episodes of one environment on a `RolloutEngine`."""
 
-    def __init__(self, llm: Any, tokenizer: Any, env_cfg: EnvConfig, cfg: RolloutConfig) -> None:
+    def __init__(self, llm: RolloutEngine, tokenizer: Any, env_cfg: EnvConfig, cfg: RolloutConfig) -> None:
         self.llm = llm
         self.tokenizer = tokenizer
         self.env_cfg = env_cfg
@@ -121,7 +90,7 @@ class RolloutWorker:
                 # a server restarted mid-play lost its sessions: the same seeds play the same episodes again
                 logger.warning("environment server lost (%s); replaying the batch", exc)
                 self._remote.wait_all()
-        return [[Episode.from_played(p) for p in g] for g in groups]
+        return groups
 
     def _play(
         self,
@@ -130,7 +99,7 @@ class RolloutWorker:
         group_size: int,
         sampling: Sampling,
         sampling_seeds: Sequence[int] | None,
-    ) -> list[list[Played]]:
+    ) -> list[list[Episode]]:
         return play_groups(
             self.llm,
             self.tokenizer,
@@ -144,3 +113,31 @@ class RolloutWorker:
             prompt_format=self.prompt_format,
             action_shape=self._remote.action_shape if self._remote is not None else None,
         )
+
+
+@dataclass(frozen=True, slots=True)
+class StepRollout:
+    """The groups one rank plays at a step: prompt i of the step is episode seed
+    `episode_seed(run_seed, step, i)`, sampled from `episode_seed(run_seed, step, i, 1)`; round r > 0
+    of dynamic sampling plays prompts `i + r * prompts_per_step` (fresh ones)."""
+
+    tokenizer: Any
+    env: EnvConfig
+    rollout: RolloutConfig
+    run_seed: int
+    rank: int = 0
+    world_size: int = 1
+
+    def play(self, engine: RolloutEngine, step: int) -> SampledGroups:
+        worker = RolloutWorker(engine, self.tokenizer, self.env, self.rollout)
+        prompts = self.rollout.prompts_per_step
+        idx = shard_range(prompts, self.rank, self.world_size)
+
+        def play_round(r: int) -> list[list[Episode]]:
+            ids = [i + r * prompts for i in idx]
+            seeds = [episode_seed(self.run_seed, step, i) for i in ids]
+            sampling = [episode_seed(self.run_seed, step, i, 1) for i in ids]
+            return worker.play(seeds, self.env.train_split, self.rollout.group_size, sampling_seeds=sampling)
+
+        with phase("train.rollout"):
+            return sample_with_signal(play_round, len(idx), self.rollout.dynamic_sampling_rounds)

@@ -18,21 +18,28 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from vriksha.engine.config import EngineConfig
 from vriksha.engine.outputs import CompletionOutput, RequestOutput
+from vriksha.engine.sampling_params import SamplingParams
+from vriksha.envs.rollout_engine import TokenPrompt
 from vriksha.errors import VrikshaError
 from vriksha.net.health import wait_healthy
 from vriksha.net.launch import free_port
+from vriksha.net.trust import WEIGHTS_KEY_ENV, env_key, new_key
 from vriksha.train.config import ModelConfig, RolloutConfig
 from vriksha.train.server_recovery import post_until_answered
 from vriksha.weights import WeightSyncClient, WeightTransferError, digest
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +79,12 @@ class LocalServer:
             cmd += ["--model", model_path]
         cmd += flags
         self.log_path = log_path
+        self.weights_key = (
+            env_key(WEIGHTS_KEY_ENV) or new_key()
+        )  # this trainer's alone, unless it was given one
+        env = {**os.environ, WEIGHTS_KEY_ENV: self.weights_key}
         self._log = open(log_path, "wb")
-        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=dict(os.environ))
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, env=env)
         atexit.register(self.stop)
         self._wait()
 
@@ -112,7 +123,7 @@ class LocalServer:
 
 def start_server(
     model_cfg: ModelConfig,
-    engine_module: torch.nn.Module,
+    engine_module: PreTrainedModel,
     tokenizer: Any,
     engine: EngineConfig,
     out_dir: Path,
@@ -146,10 +157,8 @@ _NATIVE_FIELDS = (
 )
 
 
-def native_sampling(params: Any) -> dict[str, Any]:
+def native_sampling(params: SamplingParams) -> dict[str, Any]:
     """The native /generate `sampling_params` for engine `SamplingParams` (fields at their defaults left out)."""
-    from vriksha.engine.sampling_params import SamplingParams
-
     default = SamplingParams()
     out = {}
     for name in _NATIVE_FIELDS:
@@ -172,13 +181,14 @@ def eos_token_ids(module: torch.nn.Module, tokenizer: Any) -> frozenset[int]:
 
 
 class ServerRollout:
-    """`generate` like `LLM.generate`, on servers; `weights_updated()` pushes the engine module to them."""
+    """A `TrainingEngine` (`rollout_engine.py`) on servers: `generate` like `LLM.generate`;
+    `weights_updated()` and `set_weight_version()` push the engine module to them."""
 
     def __init__(
         self,
         cfg: RolloutConfig,
         model_cfg: ModelConfig,
-        engine_module: torch.nn.Module,
+        engine_module: PreTrainedModel,
         tokenizer: Any,
         out_dir: Path,
         rank: int,
@@ -213,6 +223,7 @@ class ServerRollout:
                     cfg.weight_backend,
                     int(cfg.weight_bucket_mb * 2**20),
                     fs_root=out_dir / "weights",
+                    weights_key=self.local.weights_key if self.local is not None else None,
                 )
                 for u in self.urls
             ]
@@ -283,7 +294,8 @@ class ServerRollout:
                 served,
                 expected,
             )
-        res = client.push(self.engine_module, self.version)
+        # a server ahead of the trainer (after a trainer restart) takes the trainer's older version on purpose
+        res = client.push(self.engine_module, self.version, rewind=served > self.version)
         row: dict[str, Any] = {
             "server": client.base_url,
             "version": res.version,
@@ -321,7 +333,7 @@ class ServerRollout:
 
     # -- generation -------------------------------------------------------
 
-    def _request(self, url: str, prompt: dict, params: Any) -> dict:
+    def _request(self, url: str, prompt: TokenPrompt, params: SamplingParams) -> dict[str, Any]:
         body = {
             "input_ids": list(prompt["prompt_token_ids"]),
             "sampling_params": native_sampling(params),
@@ -332,7 +344,7 @@ class ServerRollout:
             raise VrikshaError(f"{url}/generate answered {r.status_code}: {r.text[:500]}")
         return r.json()
 
-    def _one(self, i: int, prompt: dict, params: Any) -> RequestOutput:
+    def _one(self, i: int, prompt: TokenPrompt, params: SamplingParams) -> RequestOutput:
         url = self.cfg.router or self.urls[(self._next + i) % len(self.urls)]
         body = self._request(url, prompt, params)
         if int(body.get("weight_version", -1)) != self.version:
@@ -361,11 +373,16 @@ class ServerRollout:
             weight_version=int(body["weight_version"]),
         )
 
-    def generate(self, prompts: list[dict], params: list[Any], use_tqdm: bool = False) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Sequence[TokenPrompt],
+        sampling_params: Sequence[SamplingParams],
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
         for attempt in range(2):
             futures = [
                 self._pool.submit(self._one, i, p, sp)
-                for i, (p, sp) in enumerate(zip(prompts, params, strict=True))
+                for i, (p, sp) in enumerate(zip(prompts, sampling_params, strict=True))
             ]
             try:
                 outs = [f.result() for f in futures]

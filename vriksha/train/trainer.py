@@ -13,7 +13,6 @@ for step in steps:
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import logging
 import math
@@ -28,47 +27,39 @@ import torch.distributed as dist
 from torch import nn
 
 import vriksha.device as devices
-from vriksha.engine.config import EngineConfig
 from vriksha.errors import ConfigError
 from vriksha.profiling import phase
 from vriksha.train.checkpoint import find_checkpoint, load_checkpoint, save_checkpoint
 from vriksha.train.config import OptimConfig, TrainConfig
-from vriksha.train.distributed import EngineWeights, ParallelDims, init_distributed, shard_range
-from vriksha.train.dynamic_sampling import SampledGroups, sample_with_signal
+from vriksha.train.distributed import EngineWeights, ParallelDims, all_reduce, init_distributed, shard_range
+from vriksha.train.dynamic_sampling import SampledGroups
 from vriksha.train.export import export_model
-from vriksha.train.grpo import LossStats, group_advantages
+from vriksha.train.grpo import group_advantages
+from vriksha.train.losses import build_loss
 from vriksha.train.metrics import MetricsWriter, rollout_summary, summary_table, write_plots
+from vriksha.train.offpolicy import OffPolicy
 from vriksha.train.parallelize import check_tp_degree, parallelize
 from vriksha.train.policy import load_policy
 from vriksha.train.precision import TrainPrecision, resolve_precision
-from vriksha.train.rollout import Episode, RolloutWorker
+from vriksha.train.rollout import Episode, RolloutWorker, StepRollout, episode_seed
+from vriksha.train.rollout_engine import TrainingEngine, build_engine, colocated_engine
 from vriksha.train.shared_dir import check_shared_dir
+from vriksha.train.step_metrics import StepMetrics
+from vriksha.train.update import Learner, UpdateBatch, policy_update
 
 if TYPE_CHECKING:
-    from vriksha.train.offpolicy import OffPolicy
-from vriksha.train.update import policy_update
+    from transformers import PreTrainedModel
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["GRPOTrainer", "episode_seed", "build_engine", "build_scheduler"]
+__all__ = ["GRPOTrainer", "build_scheduler"]
 
 EVAL_SEED_BASE = 1_000_000_007
 
 
-def episode_seed(*parts: int) -> int:
-    """A stable 31-bit seed from integers (run seed, step, prompt index, ...)."""
-    digest = hashlib.sha256(":".join(str(p) for p in parts).encode()).digest()
-    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
-
-
-def build_engine(module: nn.Module, tokenizer: Any, engine_config: EngineConfig) -> Any:
-    """The colocated engine over `module` (parameters are read in place, never copied)."""
-    from vriksha.engine.llm import LLM
-
-    return LLM.from_module(module, tokenizer, engine_config)
-
-
-def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, steps: int) -> Any:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: OptimConfig, steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     def factor(step: int) -> float:
         if cfg.warmup_steps and step < cfg.warmup_steps:
             return (step + 1) / cfg.warmup_steps
@@ -79,14 +70,6 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: OptimConfig, steps: i
         return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * shape
 
     return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-
-def _gather(obj: Any) -> list[Any]:
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return [obj]
-    out: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(out, obj)
-    return out
 
 
 def _peak_memory_gb(device: torch.device) -> dict[str, float]:
@@ -126,7 +109,8 @@ class GRPOTrainer:
         dist.barrier()
         model, self.tokenizer = load_policy(cfg.model, cfg.trainer.seed)
         check_tp_degree(model.config, pd.tp)
-        model.to(pd.device)
+        module: nn.Module = model
+        module.to(pd.device)  # in place
         # the engine's own full copy: kept in step by full_tensor() of the sharded parameters
         self.engine_module = copy.deepcopy(model).eval().requires_grad_(False)
         # off-policy: the producer's module, loaded only between its batches (so not aliased with the policy)
@@ -139,7 +123,9 @@ class GRPOTrainer:
         producer_module = copy.deepcopy(model).eval().requires_grad_(False) if off_policy else None
         chosen = [resolve_precision(cfg.model.mixed_precision, model, pd.device) if pd.is_main else None]
         dist.broadcast_object_list(chosen, src=0)  # one measurement, the same mode on every rank
-        self.precision: TrainPrecision = chosen[0]
+        precision = chosen[0]
+        assert precision is not None  # rank 0's, on every rank
+        self.precision: TrainPrecision = precision
         if pd.is_main:
             logger.info("%s", self.precision.describe())
         mp = self.precision.fsdp_param_dtype
@@ -164,29 +150,18 @@ class GRPOTrainer:
                     f"trainer.steps: {cfg.trainer.steps} is below the checkpoint's step {self.start_step}"
                 )
         self.engine_weights = EngineWeights(self.policy, self.engine_module, pd.world_size)
-        self.offpolicy: OffPolicy | None = None
-        if off_policy:
-            # evaluation and export run on an engine in this process over the current weights
-            self.llm = build_engine(self.engine_module, self.tokenizer, cfg.rollout.engine)
-        elif cfg.rollout.mode == "server":
-            from vriksha.train.server_rollout import ServerRollout
-
-            self.llm = ServerRollout(
-                cfg.rollout,
-                cfg.model,
-                self.engine_module,
-                self.tokenizer,
-                self.out_dir,
-                pd.rank,
-                self.start_step,
-            )
-        else:
-            self.llm = build_engine(self.engine_module, self.tokenizer, cfg.rollout.engine)
-        self.worker = RolloutWorker(self.llm, self.tokenizer, cfg.env, cfg.rollout)
-        if producer_module is not None:
-            from vriksha.train.offpolicy import OffPolicy
-
-            self.offpolicy = OffPolicy(self, producer_module)
+        self.learner = Learner(
+            self.policy,
+            self.optimizer,
+            build_loss(cfg.grpo),
+            cfg.grpo,
+            pd.device,
+            max_grad_norm=o.max_grad_norm,
+            ref_model=self.ref_model,
+            dims=pd,
+            precision=self.precision,
+        )
+        self._setup_rollout(producer_module)
         self.metrics = MetricsWriter(
             self.out_dir,
             enabled=pd.is_main,
@@ -194,8 +169,47 @@ class GRPOTrainer:
             resume_step=self.start_step if self.resume else None,
         )
         self._engine_stale = True
-        self._sampling: dict[int, SampledGroups] = {}
         self._elapsed = float(self.state.get("elapsed_s", 0.0))
+
+    def _setup_rollout(self, producer_module: PreTrainedModel | None) -> None:
+        """The engine over the engine module (rollouts; evaluation and export always), what each step
+        plays, and with off-policy rollouts the producer over its own module and engine."""
+        cfg, pd = self.cfg, self.pd
+        self.rollout = StepRollout(
+            self.tokenizer, cfg.env, cfg.rollout, cfg.trainer.seed, pd.rank, pd.world_size
+        )
+
+        def engine_over(module: PreTrainedModel) -> TrainingEngine:
+            return build_engine(
+                module,
+                self.tokenizer,
+                cfg.rollout,
+                cfg.model,
+                out_dir=self.out_dir,
+                rank=pd.rank,
+                start_version=self.start_step,
+            )
+
+        self.offpolicy: OffPolicy | None = None
+        if producer_module is None:
+            self.llm = engine_over(self.engine_module)
+        else:  # the producer plays on its own engine; evaluation and export run here over the current weights
+            self.llm = colocated_engine(self.engine_module, self.tokenizer, cfg.rollout.engine)
+        self.worker = RolloutWorker(self.llm, self.tokenizer, cfg.env, cfg.rollout)
+        if producer_module is not None:
+            tc, k = cfg.trainer, cfg.rollout.max_staleness
+            stop_at = tc.steps if tc.stop_after is None else min(tc.steps, self.start_step + tc.stop_after)
+            self.offpolicy = OffPolicy(
+                producer_module,
+                engine_over,
+                self.rollout,
+                self.engine_weights,
+                max_staleness=k,
+                start_version=self.start_step,
+                # K batches past the last step of this invocation: what a checkpoint there needs next
+                last_step=min(tc.steps, stop_at + k),
+                saved=self.state,
+            )
 
     # -- pieces of a step ----------------------------------------------------
 
@@ -219,23 +233,6 @@ class GRPOTrainer:
         self._engine_stale = False
         return time.perf_counter() - t0
 
-    def _rollout(self, step: int, worker: RolloutWorker | None = None) -> list[list[Episode]]:
-        cfg = self.cfg
-        worker = worker or self.worker
-        prompts = cfg.rollout.prompts_per_step
-        idx = shard_range(prompts, self.pd.rank, self.pd.world_size)
-
-        def play_round(r: int) -> list[list[Episode]]:  # round r > 0: fresh prompts (dynamic sampling)
-            ids = [i + r * prompts for i in idx]
-            seeds = [episode_seed(cfg.trainer.seed, step, i) for i in ids]
-            sampling = [episode_seed(cfg.trainer.seed, step, i, 1) for i in ids]
-            return worker.play(seeds, cfg.env.train_split, cfg.rollout.group_size, sampling_seeds=sampling)
-
-        with phase("train.rollout"):
-            sampled = sample_with_signal(play_round, len(idx), cfg.rollout.dynamic_sampling_rounds)
-        self._sampling[step] = sampled  # read by this step's metrics (the producer thread plays ahead)
-        return sampled.groups
-
     def evaluate(self, step: int) -> dict[str, Any]:
         """Greedy, one episode per held-out seed, split round-robin over ranks."""
         cfg = self.cfg
@@ -249,14 +246,20 @@ class GRPOTrainer:
         groups = self.worker.play(
             mine, cfg.env.eval_split, 1, greedy=True, max_new_tokens=cfg.trainer.eval_max_new_tokens
         )
-        local = [(e.reward, e.success, e.num_generated) for g in groups for e in g]
-        rows = [r for part in _gather(local) for r in part]
+        played = [e for g in groups for e in g]
+        local = [
+            float(len(played)),
+            sum(e.success for e in played),
+            sum(e.reward for e in played),
+            sum(e.num_generated for e in played),
+        ]
+        episodes, successes, reward, tokens = all_reduce(local, "sum", self.pd.device)
         out = {
             "step": step,
-            "episodes": len(rows),
-            "success_rate": sum(r[1] for r in rows) / max(1, len(rows)),
-            "reward": sum(r[0] for r in rows) / max(1, len(rows)),
-            "completion_tokens/mean": sum(r[2] for r in rows) / max(1, len(rows)),
+            "episodes": int(episodes),
+            "success_rate": successes / max(1, episodes),
+            "reward": reward / max(1, episodes),
+            "completion_tokens/mean": tokens / max(1, episodes),
             "time/eval_s": time.perf_counter() - t0,
         }
         self.metrics.log_eval(out)
@@ -275,134 +278,57 @@ class GRPOTrainer:
     def _step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        offp: dict[str, Any] = {}
-        stale = False
+        taken = None
+        sampled: SampledGroups | None  # None: a batch restored from a checkpoint
         if self.offpolicy is None:
             sync_s = self._sync_engine()
             t1 = time.perf_counter()
-            mine = self._rollout(step)
+            played = self.rollout.play(self.llm, step)
+            mine, sampled = played.groups, played
             rollout_s = time.perf_counter() - t1
         else:  # played ahead by the producer; a batch past max_staleness is dropped
             sync_s = 0.0
-            mine, rollout_s, stale, offp = self.offpolicy.take(step)
+            taken = self.offpolicy.take(step)
+            mine, rollout_s, sampled = taken.groups, taken.seconds, taken.sampled
         groups = self._tp_gather(mine)
         own = range(self.pd.tp_rank * len(mine), (self.pd.tp_rank + 1) * len(mine))  # mine within groups
         t2 = time.perf_counter()
         with phase("train.reward"):
             rewards = torch.tensor([[e.reward for e in g] for g in groups], dtype=torch.float64)
             adv = group_advantages(rewards, scale=cfg.grpo.scale_rewards)
-            kept = [i for i in range(len(groups)) if bool(adv.keep[i]) and not stale]
-        result = policy_update(
-            self.policy,
-            self.optimizer,
+            dropped = taken is not None and taken.dropped
+            kept = [i for i in range(len(groups)) if bool(adv.keep[i]) and not dropped]
+        batch = UpdateBatch(
             [groups[i] for i in kept],
             [adv.advantages[i].tolist() for i in kept],
             groups[0],
-            cfg.grpo,
-            cfg.optim.max_grad_norm,
             self.tokenizer.pad_token_id,
-            self.pd.device,
-            self.ref_model,
-            dims=self.pd,
-            precision=self.precision,
         )
+        result = policy_update(self.learner, batch)
         with warnings.catch_warnings():  # a step whose groups all lacked signal ran no optimizer step
             warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*")
             self.scheduler.step()
         self._engine_stale = result.optimizer_steps > 0
         t3 = time.perf_counter()
         if self.offpolicy is not None:
-            self.engine_weights.sync()  # a no-op while the engine module aliases the policy
             sync_s = self.offpolicy.publish(step)
-        episodes = [e for g in mine for e in g]
-        sampled = self._sampling.pop(step, None)  # None: a batch restored from a checkpoint's queue
         with_signal = sum(bool(adv.keep[i]) for i in own)
-        local = {
-            "rewards": [e.reward for e in episodes],
-            "success": [e.success for e in episodes],
-            "lengths": [e.num_generated for e in episodes],
-            "turns": [e.turns for e in episodes],
-            "tool_calls": [e.tool_calls for e in episodes],
-            "truncated": [e.finish_reason == "length" for e in episodes],
-            "components": [e.components for e in episodes],
-            "adv": [a for i in kept if i in own for a in adv.advantages[i].tolist()],
-            "groups": len(mine),
-            "zero_var": len(own) - with_signal,
-            "played": sampled.played if sampled else len(mine),
-            "played_signal": sampled.with_signal if sampled else with_signal,
-            "loss": result.loss,
-            "stats": result.stats,
-            "entropy": result.entropy_sum,
-            "times": (sync_s, rollout_s, t3 - t2),
-            "memory": _peak_memory_gb(self.pd.device),
-        }
-        row = self._reduce(step, _gather(local), result.grad_norm, time.perf_counter() - t0)
-        row.update(offp)
-        return row
-
-    def _reduce(
-        self, step: int, parts: list[dict[str, Any]], grad_norm: float, step_s: float
-    ) -> dict[str, Any]:
-        def cat(key: str) -> list[Any]:
-            return [x for p in parts for x in p[key]]
-
-        rewards, lengths, adv = cat("rewards"), cat("lengths"), cat("adv")
-        stats = LossStats()
-        for p in parts:
-            stats.add(p["stats"])
-        tokens = stats.tokens
-
-        def per_token(total: float) -> float:
-            return total / tokens if tokens else 0.0
-
-        n = len(rewards)
-        row: dict[str, Any] = {
-            "step": step,
-            "reward/mean": sum(rewards) / n,
-            "reward/std": (sum((r - sum(rewards) / n) ** 2 for r in rewards) / n) ** 0.5,
-            "success_rate": sum(cat("success")) / n,
-        }
-        comps: dict[str, list[float]] = {}
-        for c in cat("components"):
-            for k, v in c.items():
-                comps.setdefault(k, []).append(v)
-        for k, vs in sorted(comps.items()):
-            row[f"reward/{k}"] = sum(vs) / n
-        row.update(
-            {
-                "groups/total": sum(p["groups"] for p in parts),
-                "groups/zero_variance": sum(p["zero_var"] for p in parts),
-                "groups/played": sum(p["played"] for p in parts),
-                "groups/played_with_signal": sum(p["played_signal"] for p in parts),
-                "advantage/mean": sum(adv) / len(adv) if adv else 0.0,
-                "advantage/std": (sum(a * a for a in adv) / len(adv)) ** 0.5 if adv else 0.0,
-                "advantage/min": min(adv) if adv else 0.0,
-                "advantage/max": max(adv) if adv else 0.0,
-                "loss": sum(p["loss"] for p in parts),
-                "clip_fraction": per_token(stats.clipped),
-                "kl": per_token(stats.kl),
-                "ratio/mean": per_token(stats.ratio),
-                "importance_weight/mean": per_token(stats.importance_weight),
-                "logprob_gap/mean": per_token(stats.logprob_gap),
-                "entropy": per_token(sum(p["entropy"] for p in parts)),
-                "grad_norm": grad_norm,
-                "lr": self.scheduler.get_last_lr()[0],
-                "completion_tokens/mean": sum(lengths) / n,
-                "completion_tokens/max": max(lengths),
-                "completion_tokens/truncated_fraction": sum(cat("truncated")) / n,
-                "turns/mean": sum(cat("turns")) / n,
-                "tool_calls/mean": sum(cat("tool_calls")) / n,
-                "time/sync_s": max(p["times"][0] for p in parts),
-                "time/rollout_s": max(p["times"][1] for p in parts),
-                "time/train_s": max(p["times"][2] for p in parts),
-                "time/step_s": step_s,
-                "perf/tokens_per_s": sum(lengths) / step_s if step_s > 0 else 0.0,
-                "perf/steps_per_hour": 3600.0 / step_s if step_s > 0 else 0.0,
-            }
+        local = StepMetrics.of_rank(
+            [e for g in mine for e in g],
+            [a for i in kept if i in own for a in adv.advantages[i].tolist()],
+            result,
+            groups=len(mine),
+            zero_variance_groups=len(own) - with_signal,
+            played_groups=sampled.played if sampled else len(mine),  # None: restored from a checkpoint
+            played_with_signal=sampled.with_signal if sampled else with_signal,
+            seconds=(sync_s, rollout_s, t3 - t2),
+            memory=_peak_memory_gb(self.pd.device),
         )
-        for rank, p in enumerate(parts):
-            for key, value in p["memory"].items():
-                row[f"memory/rank{rank}_{key}"] = value
+        total = local.reduce(self.pd.device)
+        lr = float(self.scheduler.get_last_lr()[0])
+        row = total.row(step, result.grad_norm, lr, time.perf_counter() - t0)
+        if taken is not None:
+            row.update(taken.metrics.row())
         return row
 
     # -- the loop ------------------------------------------------------------
@@ -419,9 +345,7 @@ class GRPOTrainer:
         finally:
             if self.offpolicy is not None:
                 self.offpolicy.close()
-            close = getattr(self.llm, "close", None)  # server mode: stop the server it started
-            if close is not None:
-                close()
+            self.llm.close()  # server mode: stops the server it started
 
     def _fit(self) -> dict[str, Any]:
         tc = self.cfg.trainer

@@ -10,30 +10,66 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypedDict
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from vriksha.envs.play import Episode
 from vriksha.profiling import phase
 from vriksha.train.batch import GroupBatch, collate_groups
 from vriksha.train.config import GRPOConfig
 from vriksha.train.distributed import ParallelDims, all_reduce
-from vriksha.train.grpo import LossStats, grpo_token_loss
 from vriksha.train.logprobs import completion_logprobs
+from vriksha.train.losses import Loss, LossInputs
 from vriksha.train.precision import TrainPrecision
-from vriksha.train.rollout import Episode
 
-__all__ = ["UpdateResult", "policy_update"]
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+__all__ = ["Learner", "UpdateBatch", "UpdateResult", "policy_update"]
+
+
+@dataclass(slots=True)
+class Learner:
+    """What an update changes and how: the policy and its optimizer, the loss, the `grpo` options
+    (micro-batches, epochs, log-prob chunks), the frozen reference (the loss gets its log-probs when
+    one is given), the gradient clip, and where this process sits."""
+
+    policy: PreTrainedModel  # sharded in place (FSDP2, tensor parallel) or not
+    optimizer: torch.optim.Optimizer
+    loss: Loss
+    cfg: GRPOConfig
+    device: torch.device
+    max_grad_norm: float | None = None
+    ref_model: PreTrainedModel | None = None
+    dims: ParallelDims | None = None
+    precision: TrainPrecision | None = None
+
+
+@dataclass(slots=True)
+class UpdateBatch:
+    """This data-parallel rank's groups that carry signal with their advantages, and any one group of
+    this rank (the `filler` of zero-weight micro-batches, run where other ranks have more)."""
+
+    groups: Sequence[Sequence[Episode]]
+    advantages: Sequence[Sequence[float]]
+    filler: Sequence[Episode]
+    pad_id: int
 
 
 @dataclass(slots=True)
 class UpdateResult:
-    loss: float = 0.0  # local contribution to the global loss (sum over ranks = the loss)
-    stats: LossStats = field(default_factory=LossStats)
+    """This rank's sums (the sums over ranks are the step's): the loss, the generated tokens and the
+    loss's metrics summed over them, and the entropy; the gradient norm and the optimizer steps."""
+
+    loss: float = 0.0
+    tokens: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
     entropy_sum: float = 0.0
     grad_norm: float = 0.0
     optimizer_steps: int = 0
@@ -52,113 +88,115 @@ def _clip_grad_norm(model: nn.Module, max_norm: float | None) -> float:
     """The global gradient norm (and clipping to it) over parameters that may live on different
     meshes: with tensor parallel the split weights are DTensors on `(dp_shard, tp)`, the
     replicated ones (norms) on `dp_shard` alone. Norms are taken per mesh and combined."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    if not params:
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    if not grads:
         return 0.0
     by_mesh: dict[object, list[torch.Tensor]] = {}
-    for p in params:
-        by_mesh.setdefault(p.grad.device_mesh if isinstance(p.grad, DTensor) else None, []).append(p.grad)
+    for g in grads:
+        by_mesh.setdefault(g.device_mesh if isinstance(g, DTensor) else None, []).append(g)
     squares = []
-    for grads in by_mesh.values():
-        norm = torch.nn.utils.get_total_norm(grads, 2.0)
+    for on_mesh in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(on_mesh, 2.0)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
         squares.append(norm.double() ** 2)
     total = float(torch.stack(squares).sum().sqrt())
     coef = 1.0 if max_norm is None else min(1.0, max_norm / (total + 1e-6))  # as clip_grad_norm_
     if coef < 1.0:
-        for p in params:
-            p.grad.mul_(coef)
+        for g in grads:
+            g.mul_(coef)
     return total
 
 
-def policy_update(
-    policy: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    groups: Sequence[Sequence[Episode]],
-    advantages: Sequence[Sequence[float]],
-    filler: Sequence[Episode],
-    cfg: GRPOConfig,
-    max_grad_norm: float | None,
-    pad_id: int,
-    device: torch.device,
-    ref_model: nn.Module | None = None,
-    dims: ParallelDims | None = None,
-    precision: TrainPrecision | None = None,
-) -> UpdateResult:
-    """`groups`: this data-parallel rank's groups that carry signal, `filler`: any one group of
-    this rank (for zero-weight micro-batches). Returns the local sums; the caller reduces them.
+def policy_update(learner: Learner, batch: UpdateBatch) -> UpdateResult:
+    """Train on `batch` for `grpo.epochs_per_batch` optimizer steps; returns the local sums, which the
+    caller reduces.
 
     With tensor parallel (`dims.tp > 1`) the `tp` ranks of a data-parallel group get the same
     groups; only the first of them counts tokens and reports sums, so that sums over all ranks
     stay the global ones."""
-    result = UpdateResult()
-
-    def autocast():
-        return precision.autocast(device) if precision is not None else contextlib.nullcontext()
-
+    result = UpdateResult(metrics=dict.fromkeys(learner.loss.metric_names, 0.0))
+    cfg, dims, device = learner.cfg, learner.dims, learner.device
+    groups = batch.groups
     dp = dims.dp if dims is not None else (dist.get_world_size() if dist.is_initialized() else 1)
     reports = dims is None or dims.tp_rank == 0
     local_tokens = float(sum(sum(e.loss_mask) for g in groups for e in g)) if reports else 0.0
-    global_tokens = all_reduce([local_tokens], op="sum", device=device)[0]
+    local_sequences = float(sum(any(e.loss_mask) for g in groups for e in g)) if reports else 0.0
+    global_tokens, global_sequences = all_reduce([local_tokens, local_sequences], op="sum", device=device)
     local_micro = float(math.ceil(len(groups) / cfg.micro_batch_groups))
     n_micro = int(all_reduce([local_micro], op="max", device=device)[0])
     if global_tokens == 0:
         return result
-    batches = [b.to(device) for b in _micro_batches(groups, advantages, cfg.micro_batch_groups, pad_id)]
-    filler_batch = None
-    if len(batches) < n_micro:
-        filler_batch = collate_groups([filler], [[0.0] * len(filler)], pad_id).to(device)
+    size, pad_id = cfg.micro_batch_groups, batch.pad_id
+    batches = [b.to(device) for b in _micro_batches(groups, batch.advantages, size, pad_id)]
+    n_real = len(batches)
+    if n_real < n_micro:  # zero-weight micro-batches: as many forwards as the busiest rank runs
+        filler = collate_groups([batch.filler], [[0.0] * len(batch.filler)], pad_id).to(device)
+        batches += [filler] * (n_micro - n_real)
     old: list[torch.Tensor] = []
     refs: list[torch.Tensor | None] = []
-    agree = None
-    if dist.is_initialized() and dist.get_world_size() > 1:  # every rank runs as many completion forwards
-
-        def agree(count: int) -> int:
-            return int(all_reduce([float(count)], op="max", device=device)[0])
-
-    logprob_options = dict(
-        chunk_tokens=cfg.logprob_chunk_tokens, overhead_tokens=cfg.logprob_split_overhead_tokens, agree=agree
-    )
+    options = _logprob_options(cfg, device)
     for epoch in range(cfg.epochs_per_batch):
-        for i in range(n_micro):
-            real = i < len(batches)
-            batch = batches[i] if real else filler_batch
-            with phase("train.forward"), autocast():
-                out = completion_logprobs(policy, batch, with_entropy=epoch == 0 and real, **logprob_options)
+        for i, mb in enumerate(batches):
+            counts = i < n_real
+            with phase("train.forward"), _autocast(learner.precision, device):
+                out = completion_logprobs(learner.policy, mb, epoch == 0 and counts, **options)
                 if epoch == 0:
                     old.append(out.logprobs.detach())
-                    ref = None
-                    if ref_model is not None and cfg.kl_coef > 0:
+                    refs.append(None)
+                    if learner.ref_model is not None:
                         with torch.no_grad():
-                            ref = completion_logprobs(ref_model, batch, **logprob_options).logprobs
-                    refs.append(ref)
-                loss, stats = grpo_token_loss(
-                    out.logprobs,
-                    old[i],
-                    batch.advantages,
-                    batch.loss_mask,
-                    clip_low=cfg.clip_low,
-                    clip_high=cfg.clip_high,
-                    num_tokens_global=global_tokens,
-                    engine_logprobs=batch.engine_logprobs if cfg.importance_correction else None,
-                    importance_cap=cfg.importance_cap,
-                    ref_logprobs=refs[i],
-                    kl_coef=cfg.kl_coef,
+                            refs[i] = completion_logprobs(learner.ref_model, mb, False, **options).logprobs
+                scored = learner.loss(
+                    LossInputs(
+                        logprobs=out.logprobs,
+                        old_logprobs=old[i],
+                        advantages=mb.advantages,
+                        loss_mask=mb.loss_mask,
+                        sampling_logprobs=mb.engine_logprobs,
+                        ref_logprobs=refs[i],
+                        num_tokens_global=global_tokens,
+                        num_sequences_global=global_sequences,
+                    )
                 )
-                if not real:
-                    loss = loss * 0.0
+                loss = scored.loss if counts else scored.loss * 0.0
             with phase("train.backward"):
                 # FSDP averages gradients over data-parallel ranks; scaling by their number makes it the sum
                 (loss * dp).backward()
-            if real and epoch == 0 and reports:
+            if counts and epoch == 0 and reports:
                 result.loss += float(loss.detach())
-                result.stats.add(stats)
+                result.tokens += scored.tokens
+                for name, value in scored.metrics.items():
+                    result.metrics[name] = result.metrics.get(name, 0.0) + value
                 if out.entropy is not None:
-                    result.entropy_sum += float((out.entropy * batch.loss_mask).sum())
+                    result.entropy_sum += float((out.entropy * mb.loss_mask).sum())
         with phase("train.optimizer"):
-            result.grad_norm = _clip_grad_norm(policy, max_grad_norm)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            result.grad_norm = _clip_grad_norm(learner.policy, learner.max_grad_norm)
+            learner.optimizer.step()
+            learner.optimizer.zero_grad(set_to_none=True)
         result.optimizer_steps += 1
     return result
+
+
+class _LogprobOptions(TypedDict):
+    chunk_tokens: int | None
+    overhead_tokens: int
+    agree: Callable[[int], int] | None
+
+
+def _autocast(
+    precision: TrainPrecision | None, device: torch.device
+) -> contextlib.AbstractContextManager[None]:
+    return precision.autocast(device) if precision is not None else contextlib.nullcontext()
+
+
+def _logprob_options(cfg: GRPOConfig, device: torch.device) -> _LogprobOptions:
+    def agree(count: int) -> int:
+        return int(all_reduce([float(count)], op="max", device=device)[0])
+
+    many = dist.is_initialized() and dist.get_world_size() > 1  # every rank runs as many completion forwards
+    return {
+        "chunk_tokens": cfg.logprob_chunk_tokens,
+        "overhead_tokens": cfg.logprob_split_overhead_tokens,
+        "agree": agree if many else None,
+    }

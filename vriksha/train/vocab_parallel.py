@@ -10,11 +10,12 @@ saved global normaliser.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 
 __all__ = ["VocabShard", "local_logits", "sharded_token_logprobs"]
 
@@ -36,7 +37,7 @@ def local_logits(logits: Tensor) -> tuple[Tensor, VocabShard | None]:
     if not isinstance(logits, DTensor):
         return logits, None
     (placement,) = logits.placements
-    if not placement.is_shard() or placement.dim not in (-1, logits.ndim - 1):
+    if not isinstance(placement, Shard) or placement.dim not in (-1, logits.ndim - 1):
         return logits.full_tensor(), None
     mesh = logits.device_mesh
     vocab, n = logits.shape[-1], mesh.size()
@@ -47,7 +48,7 @@ def local_logits(logits: Tensor) -> tuple[Tensor, VocabShard | None]:
 
 class _ShardedLogprob(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, local: Tensor, targets: Tensor, offset: int, group: dist.ProcessGroup) -> Tensor:  # type: ignore[override]
+    def forward(ctx: Any, local: Tensor, targets: Tensor, offset: int, group: dist.ProcessGroup) -> Tensor:
         with torch.no_grad():
             top = local.amax(-1)
             dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
@@ -64,7 +65,7 @@ class _ShardedLogprob(torch.autograd.Function):
         return picked - log_norm
 
     @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None, None, None]:
         shifted, log_norm, idx, inside = ctx.saved_tensors
         probs = (shifted - log_norm.unsqueeze(-1)).exp()
         out = probs.mul_(-grad.unsqueeze(-1))

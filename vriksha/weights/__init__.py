@@ -4,5 +4,16 @@ version protocol's engine side, and the trainer's client. A leaf package: torch 
 from vriksha.weights.client import PushResult, WeightSyncClient
 from vriksha.weights.counters import CopyCounter
 from vriksha.weights.plan import TensorSpec, WeightTransferError, digest
+from vriksha.weights.protocol import NamedTensors, WeightReceiver, WeightSender
 
-__all__ = ["CopyCounter", "PushResult", "TensorSpec", "WeightSyncClient", "WeightTransferError", "digest"]
+__all__ = [
+    "CopyCounter",
+    "NamedTensors",
+    "PushResult",
+    "TensorSpec",
+    "WeightReceiver",
+    "WeightSender",
+    "WeightSyncClient",
+    "WeightTransferError",
+    "digest",
+]

@@ -1,5 +1,6 @@
 """The trainer's side: push full weights to one `vriksha serve` under a version, over the data plane chosen
-automatically (shared memory on the same node, else a gloo group, else the filesystem)."""
+automatically (shared memory on the same node, else a gloo group, else the filesystem). It presents the
+server's weights key (`weights_key`, else $VRIKSHA_WEIGHTS_KEY) and its transfer's token on every call."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from urllib.parse import urlparse
 
 import torch
 
+from vriksha.net.trust import WEIGHTS_KEY_ENV, env_key, weights_headers
 from vriksha.weights.counters import CopyCounter
 from vriksha.weights.node import NodeIdentity, node_identity
 from vriksha.weights.plan import TensorSpec, WeightTransferError, check_specs
+from vriksha.weights.protocol import WeightSender
 from vriksha.weights.shm import shm_available
 from vriksha.weights.source import full_parameters
 
@@ -54,6 +57,7 @@ class WeightSyncClient:
         bucket_bytes: int = 64 * 2**20,
         fs_root: str | Path | None = None,
         timeout_s: float = 300.0,
+        weights_key: str | None = None,
     ) -> None:
         import httpx
 
@@ -62,9 +66,11 @@ class WeightSyncClient:
         self.requested = backend
         self.bucket_bytes = bucket_bytes
         self.fs_root = Path(fs_root) if fs_root is not None else None
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s)
+        key = weights_key or env_key(WEIGHTS_KEY_ENV)  # the server's --weights-key
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout_s, headers=weights_headers(key))
+        self.token: str | None = None  # this transfer's, answered by the init
         self.backend: str | None = None
-        self.sender: Any = None
+        self.sender: WeightSender | None = None
         self.specs: dict[str, TensorSpec] = {}
 
     # ---- http ---------------------------------------------------------------------------------------
@@ -72,7 +78,7 @@ class WeightSyncClient:
         import httpx
 
         try:
-            r = self.http.post(path, json={"client_id": self.client_id, **body})
+            r = self.http.post(path, json={"client_id": self.client_id, "token": self.token, **body})
         except httpx.HTTPError as exc:
             raise WeightTransferError(
                 f"weight server {self.base_url} is unreachable ({path}): {exc}"
@@ -139,16 +145,14 @@ class WeightSyncClient:
             from vriksha.weights.shm import ShmSender
 
             self.sender = ShmSender()
-            self._post("/init_weight_transfer_engine", {"backend": "shm", "init_info": {}})
+            self._init_transfer({"backend": "shm", "init_info": {}})
         elif backend == "fs":
             from vriksha.weights.fs import FsSender
 
             if self.fs_root is None:
                 raise WeightTransferError("the filesystem backend needs a directory both sides can read")
             self.sender = FsSender(self.fs_root)
-            self._post(
-                "/init_weight_transfer_engine", {"backend": "fs", "init_info": self.sender.init_info()}
-            )
+            self._init_transfer({"backend": "fs", "init_info": self.sender.init_info()})
         elif backend == "gloo":
             from vriksha.weights.gloo import GlooSender
 
@@ -156,7 +160,7 @@ class WeightSyncClient:
             sender = GlooSender(host, self.bucket_bytes)
             body = {"backend": "gloo", "init_info": sender.init_info()}
             try:
-                self._concurrently(lambda: self._post("/init_weight_transfer_engine", body), sender.connect)
+                self._concurrently(lambda: self._init_transfer(body), sender.connect)
             except BaseException:
                 sender.close()
                 raise
@@ -165,6 +169,12 @@ class WeightSyncClient:
             raise WeightTransferError(
                 f"unknown weight transfer backend {backend!r}; use auto, shm, gloo or fs"
             )
+
+    def _init_transfer(self, body: dict) -> dict:
+        """Open the transfer; every later call of it presents the token the server answers."""
+        reply = self._post("/init_weight_transfer_engine", body)
+        self.token = str(reply["token"])
+        return reply
 
     def _concurrently(self, request: Any, local: Any) -> Any:
         """Run an HTTP request in a thread while `local(failed)` (the sender's half of a collective) runs here;
@@ -189,8 +199,9 @@ class WeightSyncClient:
 
     # ---- one update ---------------------------------------------------------------------------------
     @torch.no_grad()
-    def push(self, module: torch.nn.Module, version: int) -> PushResult:
-        """Send every parameter of `module` (full tensors, cast once to the server's dtypes) as `version`."""
+    def push(self, module: torch.nn.Module, version: int, rewind: bool = False) -> PushResult:
+        """Send every parameter of `module` (full tensors, cast once to the server's dtypes) as `version`;
+        `rewind`: the server may be at a later version (restoring older weights on purpose)."""
         if self.sender is None:
             self.connect()
         t0 = time.perf_counter()
@@ -198,16 +209,15 @@ class WeightSyncClient:
         tensors = list(full_parameters(module, dtypes))
         check_specs([TensorSpec.of(n, t) for n, t in tensors], {n: _meta(s) for n, s in self.specs.items()})
         counter = CopyCounter()
-        self._post("/start_weight_update", {"version": version})
+        sender = self.sender
+        if sender is None:
+            raise WeightTransferError(f"no weight transfer to {self.base_url} is set up; connect() first")
+        self._post("/start_weight_update", {"version": version, "rewind": rewind})
         try:
-            if self.backend == "fs":
-                info = self.sender.prepare(tensors, counter, version=version)
-            else:
-                info = self.sender.prepare(tensors, counter)
-            body = {"update_info": info}
+            body = {"update_info": sender.prepare(tensors, counter, version)}
             reply = self._concurrently(
                 lambda: self._post("/update_weights", body),
-                lambda _failed: self.sender.transmit(tensors, counter),
+                lambda _failed: sender.transmit(tensors, counter),
             )
             done = self._post("/finish_weight_update", {})
         except BaseException:
@@ -235,7 +245,7 @@ class WeightSyncClient:
             logger.debug("close: %s", exc)
         if self.sender is not None:
             self.sender.close()
-        self.sender = self.backend = None
+        self.sender = self.backend = self.token = None
         self.http.close()
 
 

@@ -8,13 +8,15 @@ from __future__ import annotations
 import json
 import os
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from vriksha.weights.counters import CopyCounter
-from vriksha.weights.plan import TensorSpec, WeightTransferError
+from vriksha.weights.plan import TensorSpec, WeightTransferError, check_sent
+from vriksha.weights.protocol import NamedTensors
 
 MARKER = "COMPLETE"
 FILE = "model.safetensors"
@@ -43,12 +45,10 @@ class FsSender:
         self.root = Path(root)
         self.keep = keep
 
-    def init_info(self) -> dict:
+    def init_info(self) -> dict[str, Any]:
         return {"root": str(self.root)}
 
-    def prepare(
-        self, tensors: list[tuple[str, torch.Tensor]], counter: CopyCounter, version: int = 0
-    ) -> dict:
+    def prepare(self, tensors: NamedTensors, counter: CopyCounter, version: int = 0) -> dict[str, Any]:
         from safetensors.torch import save_file
 
         d = version_dir(self.root, version)
@@ -65,7 +65,7 @@ class FsSender:
         self._prune(version)
         return {"dir": str(d), "version": version}
 
-    def transmit(self, tensors: list[tuple[str, torch.Tensor]], counter: CopyCounter) -> None:
+    def transmit(self, tensors: NamedTensors, counter: CopyCounter) -> None:
         return None
 
     def _prune(self, version: int) -> None:
@@ -80,15 +80,58 @@ class FsSender:
 
 
 def read_header(path: Path) -> tuple[int, dict]:
+    size = path.stat().st_size
     with open(path, "rb") as f:
-        (n,) = struct.unpack("<Q", f.read(8))
-        return 8 + n, json.loads(f.read(n))
+        head = f.read(8)
+        if len(head) < 8:
+            raise WeightTransferError(f"{path} is not a safetensors file (shorter than its header)")
+        (n,) = struct.unpack("<Q", head)
+        if n > size - 8:
+            raise WeightTransferError(f"{path}: its header claims {n} bytes of a {size}-byte file")
+        try:
+            header = json.loads(f.read(n))
+        except ValueError as exc:
+            raise WeightTransferError(f"{path}: its header is not JSON ({exc})") from None
+    if not isinstance(header, dict):
+        raise WeightTransferError(f"{path}: its header is not a JSON object")
+    return 8 + n, header
+
+
+def file_specs(path: Path, target: Mapping[str, torch.Tensor]) -> tuple[int, list[tuple[TensorSpec, int]]]:
+    """The tensors of a safetensors file with their byte offsets, each checked against the engine's parameter
+    of its name (dtype, shape) and against the file's bounds, before any byte is copied."""
+    start, header = read_header(path)
+    room = path.stat().st_size - start
+    out = []
+    for name, meta in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = _DTYPES.get(meta["dtype"])
+            shape = tuple(int(x) for x in meta["shape"])
+            a, b = (int(x) for x in meta["data_offsets"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise WeightTransferError(
+                f"{path}: tensor {name!r} has a malformed header entry ({exc!r})"
+            ) from None
+        if dtype is None:
+            raise WeightTransferError(f"{path}: tensor {name!r} has unsupported dtype {meta['dtype']}")
+        spec = TensorSpec(name, dtype, shape)
+        if not 0 <= a <= b <= room or b - a != spec.nbytes:
+            raise WeightTransferError(
+                f"{path}: tensor {name!r} has bytes {a}..{b}, not {spec.nbytes} in the file"
+            )
+        out.append((spec, a))
+    check_sent([spec for spec, _ in out], target)
+    return start, out
 
 
 class FsReceiver:
     name = "fs"
 
-    def receive(self, info: dict, target: dict[str, torch.Tensor], counter: CopyCounter) -> list[str]:
+    def receive(
+        self, info: dict[str, Any], target: dict[str, torch.Tensor], counter: CopyCounter
+    ) -> list[str]:
         d = Path(str(info["dir"]))
         if not (d / MARKER).is_file():
             raise WeightTransferError(f"{d} has no {MARKER} marker: the version is incomplete; send it again")
@@ -98,31 +141,21 @@ class FsReceiver:
         return None
 
 
-def load_file_into(path: Path, target: dict[str, torch.Tensor], counter: CopyCounter) -> list[TensorSpec]:
-    """Copy every tensor of a safetensors file into `target` in place, through a read-only mapping."""
-    start, header = read_header(path)
+def load_file_into(path: Path, target: Mapping[str, torch.Tensor], counter: CopyCounter) -> list[TensorSpec]:
+    """Copy every tensor of a safetensors file into `target` in place, through a read-only mapping; the whole
+    file is checked first (`file_specs`)."""
+    start, entries = file_specs(path, target)
     size = path.stat().st_size
     buf = torch.from_file(str(path), shared=False, size=size, dtype=torch.uint8)
-    specs = []
-    for name, meta in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = _DTYPES.get(meta["dtype"])
-        if dtype is None:
-            raise WeightTransferError(f"{path}: tensor {name!r} has unsupported dtype {meta['dtype']}")
-        spec = TensorSpec(name, dtype, tuple(meta["shape"]))
-        if name not in target:
-            raise WeightTransferError(f"the engine has no parameter {name!r}; is it the same model family?")
-        a, b = meta["data_offsets"]
-        raw = buf[start + a : start + b]
+    for spec, a in entries:
+        raw = buf[start + a : start + a + spec.nbytes]
         if (start + a) % spec.torch_dtype.itemsize:
             raw = raw.clone()  # unaligned in the file: one extra copy, counted
             counter.add(spec.nbytes)
-        target[name].copy_(raw.view(spec.torch_dtype).view(spec.shape))
+        target[spec.name].copy_(raw.view(spec.torch_dtype).view(spec.shape))
         counter.add(spec.nbytes)
-        specs.append(spec)
     counter.bytes_moved += size
-    return specs
+    return [spec for spec, _ in entries]
 
 
 def restore_latest(engine: Any, root: Path) -> int | None:

@@ -13,12 +13,14 @@ import datetime
 import logging
 import time
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from vriksha.weights.counters import CopyCounter
 from vriksha.weights.plan import Bucket, TensorSpec, WeightTransferError, buckets, view
+from vriksha.weights.protocol import NamedTensors
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +35,10 @@ def make_group(
     if store is None:
         store = dist.TCPStore(host, port, world_size=2, is_master=False, timeout=timeout)
         store.set(JOINED, "1")
-    return dist.ProcessGroupGloo(dist.PrefixStore("vriksha-weights", store), rank, 2, timeout)
+    group = dist.ProcessGroupGloo(dist.PrefixStore("vriksha-weights", store), rank, 2, timeout)
+    # a gloo Backend, used as a group: it has broadcast(tensor, root), which torch's stubs declare on
+    # ProcessGroup alone
+    return group  # type: ignore[return-value]
 
 
 def _buffers(plan: list[Bucket]) -> list[torch.Tensor]:
@@ -61,7 +66,7 @@ class GlooSender:
         self.group: dist.ProcessGroup | None = None
         self._bufs: list[torch.Tensor] = []
 
-    def init_info(self) -> dict:
+    def init_info(self) -> dict[str, Any]:
         return {"host": self.host, "port": self.store.port, "timeout_s": self.timeout_s}
 
     def connect(self, failed: Callable[[], BaseException | None] = lambda: None) -> None:
@@ -79,11 +84,11 @@ class GlooSender:
             time.sleep(0.01)
         self.group = make_group(self.host, self.store.port, 0, self.store, self.timeout_s)
 
-    def prepare(self, tensors: list[tuple[str, torch.Tensor]], counter: CopyCounter) -> dict:
+    def prepare(self, tensors: NamedTensors, counter: CopyCounter, version: int = 0) -> dict[str, Any]:
         specs = [TensorSpec.of(n, t) for n, t in tensors]
         return {"bucket_bytes": self.bucket_bytes, "specs": [s.to_json() for s in specs]}
 
-    def transmit(self, tensors: list[tuple[str, torch.Tensor]], counter: CopyCounter) -> None:
+    def transmit(self, tensors: NamedTensors, counter: CopyCounter) -> None:
         if self.group is None:
             raise WeightTransferError("the gloo group is not connected; init the weight transfer first")
         specs = [TensorSpec.of(n, t) for n, t in tensors]
@@ -114,13 +119,15 @@ class GlooSender:
 class GlooReceiver:
     name = "gloo"
 
-    def __init__(self, info: dict) -> None:
+    def __init__(self, info: dict[str, Any]) -> None:
         self.group = make_group(
             str(info["host"]), int(info["port"]), 1, None, float(info.get("timeout_s", 120))
         )
         self._bufs: list[torch.Tensor] = []
 
-    def receive(self, info: dict, target: dict[str, torch.Tensor], counter: CopyCounter) -> list[str]:
+    def receive(
+        self, info: dict[str, Any], target: dict[str, torch.Tensor], counter: CopyCounter
+    ) -> list[str]:
         specs = [TensorSpec.from_json(d) for d in info["specs"]]
         plan = buckets(specs, int(info["bucket_bytes"]))
         if not plan:

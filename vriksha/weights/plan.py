@@ -7,7 +7,7 @@ planes carry raw bytes only and never Python objects.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -102,15 +102,14 @@ def digest(t: torch.Tensor) -> str:
     return hashlib.sha256(flat.numpy().tobytes()).hexdigest()
 
 
-def check_specs(sent: list[TensorSpec], target: dict[str, torch.Tensor]) -> None:
-    """Every sent tensor must exist in `target` with the same dtype and shape; every target must be sent."""
-    names = {s.name for s in sent}
-    missing = sorted(set(target) - names)
-    if missing:
-        raise WeightTransferError(
-            f"the update lacks {len(missing)} parameter(s) of the engine, e.g. {missing[0]!r}"
-        )
+def check_sent(sent: list[TensorSpec], target: Mapping[str, torch.Tensor]) -> None:
+    """Every sent tensor exists in `target` with the same dtype and shape, and is sent once: checked before
+    any byte is copied, so a mismatched update is refused whole."""
+    seen: set[str] = set()
     for s in sent:
+        if s.name in seen:
+            raise WeightTransferError(f"the update sends {s.name!r} twice")
+        seen.add(s.name)
         p = target.get(s.name)
         if p is None:
             raise WeightTransferError(f"the engine has no parameter {s.name!r}; is it the same model family?")
@@ -119,3 +118,31 @@ def check_specs(sent: list[TensorSpec], target: dict[str, torch.Tensor]) -> None
                 f"{s.name}: the update sends {s.dtype}{list(s.shape)} but the engine holds "
                 f"{str(p.dtype).removeprefix('torch.')}{list(p.shape)}"
             )
+
+
+def check_specs(sent: list[TensorSpec], target: dict[str, torch.Tensor]) -> None:
+    """Every sent tensor must exist in `target` with the same dtype and shape; every target must be sent."""
+    names = {s.name for s in sent}
+    missing = sorted(set(target) - names)
+    if missing:
+        raise WeightTransferError(
+            f"the update lacks {len(missing)} parameter(s) of the engine, e.g. {missing[0]!r}"
+        )
+    check_sent(sent, target)
+
+
+def parse_specs(raw: object) -> list[TensorSpec]:
+    """The `specs` list of an update's info, as sent over HTTP (a malformed one is refused by name)."""
+    if not isinstance(raw, list):
+        raise WeightTransferError("update_info.specs must be a list of {name, dtype, shape}")
+    out = []
+    for i, d in enumerate(raw):
+        try:
+            spec = TensorSpec.from_json(d)
+            spec.torch_dtype  # noqa: B018 - a dtype torch does not know is refused here
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise WeightTransferError(f"update_info.specs[{i}] is not a tensor spec ({exc!r})") from None
+        if not isinstance(spec.torch_dtype, torch.dtype) or any(d < 0 for d in spec.shape):
+            raise WeightTransferError(f"update_info.specs[{i}] has a bad dtype or shape: {d!r}")
+        out.append(spec)
+    return out

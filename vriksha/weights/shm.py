@@ -11,11 +11,13 @@ from __future__ import annotations
 import os
 import uuid
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from vriksha.weights.counters import CopyCounter
 from vriksha.weights.plan import TensorSpec, WeightTransferError, layout, view
+from vriksha.weights.protocol import NamedTensors
 
 SHM_DIR = Path("/dev/shm")
 
@@ -36,10 +38,10 @@ class ShmSender:
         self._buf: torch.Tensor | None = None
         self._size = 0
 
-    def init_info(self) -> dict:
+    def init_info(self) -> dict[str, Any]:
         return {}
 
-    def prepare(self, tensors: list[tuple[str, torch.Tensor]], counter: CopyCounter) -> dict:
+    def prepare(self, tensors: NamedTensors, counter: CopyCounter, version: int = 0) -> dict[str, Any]:
         specs = [TensorSpec.of(n, t) for n, t in tensors]
         offsets, size = layout(specs)
         if self._buf is None or size != self._size:
@@ -51,7 +53,7 @@ class ShmSender:
         counter.bytes_moved += size
         return {"path": str(self.path), "size": size, "specs": [s.to_json() for s in specs]}
 
-    def transmit(self, tensors: list[tuple[str, torch.Tensor]], counter: CopyCounter) -> None:
+    def transmit(self, tensors: NamedTensors, counter: CopyCounter) -> None:
         return None
 
     def close(self) -> None:
@@ -65,9 +67,11 @@ class ShmReceiver:
     def __init__(self) -> None:
         self._maps: dict[str, tuple[int, torch.Tensor]] = {}
 
-    def receive(self, info: dict, target: dict[str, torch.Tensor], counter: CopyCounter) -> list[str]:
+    def receive(
+        self, info: dict[str, Any], target: dict[str, torch.Tensor], counter: CopyCounter
+    ) -> list[str]:
         path, size = Path(str(info["path"])), int(info["size"])
-        if not str(path.resolve()).startswith(str(SHM_DIR.resolve())) or not path.is_file():
+        if not path.resolve().is_relative_to(SHM_DIR.resolve()) or not path.is_file():
             raise WeightTransferError(f"shared-memory buffer {str(path)!r} is not a file under {SHM_DIR}")
         if path.stat().st_size < size:
             raise WeightTransferError(

@@ -5,6 +5,8 @@ the tokens' slots locked in the source's radix tree and is read from the pool wh
 sends `{"id", "begin", "end"}` and receives one multipart message: a JSON header, then per layer the K and
 V bytes of those tokens (raw, in the pool's dtype), which it copies into its slots. A ZMQ multipart message
 arrives whole or not at all, so a source that dies mid-send leaves the sink with nothing and a timeout.
+Both sockets take a `secure` hook: the server keys them with CURVE, so only holders of its internal key
+connect, and the bytes are encrypted on the wire.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import logging
 import socket
 import threading
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -30,6 +33,10 @@ from vriksha.engine.kv_transfer.transport import (
 
 logger = logging.getLogger(__name__)
 
+Secure = Callable[
+    [zmq.Socket], None
+]  # configures a socket before bind/connect (CURVE keys: vriksha.net.curve)
+
 
 def _advertised(endpoint: str) -> str:
     """The endpoint as a sink elsewhere dials it: a wildcard host becomes this host's name."""
@@ -44,10 +51,12 @@ class StreamSource(KVSource):
     name = "stream"
     holds_slots = True
 
-    def __init__(self, endpoint: str = "tcp://127.0.0.1:*", **_: Any) -> None:
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:*", secure: Secure | None = None, **_: Any) -> None:
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        if secure is not None:
+            secure(self._sock)
         try:
             self._sock.bind(endpoint)
         except zmq.ZMQError as exc:
@@ -117,8 +126,9 @@ class StreamSource(KVSource):
 class StreamSink(KVSink):
     name = "stream"
 
-    def __init__(self, **_: Any) -> None:
+    def __init__(self, secure: Secure | None = None, **_: Any) -> None:
         self._ctx = zmq.Context.instance()
+        self._secure = secure
 
     def fetch(self, desc: Descriptor, begin: int, into: SlotView, timeout_s: float) -> None:
         endpoint = str(desc.info.get("endpoint", ""))
@@ -126,6 +136,8 @@ class StreamSink(KVSink):
         ask = {"id": desc.transfer_id, "begin": a, "end": a + into.num_tokens}
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
+        if self._secure is not None:
+            self._secure(sock)
         try:
             sock.connect(endpoint)
             sock.send_multipart([b"", json.dumps(ask).encode()])

@@ -43,6 +43,7 @@ class ServiceActor:
         threads: int,
         ports: tuple[int | None, int | None] = (None, None),
         startup_timeout_s: float = 600.0,
+        secrets: dict[str, str] | None = None,
     ) -> None:
         from vriksha.net.health import wait_healthy
         from vriksha.net.launch import free_port, vriksha_command
@@ -52,7 +53,7 @@ class ServiceActor:
         self.ports = (ports[0] or free_port(self.host), ports[1] or free_port(self.host))
         fields = {"host": self.host, "port": self.ports[0], "port2": self.ports[1]}
         cmd = vriksha_command(*(a.format(**fields) for a in argv), log_level="WARNING")
-        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        env = {**os.environ, **(secrets or {}), "OMP_NUM_THREADS": str(threads)}
         log_dir = Path(tempfile.gettempdir()) / "vriksha-ray"
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = log_dir / f"{name.replace(' ', '-')}-{os.getpid()}.log"
@@ -109,9 +110,17 @@ class TrainerRank:
         host = node_address()
         return host, free_port(host)
 
-    def run(self, cfg: dict[str, Any], resume: bool, master: tuple[str, int], local: tuple[int, int]) -> int:
+    def run(
+        self,
+        cfg: dict[str, Any],
+        resume: bool,
+        master: tuple[str, int],
+        local: tuple[int, int],
+        secrets: dict[str, str] | None = None,
+    ) -> int:
         import torch
 
+        os.environ.update(secrets or {})
         os.environ.update(
             RANK=str(self.rank),
             WORLD_SIZE=str(self.world_size),

@@ -49,7 +49,9 @@ def _bundle(num_cpus: float, resources: dict[str, float]) -> dict[str, float]:
     return {"CPU": num_cpus, **resources}
 
 
-def _placement(ray: Any, bundles: list[dict[str, float]], strategy: str, timeout_s: float, log: LaunchLog) -> Any:
+def _placement(
+    ray: Any, bundles: list[dict[str, float]], strategy: str, timeout_s: float, log: LaunchLog
+) -> Any:
     from ray.util.placement_group import placement_group
 
     t0 = time.monotonic()
@@ -81,11 +83,13 @@ class RayLauncher:
         cpus = float(getattr(args, "replica_cpus", 1.0))
         bundles = [_bundle(cpus, {}) for _ in job.roles] + [_bundle(1.0, {})]
         pg = _placement(ray, bundles, "SPREAD", job.startup_timeout_s, log)
-        services = Services(pg, "vriksha", log, job.startup_timeout_s)
+        services = Services(pg, "vriksha", log, job.startup_timeout_s, job.secrets)
         signals = StopSignals()
         try:
             replicas = [
-                Service(role if role != "both" else "replica", i, replica_argv(role, job.serve_args), cpus, {}, i)
+                Service(
+                    role if role != "both" else "replica", i, replica_argv(role, job.serve_args), cpus, {}, i
+                )
                 for i, role in enumerate(job.roles)
             ]
             services.start(replicas)
@@ -95,7 +99,9 @@ class RayLauncher:
             argv = ["router", "--host", "{host}", "--port", "{port}", *specs, *job.router_args]
             router = Service("router", 0, argv, 1.0, {}, len(job.roles), (job.port or None, None))
             services.start([router])
-            logger.warning("fleet of %d replicas behind %s on Ray; Ctrl-C stops it", len(replicas), router.url)
+            logger.warning(
+                "fleet of %d replicas behind %s on Ray; Ctrl-C stops it", len(replicas), router.url
+            )
             print(json.dumps({"router": router.url, "replicas": [s.url for s in replicas]}), flush=True)
             while not signals.stopping:
                 done, _ = ray.wait(services.watches(), num_returns=1, timeout=0.5)

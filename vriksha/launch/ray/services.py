@@ -61,8 +61,18 @@ class Service:
 
 
 class Services:
-    def __init__(self, pg: Any, namespace: str, log: LaunchLog, startup_timeout_s: float) -> None:
+    def __init__(
+        self,
+        pg: Any,
+        namespace: str,
+        log: LaunchLog,
+        startup_timeout_s: float,
+        secrets: dict[str, str] | None = None,
+    ) -> None:
         self.pg, self.namespace, self.log, self.timeout_s = pg, namespace, log, startup_timeout_s
+        self.secrets = dict(
+            secrets or {}
+        )  # keys every service gets in its environment, never on its command line
         self.all: list[Service] = []
 
     def _actor(self, s: Service, ports: tuple[int | None, int | None]) -> Any:
@@ -75,9 +85,11 @@ class Services:
             "num_cpus": s.num_cpus,
             "resources": s.resources or None,
             "max_concurrency": 4,  # watch() blocks one thread; describe() and stop() use others
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(self.pg, placement_group_bundle_index=s.bundle),
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                self.pg, placement_group_bundle_index=s.bundle
+            ),
         }
-        args = (s.name, s.argv, max(1, int(s.num_cpus)), ports, self.timeout_s)
+        args = (s.name, s.argv, max(1, int(s.num_cpus)), ports, self.timeout_s, self.secrets)
         deadline = time.monotonic() + NAME_RELEASE_S
         while True:  # a dead actor's name is released once Ray has marked it dead
             try:
@@ -101,7 +113,9 @@ class Services:
             s.info = ray.get(s.actor.describe.remote(), timeout=self.timeout_s)
             s.watch = s.actor.watch.remote()
             self.all.append(s)
-            self.log.write("started", role=s.role, index=s.index, url=s.url, seconds=round(time.monotonic() - t0, 3))
+            self.log.write(
+                "started", role=s.role, index=s.index, url=s.url, seconds=round(time.monotonic() - t0, 3)
+            )
 
     def by_role(self, role: str) -> list[Service]:
         return [s for s in self.all if s.role == role]
@@ -124,7 +138,9 @@ class Services:
         s.actor = self._actor(s, (ports[0], ports[1]))
         s.info = ray.get(s.actor.describe.remote(), timeout=self.timeout_s)
         s.watch = s.actor.watch.remote()
-        self.log.write("restarted", role=s.role, index=s.index, url=s.url, seconds=round(time.monotonic() - t0, 3))
+        self.log.write(
+            "restarted", role=s.role, index=s.index, url=s.url, seconds=round(time.monotonic() - t0, 3)
+        )
 
     def watches(self) -> list[Any]:
         return [s.watch for s in self.all]

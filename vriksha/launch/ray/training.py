@@ -14,6 +14,7 @@ from vriksha.launch.protocol import TrainJob
 from vriksha.launch.ray.actors import TrainerRank
 from vriksha.launch.ray.launcher import _bundle, _placement, events, replica_argv, resolve_paths
 from vriksha.launch.ray.services import LaunchLog, Service, Services
+from vriksha.net.trust import INTERNAL_KEY_ENV, WEIGHTS_KEY_ENV, env_key, new_key
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +34,11 @@ class TrainingOnRay:
         self.log = LaunchLog(self.out / "launch.jsonl")
         self.ray = connect(self.rc.address, self.rc.namespace)
         self.ranks = job.ranks.nproc * job.ranks.nnodes
+        # the rollout servers take weights only from a trainer with this key; the router asks them with the other
+        self.secrets = {
+            WEIGHTS_KEY_ENV: env_key(WEIGHTS_KEY_ENV) or new_key(),
+            INTERNAL_KEY_ENV: env_key(INTERNAL_KEY_ENV) or new_key(),
+        }
         if self.rc.rollout.replicas and job.config.model.random_init is not None:
             raise ConfigError(
                 "launch.ray.rollout.replicas: rollout servers load model.path; a model.random_init policy has no "
@@ -105,7 +111,7 @@ class TrainingOnRay:
         for r, a in enumerate(actors):
             local = (seen[nodes[r]], per_node[nodes[r]])
             seen[nodes[r]] += 1
-            refs.append(a.run.remote(self.cfg, self.job.resume, tuple(master), local))
+            refs.append(a.run.remote(self.cfg, self.job.resume, tuple(master), local, self.secrets))
         self.log.write("trainers", ranks=self.ranks, master=f"{master[0]}:{master[1]}", nodes=len(per_node))
         self._trainer_actors = actors
         return refs
@@ -114,7 +120,7 @@ class TrainingOnRay:
     def run(self) -> int:
         bundles, planned = self._plan()
         pg = _placement(self.ray, bundles, self.rc.strategy, self.rc.startup_timeout_s, self.log)
-        services = Services(pg, self.rc.namespace, self.log, self.rc.startup_timeout_s)
+        services = Services(pg, self.rc.namespace, self.log, self.rc.startup_timeout_s, self.secrets)
         self._trainer_actors: list[Any] = []
         try:
             self._start_services(services, planned)

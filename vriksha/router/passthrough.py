@@ -1,0 +1,47 @@
+"""The router's answers to requests that need no replica choice: the tokenizer and model endpoints (GET
+/v1/models, /v1/models/{id}, /tokenizer_info; POST /tokenize, /detokenize, /v1/embeddings) go to any healthy
+replica, as they would be answered by each; /version and /ping are the router's own."""
+
+from __future__ import annotations
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+import vriksha
+from vriksha.router.pool import ReplicaPool
+from vriksha.router.proxy import REPLICA_HEADER, NoReplicaError, forwarded_headers
+
+_RETURNED = ("content-type", "retry-after", "x-request-id")
+ANY_REPLICA_GET = ("/v1/models", "/v1/models/{model_id:path}", "/tokenizer_info")
+ANY_REPLICA_POST = ("/tokenize", "/detokenize", "/v1/embeddings")
+
+
+def install(app: FastAPI, pool: ReplicaPool, http: httpx.AsyncClient) -> None:
+    async def any_replica(request: Request) -> Response:
+        body = await request.body()
+        headers = forwarded_headers(request.headers)
+        target = request.scope.get("raw_path", b"").decode("latin-1") or request.url.path  # as sent
+        for r in pool.healthy():
+            try:
+                resp = await http.request(request.method, f"{r.url}{target}", content=body, headers=headers)
+            except httpx.TransportError:
+                continue
+            returned = {k: v for k, v in resp.headers.items() if k.lower() in _RETURNED}
+            return Response(resp.content, resp.status_code, headers={**returned, REPLICA_HEADER: r.url})
+        raise NoReplicaError("no replica is healthy; retry shortly", headers={"Retry-After": "1"})
+
+    for path in ANY_REPLICA_GET:
+        app.add_api_route(path, any_replica, methods=["GET"])
+    for path in ANY_REPLICA_POST:
+        app.add_api_route(path, any_replica, methods=["POST"])
+
+    @app.get("/version")
+    async def version() -> Response:
+        return JSONResponse({"version": vriksha.__version__})
+
+    @app.api_route("/ping", methods=["GET", "POST"])
+    async def ping() -> Response:
+        healthy = len(pool.healthy())
+        body = {"status": "ok" if healthy else "no_healthy_replica", "healthy": healthy}
+        return JSONResponse(body, status_code=200 if healthy else 503)
