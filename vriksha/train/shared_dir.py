@@ -8,6 +8,7 @@ import logging
 import secrets
 import socket
 from pathlib import Path
+from typing import Any
 
 import torch.distributed as dist
 
@@ -43,7 +44,7 @@ def check_shared_dir(path: Path, rank: int, world_size: int) -> None:
             error = f"rank 0 cannot write there: {exc}"
     dist.barrier()
     seen = _read(probe) == token
-    views = [None] * world_size
+    views: list[Any] = [None] * world_size
     dist.all_gather_object(views, (seen, socket.gethostname(), error))
     dist.barrier()
     if rank == 0:
@@ -51,7 +52,10 @@ def check_shared_dir(path: Path, rank: int, world_size: int) -> None:
     error = next((v[2] for v in views if v[2]), None)
     blind = [f"{r} (on {host})" for r, (ok, host, _) in enumerate(views) if not ok]
     if error or blind:
-        detail = error or f"rank{'s' if len(blind) > 1 else ''} {', '.join(blind)} cannot read the file rank 0 wrote"
+        detail = (
+            error
+            or f"rank{'s' if len(blind) > 1 else ''} {', '.join(blind)} cannot read the file rank 0 wrote"
+        )
         raise ConfigError(
             f"trainer.output_dir {str(path)!r} is not one file system that every rank sees: {detail}. Checkpoints "
             "are written there by every rank; give every node the same shared directory (NFS, Lustre, a "
