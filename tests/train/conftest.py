@@ -10,6 +10,10 @@ from tests.tiny_llama import embedded_tokenizer, save_model_dir, tiny_llama
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
+    return digit_model_dir(tmp_path_factory.mktemp("tiny") / "model")
+
+
+def digit_model_dir(out):
     """A tiny random Llama whose output layer gives weight only to the ten digit tokens.
 
     Completions are one token long, so one-digit arithmetic episodes score sometimes and groups carry a
@@ -29,4 +33,4 @@ def tiny_model_dir(tmp_path_factory):
         g = torch.Generator().manual_seed(0)
         for d in digits:
             w[d] = 12.0 * h / h.dot(h) + 0.05 * torch.randn(h.shape, generator=g)
-    return save_model_dir(model, tok, tmp_path_factory.mktemp("tiny") / "model")
+    return save_model_dir(model, tok, out)

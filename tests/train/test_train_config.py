@@ -68,9 +68,9 @@ def test_bad_files_and_overrides(tmp_path):
 
 
 def test_nproc_is_stripped_before_torchrun():
-    from vriksha.train.cli import _strip_nproc
+    from vriksha.launch.torchrun import strip_launch_flags
 
-    assert _strip_nproc(["c.yaml", "--nproc", "2", "--set", "a.b=1", "--nproc=3", "--resume"]) == [
+    assert strip_launch_flags(["c.yaml", "--nproc", "2", "--set", "a.b=1", "--nproc=3", "--resume"]) == [
         "c.yaml",
         "--set",
         "a.b=1",

@@ -22,7 +22,7 @@ from vriksha.errors import VrikshaError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["Child", "StartupError", "free_port", "stop_all", "vriksha_command"]
+__all__ = ["Child", "StartupError", "StopSignals", "free_port", "stop_all", "vriksha_command"]
 
 
 class StartupError(VrikshaError):
@@ -72,6 +72,18 @@ def vriksha_command(*args: str, log_level: str | None = None) -> list[str]:
     if log_level is not None:
         cmd += ["--log-level", log_level]
     return [*cmd, *args]
+
+
+class StopSignals:
+    """Set once SIGTERM or SIGINT arrives (a fleet's loop checks it and stops its members)."""
+
+    def __init__(self) -> None:
+        self.stopping = False
+        signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)
+
+    def _on_signal(self, sig: int, _frame: object) -> None:
+        self.stopping = True
 
 
 class Child:

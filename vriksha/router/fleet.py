@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from vriksha.errors import ConfigError
-from vriksha.net.launch import Child, free_port, stop_all, vriksha_command
+from vriksha.launch.protocol import FleetJob
+from vriksha.net.launch import Child, StopSignals, free_port, stop_all, vriksha_command
 from vriksha.net.trust import API_KEY_ENV, INTERNAL_KEY_ENV, check_keys, env_key, new_key
 from vriksha.options import Options, option
 from vriksha.router.config import POLICIES
@@ -53,6 +54,13 @@ class FleetConfig(Options):
         "also share an internal key of their own ($VRIKSHA_INTERNAL_KEY, else a fresh one)",
     )
     startup_timeout_s: float = option(600.0, "seconds to wait for each replica", flag="startup-timeout")
+    launcher: str = option(
+        "local",
+        "local: child processes of this host; ray: replicas and the router as actors of one Ray placement group on "
+        "the cluster (`ray.init(address='auto')`; pip install 'vriksha[ray]')",
+        choices=("local", "ray"),
+    )
+    replica_cpus: float = option(1.0, "with --launcher ray: CPUs each replica's actor reserves")
 
 
 def register(subparsers: Any) -> None:
@@ -161,7 +169,8 @@ def fleet_secrets(api_key: str | None, internal_key: str | None = None) -> dict[
     return out
 
 
-def handler(args: argparse.Namespace) -> int:
+def fleet_job(args: argparse.Namespace) -> FleetJob:
+    """The fleet the flags describe, whichever launcher places it."""
     cfg = FleetConfig.from_args(args, api_key=os.environ.get("VRIKSHA_API_KEY"))
     if cfg.replicas < 1:
         raise ConfigError(f"--replicas must be >= 1, got {cfg.replicas}")
@@ -170,57 +179,72 @@ def handler(args: argparse.Namespace) -> int:
     # each member's role: colocated replicas, or prefill replicas then decode replicas
     roles = ["prefill"] * cfg.prefill + ["decode"] * cfg.decode if cfg.prefill else ["both"] * cfg.replicas
     extra = [a for a in args.serve_args if a != "--"]
-    shares = core_shares(usable_cores(), len(roles))
     common = ["--model", cfg.model] if cfg.model else []
-    secrets = fleet_secrets(cfg.api_key)
+    router = ["--policy", cfg.policy, *common]
+    if cfg.prefill and cfg.pd_threshold is not None:
+        router += ["--pd-threshold", str(cfg.pd_threshold)]
+    return FleetJob(
+        roles,
+        [*common, *extra],
+        router,
+        cfg.host,
+        cfg.port,
+        cfg.startup_timeout_s,
+        extra={"policy": cfg.policy, "launcher": cfg.launcher, "replica_cpus": cfg.replica_cpus},
+        secrets=fleet_secrets(cfg.api_key),
+    )
+
+
+def handler(args: argparse.Namespace) -> int:
+    from vriksha.launch.protocol import get_launcher
+
+    job = fleet_job(args)
+    launcher = str(job.extra["launcher"])
+    return get_launcher("torchrun" if launcher == "local" else launcher).fleet(job, args)
+
+
+def run_local_fleet(job: FleetJob, args: argparse.Namespace) -> int:
+    """The fleet as child processes of this host, each replica pinned to its share of the cores."""
+    roles = job.roles
+    shares = core_shares(usable_cores(), len(roles))
+    secrets = job.secrets
     members: list[Member] = []
-    stopping = False
-
-    def on_signal(sig: int, _frame: Any) -> None:
-        nonlocal stopping
-        stopping = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    signals = StopSignals()
     try:
         specs: list[str] = []
         prefill_urls: list[str] = []
         for i, (share, role) in enumerate(zip(shares, roles, strict=True)):
             peers = [x for url in prefill_urls for x in ("--kv-peer", url)] if role == "decode" else []
             name = f"{'replica' if role == 'both' else role} {i}"
-            m = spawn_replica(name, share, [*common, *peers, *extra], role, secrets=secrets)
+            m = spawn_replica(name, share, [*job.serve_args, *peers], role, secrets=secrets)
             members.append(m)
             if role == "prefill":
                 prefill_urls.append(m.url)
             specs += ["--prefill", m.url] if role == "prefill" else ["--replica", m.spec]
-        if cfg.prefill and cfg.pd_threshold is not None:
-            specs += ["--pd-threshold", str(cfg.pd_threshold)]
         for m in members:
-            m.wait_healthy(cfg.startup_timeout_s, hint="; raise --startup-timeout")
+            m.wait_healthy(job.startup_timeout_s, hint="; raise --startup-timeout")
         cmd = vriksha_command(
             "router",
             "--host",
-            cfg.host,
+            job.host,
             "--port",
-            str(cfg.port),
-            "--policy",
-            cfg.policy,
+            str(job.port),
             *specs,
-            *common,
+            *job.router_args,
             log_level=_log_level(),
         )
-        router_url = f"http://{cfg.host}:{cfg.port}"
+        router_url = f"http://{job.host}:{job.port}"
         router = _start(cmd, "router", router_url, None, None, secrets=secrets)
         members.append(router)
-        router.wait_healthy(cfg.startup_timeout_s, hint="; raise --startup-timeout")
+        router.wait_healthy(job.startup_timeout_s, hint="; raise --startup-timeout")
         logger.warning(
             "fleet of %d replicas (%s) behind %s (%s); Ctrl-C stops it",
             len(shares),
             ", ".join(f"{roles.count(x)} {x}" for x in ("both", "prefill", "decode") if x in roles),
             router_url,
-            cfg.policy,
+            job.extra["policy"],
         )
-        while not stopping:
+        while not signals.stopping:
             for m in members:
                 if m.proc is not None and m.proc.poll() is not None:
                     logger.error("%s exited with status %s", m.name, m.proc.returncode)

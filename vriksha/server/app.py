@@ -17,6 +17,7 @@ from vriksha.server.drain import Drain
 from vriksha.server.engine_client import EngineClient
 from vriksha.server.errors import install_error_handlers
 from vriksha.server.metrics import ServerMetrics
+from vriksha.server.metrics_vllm import install_vllm_metrics
 from vriksha.server.profiler import ServerProfiler
 from vriksha.server.routes_fleet import router as fleet_router
 from vriksha.server.routes_info import router as info_router
@@ -50,6 +51,7 @@ def create_app(
         profiler=ServerProfiler(config.profile_dir),
         drain=Drain(admission, config.shutdown_timeout_s),
     )
+    install_vllm_metrics(metrics, engine.stats, lambda: state.model_name)  # llm-d's endpoint picker reads them
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -27,6 +27,7 @@ from pydantic import BaseModel, Field
 from vriksha.server.auth import WEIGHTS
 from vriksha.server.errors import ConflictError, ServerError, ServerOverloadedError, to_response
 from vriksha.server.state import StateDep
+from vriksha.weights.node import node_identity
 from vriksha.weights.plan import TensorSpec, WeightTransferError
 from vriksha.weights.receiver import WeightClientConflict, WeightUpdater, engine_parameters, parameter_digests
 
@@ -271,6 +272,7 @@ async def weight_version(request: Request, state: StateDep) -> Response:
         "backend": s.backend,
         "updating": s.updating,
         "paused": not ctl.resumed.is_set(),
+        "node": node_identity().to_json(),  # the trainer picks shared memory only on the same node
     }
     if getattr(request.state, "auth_role", None) == WEIGHTS:  # who trains is for trainers to know
         body["owner"] = s.owner

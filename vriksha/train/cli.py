@@ -1,20 +1,20 @@
-"""`vriksha train CONFIG [--set key=value ...] [--resume] [--nproc N]`.
+"""`vriksha train CONFIG [--set key=value ...] [--resume] [--nproc N] [--nnodes N --node-rank R --rdzv-endpoint
+HOST:PORT] [--launcher torchrun|ray]`.
 
-`--nproc N` (N > 1) re-executes the same command through `torchrun --nproc_per_node=N -m vriksha.train`;
-`torchrun ... -m vriksha.train CONFIG ...` works directly too.
+`--nproc N` (N > 1) or `--nnodes N` (N > 1) re-executes the same command through torchrun (`launch/torchrun.py`:
+`--standalone` on one node, else the rendezvous), also under Slurm's srun; `torchrun ... -m vriksha.train CONFIG
+...` works directly too. `--launcher ray` places the job's roles on a Ray cluster (`launch/ray/`).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
-import shutil
-import subprocess
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from vriksha.errors import ConfigError
+if TYPE_CHECKING:
+    from vriksha.train.config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -34,11 +34,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--resume", action="store_true", help="continue from the latest checkpoint in output_dir"
     )
+    from vriksha.launch.protocol import LAUNCHERS
+    from vriksha.launch.torchrun import TorchrunConfig
+    from vriksha.net.flags import add_flags
+
+    add_flags(parser, TorchrunConfig, "ranks and nodes (torchrun)")
     parser.add_argument(
-        "--nproc",
-        type=int,
-        default=1,
-        help="processes (ranks) to train with; >1 re-executes through torchrun",
+        "--launcher",
+        choices=tuple(LAUNCHERS),
+        default="torchrun",
+        help="where the job runs: torchrun (this node, or several with --nnodes) or ray (a Ray cluster: "
+        "trainer ranks, rollout servers, router and environment servers placed by the config's launch.ray "
+        "section; pip install 'vriksha[ray]') (default: torchrun)",
     )
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     from vriksha.engine.config import EngineConfig
@@ -57,36 +64,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "train",
-        help="GRPO post-training on an environment (FSDP2; --nproc N for N processes)",
+        help="GRPO post-training on an environment (FSDP2; --nproc N processes per node, --nnodes, --launcher ray)",
         description="Train a model with GRPO on a verifiable environment, rollouts on the colocated engine.",
     )
     add_arguments(parser)
     parser.set_defaults(func=handler)
-
-
-def _torchrun(args: argparse.Namespace, argv: list[str]) -> int:
-    torchrun = shutil.which("torchrun")
-    base = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
-    cmd = [*base, "--standalone", f"--nproc_per_node={args.nproc}", "-m", "vriksha.train", *argv]
-    logger.info("launching %s", " ".join(cmd))
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // args.nproc)))
-    return subprocess.call(cmd, env=env)
-
-
-def _strip_nproc(argv: list[str]) -> list[str]:
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a == "--nproc":
-            skip = True
-            continue
-        if a.startswith("--nproc="):
-            continue
-        out.append(a)
-    return out
 
 
 def handler(args: argparse.Namespace, argv: list[str] | None = None) -> int:
@@ -99,23 +81,31 @@ def handler(args: argparse.Namespace, argv: list[str] | None = None) -> int:
 
         print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         return 0
-    if args.nproc < 1:
-        raise ConfigError(f"--nproc: must be >= 1, got {args.nproc}")
-    if args.nproc > 1 and "RANK" not in os.environ:
-        if argv is None:
-            argv = sys.argv[sys.argv.index("train") + 1 :] if "train" in sys.argv else sys.argv[1:]
-        return _torchrun(args, _strip_nproc(argv))
+    from vriksha.launch.protocol import TrainJob, get_launcher
+    from vriksha.launch.torchrun import from_args, strip_launch_flags
 
-    from vriksha.train.distributed import shutdown_distributed
-    from vriksha.train.trainer import GRPOTrainer
-
+    ranks = from_args(args)
+    if args.launcher == "torchrun":
+        ranks = ranks.with_slurm()
+    ranks.validate()
+    if argv is None:
+        argv = sys.argv[sys.argv.index("train") + 1 :] if "train" in sys.argv else sys.argv[1:]
     profile = None
     if getattr(args, "profile", False):
         from vriksha.profiling import ProfileConfig
 
         profile = ProfileConfig.from_args(args)
+    job = TrainJob(cfg, strip_launch_flags(argv), args.resume, ranks, profile)
+    return get_launcher(args.launcher).train(job)
+
+
+def run_in_process(cfg: TrainConfig, resume: bool, profile: Any = None) -> int:
+    """This process is one trainer rank (or the only one): train, then leave the process group."""
+    from vriksha.train.distributed import shutdown_distributed
+    from vriksha.train.trainer import GRPOTrainer
+
     try:
-        trainer = GRPOTrainer(cfg, resume=args.resume, profile=profile)
+        trainer = GRPOTrainer(cfg, resume=resume, profile=profile)
         summary = trainer.fit()
         if trainer.pd.is_main:
             if summary.get("before") or summary.get("after"):

@@ -27,6 +27,7 @@ from pydantic import (
 
 from vriksha.engine.config import EngineConfig
 from vriksha.errors import ConfigError
+from vriksha.train.config_launch import LaunchConfig
 from vriksha.train.config_yaml import load_yaml
 
 __all__ = ["TrainConfig", "load_config", "apply_overrides", "parse_override", "engine_overrides"]
@@ -120,6 +121,10 @@ class EnvConfig(_Section):
     name: str = Field("arithmetic", description="registered environment name or 'package.module:Class'")
     kwargs: dict[str, Any] = Field(default_factory=dict, description="keyword arguments for make_env")
     options: dict[str, Any] = Field(default_factory=dict, description="reset options (e.g. level)")
+    servers: list[str] = Field(
+        default_factory=list,
+        description="base URLs of `vriksha env serve` processes to play episodes on (empty: in this process)",
+    )
     train_split: str = Field("train", description="split episodes are drawn from for training")
     eval_split: str = Field("test", description="held-out split for evaluation")
 
@@ -183,8 +188,17 @@ class RolloutConfig(_Section):
         default_factory=list,
         description="server mode: base URLs of `vriksha serve` (empty: the trainer starts one on a free port)",
     )
+    router: str | None = Field(
+        None, description="server mode: a `vriksha router` over rollout.servers that generation goes through"
+    )
+    recovery_timeout_s: float = Field(
+        300.0,
+        gt=0.0,
+        description="server mode: how long a rollout server or router that stopped answering may take to come "
+        "back (it is then re-synced to the current weights and the request repeated)",
+    )
     weight_backend: Literal["auto", "shm", "gloo", "fs"] = Field(
-        "auto", description="server mode: how weights reach the servers (auto: shm on this host, else gloo)"
+        "auto", description="server mode: how weights reach the servers (auto: shm on the same node, else gloo)"
     )
     weight_bucket_mb: float = Field(64.0, gt=0.0, description="server mode: gloo bucket size in MiB")
     verify_weights: bool = Field(
@@ -409,6 +423,7 @@ class TrainConfig(_Section):
     grpo: GRPOConfig = Field(default_factory=GRPOConfig)
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    launch: LaunchConfig = Field(default_factory=LaunchConfig)
 
     @model_validator(mode="after")
     def _check_exact(self) -> TrainConfig:

@@ -18,18 +18,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from vriksha.envs import Environment, make_env
+from vriksha.envs import make_env
+from vriksha.envs.episode import EpisodeEnv
 from vriksha.envs.play import Episode, Sampling, play_groups
+from vriksha.envs.protocol import EnvConnectionError, ErrorCode, RemoteEnvError
 from vriksha.envs.rollout_engine import RolloutEngine
 from vriksha.envs.transcript import PromptFormat
 from vriksha.profiling import phase
 from vriksha.train.config import EnvConfig, RolloutConfig
 from vriksha.train.distributed import shard_range
 from vriksha.train.dynamic_sampling import SampledGroups, sample_with_signal
+from vriksha.train.remote_envs import RemoteEnvs
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["Episode", "RolloutWorker", "StepRollout", "episode_seed"]
+
+REPLAYS = 3  # plays of one batch repeated after an environment server was lost
 
 
 def episode_seed(*parts: int) -> int:
@@ -52,7 +57,11 @@ class RolloutWorker:
             describe_tools=cfg.describe_tools,
         )
 
-    def _new_env(self) -> Environment:
+        self._remote = RemoteEnvs(env_cfg.servers) if env_cfg.servers else None
+
+    def _new_env(self) -> EpisodeEnv:
+        if self._remote is not None:
+            return self._remote.session()
         return make_env(self.env_cfg.name, **self.env_cfg.kwargs)
 
     def play(
@@ -70,6 +79,27 @@ class RolloutWorker:
             top_p=self.cfg.top_p,
             max_tokens=max_new_tokens or self.cfg.max_new_tokens,
         )
+        for attempt in range(REPLAYS + 1):
+            try:
+                groups = self._play(seeds, split, group_size, sampling, sampling_seeds)
+                break
+            except (EnvConnectionError, RemoteEnvError) as exc:
+                lost = isinstance(exc, EnvConnectionError) or exc.code == ErrorCode.UNKNOWN_SESSION
+                if self._remote is None or not lost or attempt == REPLAYS:
+                    raise
+                # a server restarted mid-play lost its sessions: the same seeds play the same episodes again
+                logger.warning("environment server lost (%s); replaying the batch", exc)
+                self._remote.wait_all()
+        return groups
+
+    def _play(
+        self,
+        seeds: Sequence[int],
+        split: str,
+        group_size: int,
+        sampling: Sampling,
+        sampling_seeds: Sequence[int] | None,
+    ) -> list[list[Episode]]:
         return play_groups(
             self.llm,
             self.tokenizer,
@@ -81,6 +111,7 @@ class RolloutWorker:
             sampling_seeds=None if sampling_seeds is None else [int(s) for s in sampling_seeds],
             max_turns=self.cfg.max_turns,
             prompt_format=self.prompt_format,
+            action_shape=self._remote.action_shape if self._remote is not None else None,
         )
 
 

@@ -32,10 +32,12 @@ from vriksha.engine.core.sampling_params import SamplingParams
 from vriksha.envs.rollout_engine import TokenPrompt
 from vriksha.errors import VrikshaError
 from vriksha.lora import LoraAdapter
+from vriksha.net.health import wait_healthy
 from vriksha.net.launch import free_port
 from vriksha.net.trust import WEIGHTS_KEY_ENV, env_key, new_key
 from vriksha.train.config import ModelConfig, RolloutConfig
-from vriksha.weights import WeightSyncClient, digest
+from vriksha.train.server_recovery import post_until_answered
+from vriksha.weights import WeightSyncClient, WeightTransferError, digest
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -263,7 +265,24 @@ class ServerRollout:
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.barrier()
 
+    def _resync(self) -> None:
+        """Push the current weights to every server (rank 0) that serves another version (one restarted)."""
+        for c in self.clients:
+            wait_healthy(c.base_url, self.cfg.recovery_timeout_s, "rollout server")
+            if c.version() != self.version:
+                c.reset()  # a restarted server has no transfer; set it up anew
+                self._push(c)
+
     def _push(self, client: WeightSyncClient) -> None:
+        try:
+            self._push_once(client)
+        except WeightTransferError as exc:  # the server died (and is being restarted) or lost its transfer
+            logger.warning("weights to %s failed (%s); waiting for it, then pushing again", client.base_url, exc)
+            wait_healthy(client.base_url, self.cfg.recovery_timeout_s, "rollout server")
+            client.reset()
+            self._push_once(client)
+
+    def _push_once(self, client: WeightSyncClient) -> None:
         served = client.version()
         expected = self.version - 1 if self._pushed else None
         if expected is None and served != self.version:
@@ -316,10 +335,15 @@ class ServerRollout:
 
     def flush_cache(self) -> bool:
         """Reset every server's prefix cache (rank 0; the others wait), as `LLM.flush_cache` does in process."""
+        import httpx
+
         ok = True
         if self.rank == 0:
             for url in self.urls:
-                ok &= self.http.post(f"{url}/reset_prefix_cache").status_code == 200
+                try:
+                    ok &= self.http.post(f"{url}/reset_prefix_cache").status_code == 200
+                except httpx.TransportError:  # a server being restarted: it comes back with an empty cache
+                    wait_healthy(url, self.cfg.recovery_timeout_s, "rollout server")
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.barrier()
         return ok
@@ -332,13 +356,13 @@ class ServerRollout:
             "sampling_params": native_sampling(params),
             "return_text": True,
         }
-        r = self.http.post(f"{url}/generate", json=body)
+        r = post_until_answered(self.http, f"{url}/generate", body, self.cfg.recovery_timeout_s)
         if r.status_code != 200:
             raise VrikshaError(f"{url}/generate answered {r.status_code}: {r.text[:500]}")
         return r.json()
 
     def _one(self, i: int, prompt: TokenPrompt, params: SamplingParams) -> RequestOutput:
-        url = self.urls[(self._next + i) % len(self.urls)]
+        url = self.cfg.router or self.urls[(self._next + i) % len(self.urls)]
         body = self._request(url, prompt, params)
         if int(body.get("weight_version", -1)) != self.version:
             raise WeightVersionError(
@@ -387,7 +411,7 @@ class ServerRollout:
                 if attempt or self.rank != 0 or (dist.is_initialized() and dist.get_world_size() > 1):
                     raise WeightVersionError(f"{exc}; restart the server or the run") from None
                 logger.warning("%s: re-syncing the weights and repeating the rollout", exc)
-                self._push_all()
+                self._resync()
         raise AssertionError("unreachable")
 
     def close(self) -> None:

@@ -51,6 +51,7 @@ from vriksha.train.policy import load_policy
 from vriksha.train.precision import TrainPrecision, resolve_precision
 from vriksha.train.rollout import Episode, RolloutWorker, StepRollout, episode_seed
 from vriksha.train.rollout_engine import TrainingEngine, build_engine, colocated_engine
+from vriksha.train.shared_dir import check_shared_dir
 from vriksha.train.step_metrics import StepMetrics
 from vriksha.train.update import Learner, UpdateBatch, policy_update
 
@@ -101,6 +102,7 @@ class GRPOTrainer:
             dp_replicate=par.dp_replicate, dp_shard=par.dp_shard, tp=par.tp
         )
         shard_range(cfg.rollout.prompts_per_step, 0, self.pd.world_size)  # fail early on an uneven split
+        check_shared_dir(self.out_dir, self.pd.rank, self.pd.world_size)  # before any rank writes there
         self._setup()
 
     # -- setup ---------------------------------------------------------------

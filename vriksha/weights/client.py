@@ -1,5 +1,5 @@
 """The trainer's side: push full weights to one `vriksha serve` under a version, over the data plane chosen
-automatically (shared memory on the same host, else a gloo group, else the filesystem). It presents the
+automatically (shared memory on the same node, else a gloo group, else the filesystem). It presents the
 server's weights key (`weights_key`, else $VRIKSHA_WEIGHTS_KEY) and its transfer's token on every call."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from vriksha.lora import AdapterError, LoraAdapter
 from vriksha.net.trust import WEIGHTS_KEY_ENV, env_key, weights_headers
 from vriksha.weights.adapter_update import AdapterMeta
 from vriksha.weights.counters import CopyCounter
+from vriksha.weights.node import NodeIdentity, node_identity
 from vriksha.weights.plan import TensorSpec, WeightTransferError, check_specs
 from vriksha.weights.protocol import WeightSender
 from vriksha.weights.shm import shm_available
@@ -101,10 +102,18 @@ class WeightSyncClient:
         return self._get("/weight_digests")
 
     # ---- setup --------------------------------------------------------------------------------------
+    def shares_memory(self) -> bool:
+        """Whether the server sees this process's /dev/shm: the same node identity (host name, boot id and
+        /dev/shm mount, `node.py`); a server that states none is judged by its URL's host."""
+        peer = NodeIdentity.from_json(self._get("/weight_version").get("node"))
+        if peer is None:
+            return same_host(self.base_url) and shm_available()
+        return node_identity().shares_memory_with(peer) and shm_available()
+
     def _choose(self) -> list[str]:
         if self.requested != "auto":
             return [self.requested]
-        order = ["shm"] if same_host(self.base_url) and shm_available() else []
+        order = ["shm"] if self.shares_memory() else []
         order.append("gloo")
         if self.fs_root is not None:
             order.append("fs")
@@ -243,6 +252,12 @@ class WeightSyncClient:
         return PushResult(
             version, str(self.backend), time.perf_counter() - t0, counter.to_json(), reply["receiver"]
         )
+
+    def reset(self) -> None:
+        """Forget the data plane (a restarted server holds none); the next push sets one up again."""
+        if self.sender is not None:
+            self.sender.close()
+        self.sender = self.backend = None
 
     def close(self) -> None:
         try:
