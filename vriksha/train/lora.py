@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 from torch import nn
@@ -165,11 +165,20 @@ def _full(p: torch.Tensor) -> torch.Tensor:
     return p.full_tensor().detach() if isinstance(p, DTensor) else p.detach()
 
 
+def linear_weight(module: nn.Module) -> torch.Tensor:
+    """A linear layer's weight, typed."""
+    weight = module.weight
+    assert isinstance(weight, torch.Tensor)
+    return weight
+
+
 def gather_adapter(model: nn.Module, name: str, cfg: LoraSection, base_model: str | None) -> LoraAdapter:
     """The policy's current adapter as a record (collective under FSDP2 / tensor parallel). With one process the
     tensors may be the live parameters themselves: copy what must outlive the next update."""
     modules = {
-        module: LoraWeights(_full(layer.lora_A[ADAPTER].weight), _full(layer.lora_B[ADAPTER].weight))
+        module: LoraWeights(
+            _full(linear_weight(layer.lora_A[ADAPTER])), _full(linear_weight(layer.lora_B[ADAPTER]))
+        )
         for module, layer in lora_layers(model).items()
     }
     targets = tuple(sorted({m.rsplit(".", 1)[-1] for m in modules}))
@@ -221,7 +230,7 @@ class AdapterSync:
         self.merge = merge
         self.aliased = world_size == 1 and self._alias()
         targets = list(lora_layers(policy))
-        self.merged = MergedWeights({n: engine_module.get_submodule(n).weight.data for n in targets})
+        self.merged = MergedWeights({n: linear_weight(engine_module.get_submodule(n)).data for n in targets})
         self.adapter: LoraAdapter | None = None
 
     @classmethod
@@ -303,7 +312,7 @@ def export_merged(sync: AdapterSync, tokenizer: Any, out_dir: Path, rank: int) -
         sync.merged.unmerge()
         sync.merged.merge(adapter)
         out_dir.mkdir(parents=True, exist_ok=True)
-        module.save_pretrained(out_dir)
+        cast(Any, module).save_pretrained(out_dir)
         tokenizer.save_pretrained(out_dir)
         gen = getattr(module, "generation_config", None)
         if gen is not None:

@@ -9,14 +9,14 @@ under the new version: merged into the producer's module for a colocated engine,
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from vriksha.lora import LoraAdapter, LoraWeights
 from vriksha.lora.merge import MergedWeights
-from vriksha.train.lora import AdapterSync, adapter_tensors
+from vriksha.train.lora import AdapterSync, adapter_tensors, linear_weight
 from vriksha.train.rollout_engine import TrainingEngine
 
 if TYPE_CHECKING:
@@ -45,7 +45,9 @@ class ProducerAdapter:
             base_model=template.base_model,
         )
         self.params: list[torch.Tensor] = adapter_tensors(self.adapter)
-        self.merged = MergedWeights({n: module.get_submodule(n).weight.data for n in own}) if merge else None
+        self.merged = (
+            MergedWeights({n: linear_weight(module.get_submodule(n)).data for n in own}) if merge else None
+        )
 
     def apply(self) -> None:
         """The module takes the adapter's current tensors (the one merged before taken out exactly)."""
@@ -89,7 +91,7 @@ class AdapterEngine:
 
 
 # build_engine's shape, less the keywords the trainer fills in: (module, the adapter it pushes or None)
-EngineOver = Callable[[nn.Module, Callable[[], LoraAdapter | None] | None], TrainingEngine]
+EngineOver = Callable[[Any, Callable[[], LoraAdapter | None] | None], TrainingEngine]
 
 
 def producer_engine(

@@ -24,8 +24,9 @@ Per completion i and generated token t (the `LossInputs` names; m the loss mask)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from torch import Tensor
@@ -170,7 +171,9 @@ class PolicyLoss:
             metrics = self._metrics(inputs, mask, ratio, low, high, kl, iw, kept)
         return LossOutputs(loss, float(mask.sum()), metrics)
 
-    def _metrics(self, inputs, mask, ratio, low, high, kl, iw, kept) -> dict[str, float]:  # noqa: ANN001
+    def _metrics(  # noqa: ANN001
+        self, inputs: Any, mask: Tensor, ratio: Any, low: Any, high: Any, kl: Any, iw: Any, kept: Any
+    ) -> dict[str, float]:
         def total(x: Tensor | None, default: float = 0.0) -> float:
             return float((x.to(mask.dtype) * mask).sum()) if x is not None else default
 
@@ -191,5 +194,9 @@ class PolicyLoss:
         }
 
 
+def _named_loss(name: str) -> Callable[[Any], PolicyLoss]:
+    return lambda cfg: PolicyLoss.named(name, cfg)
+
+
 for _name in LOSS_SHAPES:
-    register_loss(_name, lambda cfg, name=_name: PolicyLoss.named(name, cfg))
+    register_loss(_name, _named_loss(_name))
