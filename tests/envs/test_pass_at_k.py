@@ -69,7 +69,7 @@ class EvenLengthEnv(Environment):
 
 @pytest.fixture(scope="module")
 def tiny_llm():
-    llm_mod = pytest.importorskip("vriksha.engine.llm")
+    llm_mod = pytest.importorskip("vriksha.engine.core.llm")
     from tests.tiny_llama import embedded_tokenizer, tiny_llama
 
     tok = embedded_tokenizer()

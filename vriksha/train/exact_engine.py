@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from vriksha.engine.outputs import CompletionOutput, RequestOutput
-from vriksha.engine.sampler import draw_seed
+from vriksha.engine.core.outputs import CompletionOutput, RequestOutput
+from vriksha.engine.core.sampler import draw_seed
 from vriksha.errors import InvalidRequestError
 from vriksha.train.lockstep import LockstepForward, token_logprobs
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from vriksha.device import host
 from vriksha.errors import VrikshaError
 from vriksha.weights.adapter_serving import ServedAdapterSink
 from vriksha.weights.adapter_update import (
@@ -230,7 +231,7 @@ class WeightUpdater:
             if spec.name not in upd.staged:
                 like = params[spec.name]  # an adapter's tensors are staged on the host
                 upd.staged[spec.name] = (
-                    torch.empty_like(like, device="cpu") if like.is_meta else torch.empty_like(like)
+                    torch.empty_like(like, device=host()) if like.is_meta else torch.empty_like(like)
                 )
         target = {spec.name: upd.staged[spec.name] for spec in specs}
         receiver = self.state.receiver

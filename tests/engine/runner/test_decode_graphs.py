@@ -5,6 +5,7 @@ CUDA tests capture and replay for real and are skipped without a CUDA device.
 """
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -151,7 +152,7 @@ def test_only_decode_only_batches_within_the_largest_size_take_the_path(default_
     llm = LLM.from_module(tiny_model("llama", VOCAB), default_tokenizer, **OPTIONS)
     _with_eager_graphs(llm, max_batch=8)
     graphs = llm.engine.runner.path(DecodeGraphs)
-    request = object()  # `accepts` looks at the batch's shape only
+    request = SimpleNamespace(lora_id=0)  # `accepts` looks at the batch's shape and its adapters only
 
     def step(**batch) -> ForwardStep:
         return ForwardStep(ForwardBatch(**batch), build=lambda b: None)  # never built

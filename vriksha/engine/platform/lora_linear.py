@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from vriksha.device import resolve_or_host
 from vriksha.engine.platform.module_installation import ModuleInstallation
 from vriksha.lora import AdapterError, LoraAdapter
 
@@ -41,7 +42,7 @@ class LoraRows:
     groups: list[tuple[int, Rows]]
 
     @classmethod
-    def of(cls, ids: Sequence[int], device: torch.device | str = "cpu") -> LoraRows | None:
+    def of(cls, ids: Sequence[int], device: torch.device | str | None = None) -> LoraRows | None:
         """The groups of per-row adapter ids `ids` (0: the base model); None when every row is the base's."""
         rows: dict[int, list[int]] = {}
         for i, lora_id in enumerate(ids):
@@ -54,7 +55,7 @@ class LoraRows:
             if where[-1] - where[0] + 1 == len(where):
                 groups.append((lora_id, slice(where[0], where[-1] + 1)))
             else:
-                groups.append((lora_id, torch.tensor(where, dtype=torch.int64, device=device)))
+                groups.append((lora_id, torch.tensor(where, dtype=torch.int64, device=resolve_or_host(device))))
         return cls(groups)
 
 
