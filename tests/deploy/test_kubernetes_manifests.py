@@ -14,6 +14,8 @@ import pytest
 import yaml
 
 from vriksha.cli import build_parser
+from vriksha.server.config import ServerConfig
+from vriksha.server.kv_roles import KVRoleConfig
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 
@@ -98,7 +100,7 @@ def test_every_vriksha_command_line_parses_with_vriksha():
                 args = parser.parse_args(argv)  # an unknown flag or a bad value exits here
                 seen.add(argv[0])
                 if argv[0] == "serve":
-                    assert args.host == "0.0.0.0"  # reachable from other pods
+                    assert ServerConfig.from_args(args).host == "0.0.0.0"  # reachable from other pods
     assert seen == {"serve", "router"}
 
 
@@ -107,7 +109,7 @@ def test_roles_and_labels_follow_the_serve_flags():
         labels = sts["spec"]["template"]["metadata"]["labels"]
         (argv,) = _vriksha_args(sts)
         args = build_parser().parse_args(argv)
-        assert labels["llm-d.ai/role"] == args.role
+        assert labels["llm-d.ai/role"] == KVRoleConfig.from_args(args).role
 
 
 def test_pool_picker_route_and_router_point_at_each_other():
@@ -118,7 +120,8 @@ def test_pool_picker_route_and_router_point_at_each_other():
     ]  # fmt: skip
     assert [s["metadata"]["name"] for s in selected] == ["vriksha-replica"]
     (argv,) = _vriksha_args(selected[0])
-    assert [p["number"] for p in pool["spec"]["targetPorts"]] == [build_parser().parse_args(argv).port]
+    port = ServerConfig.from_args(build_parser().parse_args(argv)).port
+    assert [p["number"] for p in pool["spec"]["targetPorts"]] == [port]
     epp = pool["spec"]["endpointPickerRef"]
     (svc,) = by_kind("Service", epp["name"])
     assert epp["port"]["number"] in [p["port"] for p in svc["spec"]["ports"]]
