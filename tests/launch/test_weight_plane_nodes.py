@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tests.launch.nodes import nodes_unavailable, own_node
-from tests.server.conftest import ServerProcess, build_tiny_model
+from tests.server.conftest import WEIGHTS_KEY, ServerProcess, build_tiny_model
 from vriksha.weights import WeightSyncClient, digest
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,8 @@ def model_dir(tmp_path_factory):
 
 @pytest.mark.skipif(_why is not None, reason=_why or "")
 @pytest.mark.parametrize(("where", "plane"), [("this node", "shm"), ("another node", "gloo")])
-def test_auto_picks_shared_memory_only_on_the_same_node(where, plane, model_dir, tmp_path):
+def test_auto_picks_shared_memory_only_on_the_same_node(where, plane, model_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("VRIKSHA_WEIGHTS_KEY", WEIGHTS_KEY)  # the server's weights key, which the client presents
     preexec = own_node() if where == "another node" else None
     server = ServerProcess(["--model", str(model_dir), *SERVER_ARGS], tmp_path / "server.log", preexec_fn=preexec)
     client = WeightSyncClient(server.base_url, "trainer", backend="auto", bucket_bytes=1 << 16)
