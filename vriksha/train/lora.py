@@ -29,6 +29,7 @@ from vriksha.errors import ConfigError
 from vriksha.lora import LoraAdapter, LoraWeights
 from vriksha.lora.merge import MergedWeights
 from vriksha.train.config import LoraSection, TrainConfig
+from vriksha.train.policy import decoder_layers
 
 if TYPE_CHECKING:
     from peft.tuners.lora import LoraLayer
@@ -49,13 +50,7 @@ ADAPTER = "default"  # PEFT's name for the one adapter a model trains
 
 
 def _decoder(model: nn.Module) -> nn.Module:
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if not isinstance(layers, nn.ModuleList):
-        raise ConfigError(
-            f"model.lora: {type(model).__name__} has no `model.layers` list of decoder layers; name the layers "
-            "to adapt in model.lora.target_modules"
-        )
-    return layers
+    return decoder_layers(model, "model.lora", "", "name the layers to adapt in model.lora.target_modules")
 
 
 def lora_targets(model: nn.Module, names: Sequence[str] | None) -> list[str]:

@@ -35,6 +35,7 @@ from torch.distributed.tensor.parallel import (
 from vriksha.errors import ConfigError
 from vriksha.train.distributed import ParallelDims
 from vriksha.train.lora import lora_tp_plan
+from vriksha.train.policy import decoder_layers
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -47,13 +48,7 @@ Model = TypeVar("Model", bound="PreTrainedModel")  # a Transformers causal LM, s
 
 
 def _decoder_layers(model: nn.Module) -> nn.ModuleList:
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if not isinstance(layers, nn.ModuleList):
-        raise ConfigError(
-            f"parallel.tp: {type(model).__name__} has no `model.layers` list of decoder layers to split; "
-            "train this model with parallel.tp=1"
-        )
-    return layers
+    return decoder_layers(model, "parallel.tp", " to split", "train this model with parallel.tp=1")
 
 
 def _decoder_plan(model: nn.Module, shard_vocab: bool) -> dict[str, ParallelStyle]:

@@ -56,3 +56,14 @@ def load_policy(cfg: ModelConfig, seed: int) -> tuple[PreTrainedModel, Any]:
     # (autograd does not care about the mode)
     model.eval()
     return model, tokenizer
+
+
+def decoder_layers(model: torch.nn.Module, option: str, purpose: str, remedy: str) -> torch.nn.ModuleList:
+    """The `model.layers` list of a Llama-style decoder; a ConfigError naming `option` and its `remedy` where the
+    model has none."""
+    layers = getattr(getattr(model, "model", None), "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList):
+        raise ConfigError(
+            f"{option}: {type(model).__name__} has no `model.layers` list of decoder layers{purpose}; {remedy}"
+        )
+    return layers
