@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 if TYPE_CHECKING:
     from vriksha import RequestOutput, SamplingParams
 
-__all__ = ["RolloutEngine", "TokenPrompt"]
+__all__ = ["PassThroughEngine", "RolloutEngine", "TokenPrompt"]
 
 TokenPrompt = dict[str, list[int]]  # {"prompt_token_ids": [...]}: a prompt as the engine's own token ids
 
@@ -35,3 +35,29 @@ class RolloutEngine(Protocol):
         """One finished `RequestOutput` per prompt, in order, each with `SamplingParams.n` completions
         carrying their token ids and (when asked for) the sampled tokens' log-probabilities."""
         ...
+
+
+class PassThroughEngine:
+    """A `RolloutEngine` over another: `generate` goes to `inner`, and `observe(outputs)` (nothing here) watches
+    what comes back; a wrapper overrides `observe` or adds calls of its own."""
+
+    def __init__(self, inner: RolloutEngine) -> None:
+        self.inner = inner
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.inner.eos_token_ids
+
+    def generate(
+        self,
+        prompts: Sequence[TokenPrompt],
+        sampling_params: Sequence[SamplingParams],
+        /,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        outputs = self.inner.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        self.observe(outputs)
+        return outputs
+
+    def observe(self, outputs: list[RequestOutput]) -> None:
+        pass

@@ -38,12 +38,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from vriksha.envs.play import Episode
-from vriksha.envs.rollout_engine import RolloutEngine, TokenPrompt
+from vriksha.envs.rollout_engine import PassThroughEngine, RolloutEngine
 from vriksha.errors import VrikshaError
 from vriksha.train.rollout_engine import TrainingEngine
 
 if TYPE_CHECKING:
-    from vriksha import RequestOutput, SamplingParams
+    from vriksha import RequestOutput
 
 logger = logging.getLogger(__name__)
 
@@ -120,26 +120,15 @@ class StalenessStats:
         return cls(list(batch.groups), lag, 0, histogram)
 
 
-class _VersionTap:
-    """A `RolloutEngine` that passes `generate` through and notes the weight version each output reports."""
+class _VersionTap(PassThroughEngine):
+    """Notes the weight version each output reports."""
 
     def __init__(self, llm: RolloutEngine) -> None:
-        self.llm = llm
-        self.seen: set[int] = set()
+        super().__init__(llm)
+        self.seen_versions: set[int] = set()
 
-    @property
-    def eos_token_ids(self) -> frozenset[int]:
-        return self.llm.eos_token_ids
-
-    def generate(
-        self,
-        prompts: Sequence[TokenPrompt],
-        sampling_params: Sequence[SamplingParams],
-        use_tqdm: bool = False,
-    ) -> list[RequestOutput]:
-        outs = self.llm.generate(prompts, sampling_params, use_tqdm=use_tqdm)
-        self.seen.update(o.weight_version for o in outs)
-        return outs
+    def observe(self, outputs: list[RequestOutput]) -> None:
+        self.seen_versions.update(o.weight_version for o in outputs)
 
 
 class AsyncRollout:
@@ -296,9 +285,11 @@ class AsyncRollout:
                 tap = _VersionTap(self.llm)
                 t0 = time.perf_counter()
                 groups = self.play(tap, step)
-                version = min(tap.seen, default=self._loaded)
-                if len(tap.seen) > 1:
-                    logger.warning("the batch of step %d came from versions %s", step, sorted(tap.seen))
+                version = min(tap.seen_versions, default=self._loaded)
+                if len(tap.seen_versions) > 1:
+                    logger.warning(
+                        "the batch of step %d came from versions %s", step, sorted(tap.seen_versions)
+                    )
                 batch = RolloutBatch(step, version, groups, time.perf_counter() - t0)
                 with self._cond:
                     self._done[step] = batch

@@ -8,20 +8,17 @@ under the new version: merged into the producer's module for a colocated engine,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
+from vriksha.envs.rollout_engine import PassThroughEngine
 from vriksha.lora import LoraAdapter, LoraWeights
 from vriksha.lora.merge import MergedWeights
 from vriksha.train.lora import AdapterSync, adapter_tensors, linear_weight
 from vriksha.train.rollout_engine import TrainingEngine
-
-if TYPE_CHECKING:
-    from vriksha import RequestOutput, SamplingParams
-    from vriksha.envs.rollout_engine import TokenPrompt
 
 __all__ = ["AdapterEngine", "ProducerAdapter", "producer_engine"]
 
@@ -56,24 +53,13 @@ class ProducerAdapter:
             self.merged.merge(self.adapter)
 
 
-class AdapterEngine:
+class AdapterEngine(PassThroughEngine):
     """A `TrainingEngine` that brings the producer's adapter into its engine before each new version."""
 
     def __init__(self, inner: TrainingEngine, producer: ProducerAdapter) -> None:
-        self.inner = inner
+        super().__init__(inner)
+        self.inner: TrainingEngine = inner
         self.producer = producer
-
-    @property
-    def eos_token_ids(self) -> frozenset[int]:
-        return self.inner.eos_token_ids
-
-    def generate(
-        self,
-        prompts: Sequence[TokenPrompt],
-        sampling_params: Sequence[SamplingParams],
-        use_tqdm: bool = False,
-    ) -> list[RequestOutput]:
-        return self.inner.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def weights_updated(self) -> None:
         self.producer.apply()

@@ -157,22 +157,9 @@ def _dedupe(rng):
     keep = rng.choice(["first", "last"])
 
     def ref(xs):
-        if keep == "first":
-            seen, out = set(), []
-            for x in xs:
-                if x not in seen:
-                    seen.add(x)
-                    out.append(x)
-            return out
-        return list(reversed(ref_first(list(reversed(xs)))))
-
-    def ref_first(xs):
-        seen, out = set(), []
-        for x in xs:
-            if x not in seen:
-                seen.add(x)
-                out.append(x)
-        return out
+        ordered = xs if keep == "first" else list(reversed(xs))
+        kept = list(dict.fromkeys(ordered))
+        return kept if keep == "first" else list(reversed(kept))
 
     return FunctionTask(
         "dedupe",
