@@ -23,11 +23,12 @@ import argparse
 import dataclasses
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import field
+from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 from vriksha.errors import ConfigError
 
-_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool, "Path": Path}
 
 OptionsT = TypeVar("OptionsT", bound="Options")
 
@@ -233,6 +234,8 @@ class Options:
             return value
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             return float(value)
+        if kind is Path and isinstance(value, str):
+            return Path(value)
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise ConfigError(f"{cls.options_label} option {f.name} must be a {kind.__name__}, got {value!r}")
         return value

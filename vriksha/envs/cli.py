@@ -174,7 +174,7 @@ def _eval(args: argparse.Namespace) -> int:
     config = EngineConfig.from_args(args)
     llm = LLM(config=config)
     profiler = None
-    if getattr(args, "profile", False):
+    if getattr(args, "profile_enabled", False):
         from vriksha.profiling import ProfileConfig, StepProfiler
 
         profiler = StepProfiler(ProfileConfig.from_args(args), rank=0, name=f"env_eval_{args.name}")

@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import logging
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 from torch.profiler import ProfilerActivity, profile, schedule
 
 from vriksha.errors import ConfigError
+from vriksha.options import Options, option
 
 logger = logging.getLogger(__name__)
 
@@ -22,18 +24,21 @@ warnings.filterwarnings("ignore", message="Warning: Profiler clears events at th
 
 
 @dataclass(slots=True)
-class ProfileConfig:
+class ProfileConfig(Options):
     """What to record and when; steps are engine or trainer steps (one `StepProfiler.step()` each)."""
 
-    enabled: bool = False
-    dir: Path = field(default_factory=lambda: Path("profiles"))
-    skip: int = 0
-    wait: int = 1
-    warmup: int = 1
-    active: int = 3
-    repeat: int = 1
-    memory: bool = False
-    shapes: bool = False
+    options_label: ClassVar[str] = "profiling"
+    flag_dest_prefix: ClassVar[str] = "profile_"
+
+    enabled: bool = option(False, "record gzip'd Chrome/Perfetto traces of a few steps", flag="profile")
+    dir: Path = option(Path("profiles"), "directory for trace files", flag="profile-dir")
+    skip: int = option(0, "steps ignored once at the start", flag="profile-skip")
+    wait: int = option(1, "idle steps at the start of each cycle", flag="profile-wait")
+    warmup: int = option(1, "traced-but-discarded steps per cycle", flag="profile-warmup")
+    active: int = option(3, "recorded steps per cycle", flag="profile-active")
+    repeat: int = option(1, "number of cycles, 0 = until stopped", flag="profile-repeat")
+    memory: bool = option(False, "also record tensor allocations (memory timeline)", flag="profile-memory")
+    shapes: bool = option(False, "also record operator input shapes", flag="profile-shapes")
 
     def __post_init__(self) -> None:
         self.dir = Path(self.dir)
@@ -43,22 +48,6 @@ class ProfileConfig:
         if self.active < 1:
             raise ConfigError(f"--profile-active must be >= 1, got {self.active}; record at least one step")
 
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> ProfileConfig:
-        """Build from a namespace parsed with `add_profile_args`; missing attributes mean defaults."""
-        d = cls()
-        return cls(
-            enabled=bool(getattr(args, "profile", d.enabled)),
-            dir=Path(getattr(args, "profile_dir", d.dir)),
-            skip=int(getattr(args, "profile_skip", d.skip)),
-            wait=int(getattr(args, "profile_wait", d.wait)),
-            warmup=int(getattr(args, "profile_warmup", d.warmup)),
-            active=int(getattr(args, "profile_active", d.active)),
-            repeat=int(getattr(args, "profile_repeat", d.repeat)),
-            memory=bool(getattr(args, "profile_memory", d.memory)),
-            shapes=bool(getattr(args, "profile_shapes", d.shapes)),
-        )
-
     @property
     def steps_needed(self) -> int:
         """Steps after which every scheduled cycle has been recorded (0 when repeat is 0: forever)."""
@@ -67,47 +56,9 @@ class ProfileConfig:
 
 def add_profile_args(parser: argparse.ArgumentParser) -> None:
     """Add --profile and its schedule/options to a subcommand's parser."""
-    d = ProfileConfig()
-    g = parser.add_argument_group(
-        "profiling", "record torch.profiler traces; read them with `vriksha profile report`"
+    ProfileConfig.add_arguments(
+        parser, title="profiling: record torch.profiler traces; read them with `vriksha profile report`"
     )
-    g.add_argument(
-        "--profile", action="store_true", help="record gzip'd Chrome/Perfetto traces of a few steps"
-    )
-    g.add_argument(
-        "--profile-dir", type=Path, default=d.dir, help=f"directory for trace files (default: {d.dir})"
-    )
-    g.add_argument(
-        "--profile-skip",
-        type=int,
-        default=d.skip,
-        help=f"steps ignored once at the start (default: {d.skip})",
-    )
-    g.add_argument(
-        "--profile-wait",
-        type=int,
-        default=d.wait,
-        help=f"idle steps at the start of each cycle (default: {d.wait})",
-    )
-    g.add_argument(
-        "--profile-warmup",
-        type=int,
-        default=d.warmup,
-        help=f"traced-but-discarded steps per cycle (default: {d.warmup})",
-    )
-    g.add_argument(
-        "--profile-active", type=int, default=d.active, help=f"recorded steps per cycle (default: {d.active})"
-    )
-    g.add_argument(
-        "--profile-repeat",
-        type=int,
-        default=d.repeat,
-        help=f"number of cycles, 0 = until stopped (default: {d.repeat})",
-    )
-    g.add_argument(
-        "--profile-memory", action="store_true", help="also record tensor allocations (memory timeline)"
-    )
-    g.add_argument("--profile-shapes", action="store_true", help="also record operator input shapes")
 
 
 def all_threads_config() -> object | None:

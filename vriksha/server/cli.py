@@ -101,6 +101,7 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
     """The server's config from `vriksha serve`'s flags (keys from the environment where no flag gives them),
     checked."""
     from vriksha.net import FrontConfig, from_args
+    from vriksha.profiling import ProfileConfig
 
     config = ServerConfig.from_args(args)
     if config.max_waiting < 0:
@@ -124,7 +125,7 @@ def server_config_from_args(args: argparse.Namespace) -> ServerConfig:
         internal_key=internal_key,
         weights_key=weights_key,
         auth_exempt=frozenset(args.auth_exempt),
-        profile_dir=args.profile_dir,
+        profile_dir=ProfileConfig.from_args(args).dir,
         front=front,
         allow_multiple_weight_clients=args.allow_multiple_weight_clients,
     )

@@ -91,7 +91,7 @@ def handler(args: argparse.Namespace, argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[sys.argv.index("train") + 1 :] if "train" in sys.argv else sys.argv[1:]
     profile = None
-    if getattr(args, "profile", False):
+    if getattr(args, "profile_enabled", False):
         from vriksha.profiling import ProfileConfig
 
         profile = ProfileConfig.from_args(args)
