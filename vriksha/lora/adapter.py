@@ -29,18 +29,6 @@ import torch
 
 from vriksha.errors import VrikshaError
 
-__all__ = [
-    "CONFIG_FILE",
-    "WEIGHTS_FILE",
-    "AdapterError",
-    "LoraAdapter",
-    "LoraWeights",
-    "load_peft_dir",
-    "parse_peft_key",
-    "peft_key",
-    "save_peft_dir",
-]
-
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 PEFT_PREFIX = "base_model.model."

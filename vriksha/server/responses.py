@@ -37,6 +37,16 @@ class Usage(BaseModel):
         )
 
 
+class _Envelope(BaseModel):
+    """What every completion body and chunk carries besides its object type and choices."""
+
+    id: str
+    created: int = Field(default_factory=now)
+    model: str
+    usage: Usage | None = None
+    system_fingerprint: str | None = None
+
+
 # --- /v1/completions ---
 
 
@@ -55,14 +65,9 @@ class CompletionChoice(BaseModel):
     prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None  # vLLM's extra
 
 
-class CompletionResponse(BaseModel):
-    id: str
+class CompletionResponse(_Envelope):
     object: Literal["text_completion"] = "text_completion"
-    created: int = Field(default_factory=now)
-    model: str
     choices: list[CompletionChoice]
-    usage: Usage | None = None
-    system_fingerprint: str | None = None
 
 
 # --- /v1/chat/completions ---
@@ -90,21 +95,19 @@ class AssistantMessage(BaseModel):
     tool_calls: list[dict[str, Any]] | None = None
 
 
-class ChatChoice(BaseModel):
+class _ChatChoiceBase(BaseModel):
     index: int
-    message: AssistantMessage
     logprobs: ChoiceLogprobs | None = None
     finish_reason: str | None = None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str
+class ChatChoice(_ChatChoiceBase):
+    message: AssistantMessage
+
+
+class ChatCompletionResponse(_Envelope):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int = Field(default_factory=now)
-    model: str
     choices: list[ChatChoice]
-    usage: Usage | None = None
-    system_fingerprint: str | None = None
     prompt_logprobs: list[dict[str, dict[str, Any]] | None] | None = None  # vLLM's extra
 
 
@@ -114,25 +117,17 @@ class Delta(BaseModel):
     tool_calls: list[dict[str, Any]] | None = None
 
 
-class ChatChunkChoice(BaseModel):
-    index: int
+class ChatChunkChoice(_ChatChoiceBase):
     delta: Delta
-    logprobs: ChoiceLogprobs | None = None
-    finish_reason: str | None = None
 
     @field_serializer("delta")
     def _delta(self, delta: Delta) -> dict[str, Any]:
         return delta.model_dump(exclude_none=True)  # {"content": "..."}, or {} when a chunk only finishes
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_Envelope):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int = Field(default_factory=now)
-    model: str
     choices: list[ChatChunkChoice]
-    usage: Usage | None = None
-    system_fingerprint: str | None = None
 
 
 # --- /v1/models ---
