@@ -37,6 +37,7 @@ sys.path.insert(0, str(REPO))
 from tests.launch.nodes import node_env, own_node  # noqa: E402
 from tests.train.trainer_runs import metrics_rows, read_rows, write_config  # noqa: E402
 from vriksha.net.launch import free_port  # noqa: E402
+from vriksha.net.trust import WEIGHTS_KEY_ENV, new_key  # noqa: E402
 
 LAUNCH = {
     "trainer": {"num_cpus": 1, "resources": {"node_a": 1}},
@@ -206,6 +207,7 @@ def main() -> None:
     ap.add_argument("--part", choices=("torchrun", "ray"), required=True)
     ap.add_argument("--steps", type=int, default=4)
     args = ap.parse_args()
+    os.environ.setdefault(WEIGHTS_KEY_ENV, new_key())  # servers' weight endpoints open to these trainers alone
     with tempfile.TemporaryDirectory(prefix="vriksha-scale-out-") as d:
         fn = part_torchrun if args.part == "torchrun" else part_ray
         print(json.dumps(fn(Path(d), args.steps), indent=2))
