@@ -19,6 +19,7 @@ from vriksha.engine.core.kv_pool import ReqToTokenTable, SlotAllocator
 from vriksha.engine.core.prompt_logprobs import wants_prompt_logprobs
 from vriksha.engine.core.radix_cache import RadixCache, TreeNode
 from vriksha.engine.core.request import Request
+from vriksha.engine.core.sessions import Pin, SessionCounters, SessionTable
 from vriksha.profiling import phase
 
 # (first uncached position, tokens) of each prompt computed this step
@@ -101,6 +102,28 @@ class CacheManager(ABC):
             assert start >= req.cached_len, "cached positions belong to the radix tree"
             self.allocator.free(self.table.read(req.row, end)[start:].clone())
 
+    # ---- sessions ----------------------------------------------------------------------------------
+    def open_session(self, session_id: str) -> None:
+        """A request of `session_id` arrived (opens the session, or marks it used)."""
+
+    def close_session(self, session_id: str) -> bool:
+        """Close the session, releasing its pinned prefix; False when it is not open."""
+        return False
+
+    def expire_sessions(self) -> None:
+        """Close the sessions idle past their timeout."""
+
+    def pinned_tokens(self) -> int:
+        return 0
+
+    def release_pins_for(self, num_tokens: int) -> bool:
+        """Release session pins until `num_tokens` slots could be had; False when that is not enough."""
+        return self.available() >= num_tokens
+
+    def session_counts(self) -> tuple[int, int, SessionCounters]:
+        """(open sessions, sessions holding a pin, counters)."""
+        return 0, 0, SessionCounters()
+
     def release(self, req: Request) -> None:
         """The request leaves the running set: its computed KV is cached (or freed) and its row returned."""
         if req.row is not None:
@@ -161,12 +184,20 @@ class RadixCacheManager(CacheManager):
     An adapter tree's cache events carry the adapter's name (`AdapterEvents`), so a mirror keys them apart."""
 
     def __init__(
-        self, allocator: SlotAllocator, table: ReqToTokenTable, events: CacheEventSink | None = None
+        self,
+        allocator: SlotAllocator,
+        table: ReqToTokenTable,
+        events: CacheEventSink | None = None,
+        session_capacity: int | None = None,
+        session_timeout_s: float = 300.0,
     ) -> None:
+        """`session_capacity`: most tokens open sessions may pin together (default: half the pool)."""
         super().__init__(allocator, table)
         self.trees: dict[int, RadixCache] = {0: RadixCache(allocator, events)}
         self.events = events
         self.adapter_names: dict[int, str] = {}  # the name of each adapter id (events, snapshots)
+        capacity = allocator.capacity // 2 if session_capacity is None else session_capacity
+        self.sessions = SessionTable(capacity, session_timeout_s, self._unpin)
 
     @property
     def tree(self) -> RadixCache:
@@ -190,6 +221,7 @@ class RadixCacheManager(CacheManager):
     def drop_adapter(self, lora_id: int) -> None:
         """An adapter version left the engine: free its tree (no request holds it any more), telling the
         event sink which paths left."""
+        self.sessions.release_all(lora_id)
         tree = self.trees.pop(lora_id, None)
         if tree is not None:
             tree.flush_unlocked()
@@ -200,7 +232,9 @@ class RadixCacheManager(CacheManager):
         out: dict[str, list[list[int]]] = {}
         for lora_id, tree in self.trees.items():
             if lora_id:
-                out.setdefault(self.adapter_names.get(lora_id, f"lora-{lora_id}"), []).extend(tree.leaf_paths())
+                out.setdefault(self.adapter_names.get(lora_id, f"lora-{lora_id}"), []).extend(
+                    tree.leaf_paths()
+                )
         return out
 
     def set_event_sink(self, events: CacheEventSink | None) -> None:
@@ -251,10 +285,57 @@ class RadixCacheManager(CacheManager):
                 req.cached_len = n
                 self._lock(req, result.node)
         if finished:
+            if req.session_id is not None and req.finish_reason is not None and n > 0:
+                self._pin(req, result.node, n)
             self._lock(req, None)
             self._free_row(req)
 
+    # ---- sessions ----------------------------------------------------------------------------------
+    def open_session(self, session_id: str) -> None:
+        self.sessions.touch(session_id)
+
+    def close_session(self, session_id: str) -> bool:
+        return self.sessions.close(session_id)
+
+    def expire_sessions(self) -> None:
+        self.sessions.expire()
+
+    def pinned_tokens(self) -> int:
+        return self.sessions.pinned_tokens
+
+    def session_counts(self) -> tuple[int, int, SessionCounters]:
+        return self.sessions.num_open, self.sessions.num_pinned, self.sessions.counters
+
+    def _pin(self, req: Request, node: TreeNode, tokens: int) -> None:
+        """Pin the finished request's cached tokens for its session (until its next turn finishes)."""
+        assert req.session_id is not None
+        tree = self._tree(req.lora_id)
+        tree.inc_lock_ref(node)
+        if not self.sessions.pin(req.session_id, Pin(req.lora_id, node, tokens)):
+            tree.dec_lock_ref(node)
+
+    def _unpin(self, pin: Pin) -> None:
+        tree = self.trees.get(pin.lora_id)
+        if tree is not None:
+            tree.dec_lock_ref(pin.node)
+
+    def release_pins_for(self, num_tokens: int) -> bool:
+        """Release the oldest sessions' pins until `num_tokens` slots could be had (nothing else would free
+        them: no request is running); False when all pins went and it is still not enough."""
+        while self.available() < num_tokens:
+            if not self.sessions.release_oldest():
+                return False
+        return True
+
     def evict(self, num_tokens: int) -> int:
+        """Unpinned entries first; only when they are not enough, the oldest sessions' pins are released."""
+        self.sessions.expire()
+        freed = self._evict_unpinned(num_tokens)
+        while freed < num_tokens and self.sessions.release_oldest():
+            freed += self._evict_unpinned(num_tokens - freed)
+        return freed
+
+    def _evict_unpinned(self, num_tokens: int) -> int:
         """Least recently used first within a tree; the adapters' trees, least recently matched first, give
         up theirs before the base model's."""
         freed = 0
@@ -280,6 +361,8 @@ class RadixCacheManager(CacheManager):
         return self.total_size() == 0
 
     def reset(self) -> None:
+        """Drop every entry (the sessions stay open but their pins go: their K/V is stale)."""
+        self.sessions.release_all()
         for tree in self.trees.values():
             tree.reset()
 
@@ -339,7 +422,9 @@ def make_cache_manager(
     allocator: SlotAllocator,
     table: ReqToTokenTable,
     events: CacheEventSink | None = None,
+    session_capacity: int | None = None,
+    session_timeout_s: float = 300.0,
 ) -> CacheManager:
     if enable_prefix_caching:
-        return RadixCacheManager(allocator, table, events)
+        return RadixCacheManager(allocator, table, events, session_capacity, session_timeout_s)
     return NullCacheManager(allocator, table)
