@@ -105,6 +105,7 @@ class CacheManager(ABC):
     # ---- sessions ----------------------------------------------------------------------------------
     def open_session(self, session_id: str) -> None:
         """A request of `session_id` arrived (opens the session, or marks it used)."""
+        return None
 
     def close_session(self, session_id: str) -> bool:
         """Close the session, releasing its pinned prefix; False when it is not open."""
@@ -112,6 +113,7 @@ class CacheManager(ABC):
 
     def expire_sessions(self) -> None:
         """Close the sessions idle past their timeout."""
+        return None
 
     def pinned_tokens(self) -> int:
         return 0
