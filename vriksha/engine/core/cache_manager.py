@@ -16,6 +16,7 @@ import torch
 
 from vriksha.engine.core.cache_events import AdapterEvents, CacheEventSink
 from vriksha.engine.core.kv_pool import ReqToTokenTable, SlotAllocator
+from vriksha.engine.core.kv_tier import KVTier, TierCounters
 from vriksha.engine.core.prompt_logprobs import wants_prompt_logprobs
 from vriksha.engine.core.radix_cache import RadixCache, TreeNode
 from vriksha.engine.core.request import Request
@@ -126,6 +127,10 @@ class CacheManager(ABC):
         """(open sessions, sessions holding a pin, counters)."""
         return 0, 0, SessionCounters()
 
+    def tier_counts(self) -> tuple[int, int, TierCounters]:
+        """The second KV tier's (capacity, tokens held, counters); zeros when there is none."""
+        return 0, 0, TierCounters()
+
     def release(self, req: Request) -> None:
         """The request leaves the running set: its computed KV is cached (or freed) and its row returned."""
         if req.row is not None:
@@ -192,10 +197,13 @@ class RadixCacheManager(CacheManager):
         events: CacheEventSink | None = None,
         session_capacity: int | None = None,
         session_timeout_s: float = 300.0,
+        tier: KVTier | None = None,
     ) -> None:
-        """`session_capacity`: most tokens open sessions may pin together (default: half the pool)."""
+        """`session_capacity`: most tokens open sessions may pin together (default: half the pool).
+        `tier`: a second KV tier that evicted prefixes move to (None: they are dropped)."""
         super().__init__(allocator, table)
-        self.trees: dict[int, RadixCache] = {0: RadixCache(allocator, events)}
+        self.tier = tier
+        self.trees: dict[int, RadixCache] = {0: RadixCache(allocator, events, tier)}
         self.events = events
         self.adapter_names: dict[int, str] = {}  # the name of each adapter id (events, snapshots)
         capacity = allocator.capacity // 2 if session_capacity is None else session_capacity
@@ -209,7 +217,7 @@ class RadixCacheManager(CacheManager):
     def _tree(self, lora_id: int) -> RadixCache:
         tree = self.trees.get(lora_id)
         if tree is None:
-            tree = self.trees[lora_id] = RadixCache(self.allocator, self._adapter_events(lora_id))
+            tree = self.trees[lora_id] = RadixCache(self.allocator, self._adapter_events(lora_id), self.tier)
         return tree
 
     def _adapter_events(self, lora_id: int) -> CacheEventSink | None:
@@ -246,7 +254,7 @@ class RadixCacheManager(CacheManager):
 
     def _match(self, token_ids: list[int], lora_id: int = 0) -> tuple[torch.Tensor, TreeNode | None]:
         with phase("engine.cache_match"):
-            match = self._tree(lora_id).match_prefix(token_ids)
+            match = self._tree(lora_id).match_prefix(token_ids, load=self.tier is not None)
         return match.slots, match.last_node
 
     def _lock(self, req: Request, node: TreeNode | None) -> None:
@@ -307,6 +315,11 @@ class RadixCacheManager(CacheManager):
 
     def session_counts(self) -> tuple[int, int, SessionCounters]:
         return self.sessions.num_open, self.sessions.num_pinned, self.sessions.counters
+
+    def tier_counts(self) -> tuple[int, int, TierCounters]:
+        if self.tier is None:
+            return super().tier_counts()
+        return self.tier.capacity, self.tier.used, self.tier.counters
 
     def _pin(self, req: Request, node: TreeNode, tokens: int) -> None:
         """Pin the finished request's cached tokens for its session (until its next turn finishes)."""
@@ -426,7 +439,8 @@ def make_cache_manager(
     events: CacheEventSink | None = None,
     session_capacity: int | None = None,
     session_timeout_s: float = 300.0,
+    tier: KVTier | None = None,
 ) -> CacheManager:
     if enable_prefix_caching:
-        return RadixCacheManager(allocator, table, events, session_capacity, session_timeout_s)
+        return RadixCacheManager(allocator, table, events, session_capacity, session_timeout_s, tier)
     return NullCacheManager(allocator, table)

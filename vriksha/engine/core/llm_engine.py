@@ -16,6 +16,7 @@ from vriksha.engine.config import EngineConfig
 from vriksha.engine.core.cache_events import CacheEventSink
 from vriksha.engine.core.cache_manager import make_cache_manager
 from vriksha.engine.core.kv_pool import SlotAllocator
+from vriksha.engine.core.kv_tier import KVTier
 from vriksha.engine.core.lora_registry import EngineLoras, LoadedLora, LoraRegistry
 from vriksha.engine.core.outputs import CompletionOutput, RequestOutput
 from vriksha.engine.core.prompt_logprobs import prompt_logprobs_list, record_prompt_logprobs
@@ -27,7 +28,7 @@ from vriksha.engine.core.stats import EngineStats, StepTimes
 from vriksha.engine.core.validation import Prompt, check_request, tokenize_prompt
 from vriksha.engine.runner.load import LoadedModel, load
 from vriksha.engine.speculative.speculator import Speculator
-from vriksha.errors import InvalidRequestError, VrikshaError
+from vriksha.errors import ConfigError, InvalidRequestError, VrikshaError
 from vriksha.profiling import phase
 
 logger = logging.getLogger(__name__)
@@ -97,6 +98,7 @@ class LLMEngine:
             cache_events,
             session_capacity=int(config.session_pin_fraction * self.allocator.capacity),
             session_timeout_s=config.session_timeout_s,
+            tier=self._kv_tier(config),
         )
         self.loras: EngineLoras | None = None
         if config.enable_lora:
@@ -126,6 +128,16 @@ class LLMEngine:
             self.allocator.capacity,
             self.quantization.describe(),
         )
+
+    def _kv_tier(self, config: EngineConfig) -> KVTier | None:
+        if not config.kv_tier_tokens:
+            return None
+        if self.tensor_parallel is not None or not config.enable_prefix_caching:
+            raise ConfigError(
+                "--kv-tier-tokens needs the prefix cache on and one rank (no --tensor-parallel-size); "
+                "drop --kv-tier-tokens or change those"
+            )
+        return KVTier(self.pool, config.kv_tier_tokens, config.kv_tier_dtype)
 
     @classmethod
     def from_module(
@@ -554,6 +566,7 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         self.cache.expire_sessions()
         open_sessions, pinned_sessions, counters = self.cache.session_counts()
+        tier_total, tier_used, tier = self.cache.tier_counts()
         cached = self.cache.evictable_size()
         used = self.allocator.capacity - self.allocator.num_free - cached
         return EngineStats(
@@ -572,6 +585,10 @@ class LLMEngine:
             pinned_sessions=pinned_sessions,
             sessions_released_for_memory=counters.released_for_memory + counters.released_over_share,
             sessions_timed_out=counters.timed_out,
+            kv_tier_total_tokens=tier_total,
+            kv_tier_tokens=tier_used,
+            kv_tier_written_tokens=tier.written_tokens,
+            kv_tier_loaded_tokens=tier.loaded_tokens,
             **self._lora_stats(),
             **self._speculation_stats(),
         )
