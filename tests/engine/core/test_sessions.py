@@ -78,25 +78,29 @@ def test_an_idle_session_times_out_and_its_pin_is_released():
     assert cm.tree.protected_size() == 2
 
 
-def test_pins_past_the_share_release_the_oldest_session_first():
+def test_past_the_share_the_youngest_session_gives_way():
     cm = manager(capacity=8)
     turn(cm, [1, 2, 3], "a")
     turn(cm, [4, 5, 6], "b")
-    turn(cm, [7, 8, 9], "c")  # 9 > 8: a's pin goes
-    assert pinned_paths(cm) == [[4, 5, 6], [7, 8, 9]] and cm.pinned_tokens() == 6
-    assert cm.sessions.counters.released_over_share == 1
-    turn(cm, list(range(20, 30)), "d")  # larger than the share alone: not pinned, the others kept
-    assert cm.pinned_tokens() == 6
+    turn(cm, [7, 8, 9], "c")  # 9 > 8 and c is the youngest: not pinned
+    assert pinned_paths(cm) == [[1, 2, 3], [4, 5, 6]] and cm.pinned_tokens() == 6
+    turn(cm, [1, 2, 3, 10, 11, 12], "a")  # a grows to 6: 3 + 6 > 8, b (younger) gives way
+    assert pinned_paths(cm) == [[1, 2, 3, 10, 11, 12]] and cm.sessions.counters.released_over_share == 1
+    turn(cm, list(range(20, 30)), "d")  # larger than the share alone: not pinned, a kept
+    assert pinned_paths(cm) == [[1, 2, 3, 10, 11, 12]]
+    assert cm.close_session("a")
+    turn(cm, [7, 8, 9], "c")  # a's share is free again
+    assert pinned_paths(cm) == [[7, 8, 9]]
 
 
-def test_memory_needed_by_a_running_request_releases_pins_oldest_first():
+def test_memory_needed_by_a_running_request_releases_the_youngest_pins_first():
     cm = manager(capacity=63)
     turn(cm, list(range(100, 130)), "a")
     turn(cm, list(range(200, 230)), "b")
     assert cm.allocator.num_free == 3 and cm.available() == 3  # admission does not count on pins
     req = Request("r", 0, list(range(300, 320)), SamplingParams(max_tokens=1), frozenset())
     assert cm.admit(req) and cm.allocate(req, 20)
-    assert pinned_paths(cm) == [list(range(200, 230))]  # a's pin (the oldest) went, b's stays
+    assert pinned_paths(cm) == [list(range(100, 130))]  # b's pin (the youngest) went, a's stays
     assert cm.sessions.counters.released_for_memory == 1
 
 

@@ -335,18 +335,18 @@ class RadixCacheManager(CacheManager):
             tree.dec_lock_ref(pin.node)
 
     def release_pins_for(self, num_tokens: int) -> bool:
-        """Release the oldest sessions' pins until `num_tokens` slots could be had (nothing else would free
+        """Release the youngest sessions' pins until `num_tokens` slots could be had (nothing else would free
         them: no request is running); False when all pins went and it is still not enough."""
         while self.available() < num_tokens:
-            if not self.sessions.release_oldest():
+            if not self.sessions.release_youngest():
                 return False
         return True
 
     def evict(self, num_tokens: int) -> int:
-        """Unpinned entries first; only when they are not enough, the oldest sessions' pins are released."""
+        """Unpinned entries first; only when they are not enough, the youngest sessions' pins are released."""
         self.sessions.expire()
         freed = self._evict_unpinned(num_tokens)
-        while freed < num_tokens and self.sessions.release_oldest():
+        while freed < num_tokens and self.sessions.release_youngest():
             freed += self._evict_unpinned(num_tokens - freed)
         return freed
 

@@ -6,7 +6,7 @@ waiting queue, chunked for long prompts). The waiting queue is ordered by longes
 request holds the fewest running and earlier-picked sequences (ties in queue order), so that a request with
 thousands of sequences (`n`, or a batch of prompts) cannot keep a two-token request waiting behind all of them. A prompt that shares a long uncached prefix with one admitted in the same step waits one
 step so that it reads that prefix from the cache instead of computing it again. When KV memory runs out the
-cache is evicted first (unpinned entries, then the oldest sessions' pins), then the newest running requests are retracted (their KV goes to the cache, and
+cache is evicted first (unpinned entries, then the youngest sessions' pins), then the newest running requests are retracted (their KV goes to the cache, and
 they recompute what was evicted when they return). Every question about KV memory goes to the cache manager;
 after the forward pass `postprocess` does the step's bookkeeping in one place.
 """

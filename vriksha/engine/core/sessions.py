@@ -3,7 +3,10 @@
 A session is a run of requests that continue one another (the turns of an agent's episode). While it is open,
 the tokens of its last finished turn stay locked in the tree, so that the next turn, which arrives after a tool
 call, finds them instead of recomputing what LRU eviction would have dropped meanwhile. Pins are bounded: their
-tokens together stay within `capacity` (the oldest session's pin goes first when a new one would pass it); a
+tokens together stay within `capacity`. Older sessions come first: past the capacity (or when a running request
+needs the memory) the youngest session's pin gives way, and a session younger than every pinned one is not
+pinned, so that a stable set of trajectories stays resident rather than all of them taking turns to be evicted
+(what LRU does to a cyclic working set larger than the pool); as episodes end, younger ones take their place. A
 session idle for `timeout_s` is closed; a closed session releases its pin. The table only keeps the books: the
 cache manager locks and unlocks the nodes it is told about.
 """
@@ -33,6 +36,7 @@ class Pin:
 class Session:
     session_id: str
     last_use: float
+    opened: int  # order of opening: lower is older
     pin: Pin | None = None
 
 
@@ -58,29 +62,33 @@ class SessionTable:
     sessions: OrderedDict[str, Session] = field(default_factory=OrderedDict)  # least recently used first
     pinned_tokens: int = 0
     counters: SessionCounters = field(default_factory=SessionCounters)
+    _opened: int = 0
 
     def touch(self, session_id: str) -> None:
         """A request of `session_id` arrived: open the session, or mark it used now."""
         self.expire()
         session = self.sessions.get(session_id)
         if session is None:
-            self.sessions[session_id] = Session(session_id, self.clock())
+            self._opened += 1
+            self.sessions[session_id] = Session(session_id, self.clock(), self._opened)
             self.counters.opened += 1
         else:
             session.last_use = self.clock()
             self.sessions.move_to_end(session_id)
 
     def pin(self, session_id: str, pin: Pin) -> bool:
-        """Make `pin` (already locked by the caller) the session's pin, releasing its previous one; older
+        """Make `pin` (already locked by the caller) the session's pin, releasing its previous one; younger
         sessions' pins are released while the total would pass the capacity. False (the caller unlocks `pin`
-        itself) when the session is closed or the pin alone is larger than the capacity."""
+        itself) when the session is closed, or the pin does not fit beside the older sessions' pins."""
         session = self.sessions.get(session_id)
-        if session is None or pin.tokens > self.capacity:
+        if session is None:
             return False
         self._release(session)
         while self.pinned_tokens + pin.tokens > self.capacity:
-            oldest = next(s for s in self.sessions.values() if s.pin is not None)
-            self._release(oldest)
+            youngest = self._youngest_pinned()
+            if youngest is None or youngest.opened < session.opened:
+                return False
+            self._release(youngest)
             self.counters.released_over_share += 1
         session.pin = pin
         session.last_use = self.clock()
@@ -106,16 +114,20 @@ class SessionTable:
                 n += 1
         return n
 
-    def release_oldest(self) -> int:
-        """Release the pin of the least recently used session that has one (the memory is needed); returns its
-        tokens (0: no pin left). The session stays open: its next turn pins again."""
-        for session in self.sessions.values():
-            if session.pin is not None:
-                tokens = session.pin.tokens
-                self._release(session)
-                self.counters.released_for_memory += 1
-                return tokens
-        return 0
+    def release_youngest(self) -> int:
+        """Release the youngest session's pin (the memory is needed); returns its tokens (0: no pin left). The
+        session stays open: its next turn may pin again."""
+        session = self._youngest_pinned()
+        if session is None or session.pin is None:
+            return 0
+        tokens = session.pin.tokens
+        self._release(session)
+        self.counters.released_for_memory += 1
+        return tokens
+
+    def _youngest_pinned(self) -> Session | None:
+        pinned = [s for s in self.sessions.values() if s.pin is not None]
+        return max(pinned, key=lambda s: s.opened) if pinned else None
 
     def expire(self) -> int:
         """Close every session idle past the timeout; returns how many."""
