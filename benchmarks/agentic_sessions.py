@@ -118,12 +118,12 @@ async def run_mode(mode: str, work: Workload, pool_tokens: int, tier_tokens: int
         history = system + tasks[i]
         session = f"traj-{i}" if use_sessions else None
         for t in range(work.turns):
-            out = None
+            last = None
             async for out in engine.generate({"prompt_token_ids": history}, params, session_id=session):
-                pass
-            assert out is not None and out.finished
+                last = out
+            assert last is not None and last.finished
             await asyncio.sleep(waits[i][t])
-            history = history + out.outputs[0].token_ids + tools[i][t]
+            history = history + last.outputs[0].token_ids + tools[i][t]
         finals[i] = history
         if session is not None:
             await engine.close_session(session)
@@ -153,17 +153,23 @@ async def run_mode(mode: str, work: Workload, pool_tokens: int, tier_tokens: int
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--trajectories", type=int, default=32, help="trajectories in flight (16-64)")
     parser.add_argument("--turns", type=int, default=4, help="model turns per trajectory")
     parser.add_argument("--gen-tokens", type=int, default=16, help="tokens the model writes per turn")
     parser.add_argument("--tool-tokens", type=int, default=32, help="tokens a tool result adds")
-    parser.add_argument("--tool-ms", type=float, nargs=2, default=(30.0, 300.0), help="tool latency bounds (ms)")
+    parser.add_argument(
+        "--tool-ms", type=float, nargs=2, default=(30.0, 300.0), help="tool latency bounds (ms)"
+    )
     parser.add_argument("--pool-fraction", type=float, default=0.5, help="pool / working set")
     parser.add_argument("--pin-fraction", type=float, default=0.5, help="--session-pin-fraction")
     parser.add_argument("--tier-dtype", default="int8", choices=("int8", "float32"), help="--kv-tier-dtype")
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES, help="which to run")
-    parser.add_argument("--tiny", action="store_true", help="a tiny random Llama instead of the embedded model")
+    parser.add_argument(
+        "--tiny", action="store_true", help="a tiny random Llama instead of the embedded model"
+    )
     parser.add_argument("--seed", type=int, default=0, help="workload seed")
     parser.add_argument("--json", action="store_true", help="print one JSON line per mode")
     args = parser.parse_args()
