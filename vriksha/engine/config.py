@@ -169,7 +169,7 @@ class EngineConfig(Options):
     )
     session_pin_fraction: float = option(
         0.5, "most of the KV pool that open sessions may keep pinned against eviction (their latest prefix); "
-        "past it the oldest session's pin is released; 0: sessions pin nothing"
+        "past it the youngest session's pin gives way (older sessions stay resident); 0: sessions pin nothing"
     )  # fmt: skip
     session_timeout_s: float = option(
         300.0, "seconds a session may stay idle (no request) before its pin is released"
