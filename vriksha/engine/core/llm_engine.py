@@ -228,9 +228,7 @@ class LLMEngine:
     def _resolve_loras(self, loras: Sequence[str | None] | str | None, n: int) -> list[LoadedLora | None]:
         names = [loras] * n if loras is None or isinstance(loras, str) else list(loras)
         if len(names) != n:
-            raise InvalidRequestError(
-                f"got {n} prompts but {len(names)} LoRA adapter names; pass one or one each"
-            )
+            raise InvalidRequestError(f"got {n} prompts but {len(names)} LoRA adapter names; pass one or one each")
         if self.loras is None:
             if any(names):
                 raise InvalidRequestError(
