@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+import vriksha.device as devices
 from vriksha.engine.core.kv_pool import KVPool
 from vriksha.errors import ConfigError
 
@@ -75,12 +76,13 @@ class KVTier:
     def store(self, slots: torch.Tensor) -> HostKV:
         """Copy the K/V at `slots` out of the pool (the caller checked there is room and frees the slots)."""
         n = slots.numel()
+        host = devices.host()
         ks, vs = [], []
         k_scales: list[torch.Tensor] = []
         v_scales: list[torch.Tensor] = []
         for layer in range(self.pool.num_layers):
-            k = self.pool.k[layer].index_select(0, slots).to("cpu")
-            v = self.pool.v[layer].index_select(0, slots).to("cpu")
+            k = self.pool.k[layer].index_select(0, slots).to(host)
+            v = self.pool.v[layer].index_select(0, slots).to(host)
             if self.dtype == "int8":
                 (kq, ks_), (vq, vs_) = quantize(k), quantize(v)
                 ks.append(kq), vs.append(vq), k_scales.append(ks_), v_scales.append(vs_)
