@@ -40,6 +40,35 @@ def test_evaluate_multi_turn_env_runs_to_the_end(tiny_llm):
     assert "used_calculator" in res.components
 
 
+class _NoSessions:
+    """The same engine seen through the bare rollout-engine protocol (no `close_session`)."""
+
+    def __init__(self, llm) -> None:
+        self.llm = llm
+        self.tokenizer = llm.tokenizer
+        self.eos_token_ids = llm.eos_token_ids
+
+    def generate(self, prompts, sampling_params, use_tqdm=False):
+        return self.llm.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+
+def test_each_episode_is_an_engine_session_closed_at_its_end(tiny_llm):
+    from vriksha.envs.eval import evaluate
+
+    counters = tiny_llm.engine.cache.sessions.counters
+    opened, closed = counters.opened, counters.closed
+    res = evaluate("calculator_tools", tiny_llm, episodes=3, max_tokens=6, progress=False, seed=7)
+    multi = sum(1 for r in res.records if r.turns > 1)
+    assert counters.opened - opened >= 3 + multi  # each group's first turn, then each episode going on
+    assert counters.closed - closed == counters.opened - opened  # every one closed by the driver
+    stats = tiny_llm.stats()
+    assert stats.open_sessions == 0 and stats.kv_pinned_tokens == 0
+    plain = evaluate(
+        "calculator_tools", _NoSessions(tiny_llm), episodes=3, max_tokens=6, progress=False, seed=7
+    )
+    assert [r.completions for r in plain.records] == [r.completions for r in res.records]
+
+
 @pytest.mark.slow
 def test_cli_eval_on_the_embedded_model(capsys):
     from vriksha.cli import main

@@ -3,15 +3,19 @@ the encoded event stream; the vLLM block stream names exactly the complete block
 
 from __future__ import annotations
 
+import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from vriksha.engine.core.kv_pool import SlotAllocator
+from vriksha.engine.core.kv_layout import KVLayout, LayerKV
+from vriksha.engine.core.kv_pool import KVPool, SlotAllocator
+from vriksha.engine.core.kv_tier import KVTier
 from vriksha.engine.core.radix_cache import RadixCache
 from vriksha.kv_events.schema import (
     AllCleared,
     EventBatch,
+    PrefixMoved,
     PrefixRemoved,
     PrefixStored,
     decode_batch,
@@ -39,6 +43,9 @@ class Recorder:
     def removed(self, parent, token_ids) -> None:
         self.events.append(PrefixRemoved([*parent, *token_ids], len(token_ids)))
 
+    def moved(self, parent, token_ids, medium) -> None:
+        self.events.append(PrefixMoved([*parent, *token_ids], len(token_ids), medium))
+
     def cleared(self) -> None:
         self.events.append(AllCleared())
 
@@ -61,6 +68,7 @@ class MirrorMachine(RuleBasedStateMachine):
         self.blocks: set[int] = set()
         self.view = BlockView(BLOCK)
         self.locked: list = []
+        self.moves = 0
 
     def _sync(self) -> None:
         if not self.rec.events:
@@ -80,6 +88,8 @@ class MirrorMachine(RuleBasedStateMachine):
                 if b is not None:
                     assert isinstance(b, BlockRemoved)
                     self.blocks -= set(b.block_hashes)
+            elif isinstance(ev, PrefixMoved):
+                self.moves += 1  # the path stays cached: the mirror keeps scoring it
             else:
                 self.mirror.clear()
                 assert isinstance(self.view.cleared(), AllBlocksCleared)
@@ -119,7 +129,7 @@ class MirrorMachine(RuleBasedStateMachine):
     def mirror_equals_tree(self) -> None:
         self._sync()
         assert self.mirror.paths() == {tuple(p) for p in self.cache.leaf_paths()}
-        assert self.mirror.size == self.cache.total_size()
+        assert self.mirror.size == self.cache.total_size() + self.cache.tier_size()
         assert self.blocks == expected_blocks(self.cache)
 
 
@@ -165,3 +175,23 @@ def test_block_view_removes_every_block_below_a_cut() -> None:
     assert removed is not None
     live -= set(removed.block_hashes)
     assert live == set() and view.tree.paths() == {(1, 2, 3)}
+
+
+class TieredMirrorMachine(MirrorMachine):
+    """The same with a second KV tier under the tree: evictions move K/V to the tier (`PrefixMoved`), the
+    tier's own drops remove paths; the mirror still equals the tree, tier nodes included."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        pool = KVPool(KVLayout((LayerKV(1, 2, 2),)), 96, torch.float32)
+        self.cache = RadixCache(self.alloc, self.rec, KVTier(pool, 20, "float32"))
+
+    @rule(t=tokens)
+    def load(self, t: list[int]) -> None:
+        self.cache.match_prefix(t, load=True)
+
+
+TestTieredMirror = TieredMirrorMachine.TestCase
+TestTieredMirror.settings = settings(
+    max_examples=50, stateful_step_count=25, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)

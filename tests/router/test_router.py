@@ -119,6 +119,17 @@ def test_session_header_pins_a_replica(router, model_name) -> None:
     assert len(seen) == 1
 
 
+def test_a_body_session_id_keeps_the_session_on_its_replica_and_close_reaches_it(router, model_name) -> None:
+    seen = set()
+    for i in range(4):
+        resp = complete(router.url, model_name, f"another unrelated prompt {i} " * (i + 1), session_id="s2")
+        seen.add(resp.headers["x-vriksha-replica"])
+    assert len(seen) == 1
+    closed = httpx.post(f"{router.url}/close_session", json={"session_id": "s2"}, timeout=30)
+    assert closed.status_code == 200 and closed.json()["closed"] is True
+    assert closed.headers["x-vriksha-replica"] == seen.pop()
+
+
 def test_mirror_equals_the_replica_tree(router, replicas, model_name) -> None:
     for i in range(3):
         complete(router.url, model_name, f"mirror check {i} " + LONG[: 40 * (i + 1)])

@@ -29,6 +29,7 @@ CUDA_GRAPHS = ("auto", "on", "off")
 FP32_PRECISION = ("auto", "ieee", "bf16")
 KV_CACHE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 QUANTIZATION = ("none", "gguf", "int8", "auto")
+KV_TIER_DTYPES = ("int8", "float32")
 
 
 def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> None:
@@ -166,6 +167,21 @@ class EngineConfig(Options):
     enable_prefix_caching: bool = option(
         True, "share prompt prefixes through the radix cache", flag="prefix-caching"
     )
+    session_pin_fraction: float = option(
+        0.5, "most of the KV pool that open sessions may keep pinned against eviction (their latest prefix); "
+        "past it the youngest session's pin gives way (older sessions stay resident); 0: sessions pin nothing"
+    )  # fmt: skip
+    session_timeout_s: float = option(
+        300.0, "seconds a session may stay idle (no request) before its pin is released"
+    )
+    kv_tier_tokens: int = option(
+        0, "tokens of a second KV tier in host memory below the pool: evicted prefixes are written there and "
+        "loaded back on a hit instead of being recomputed (0: off)"
+    )  # fmt: skip
+    kv_tier_dtype: str = option(
+        "int8", "the second KV tier's storage: int8 (a quarter of fp32, one scale per token and head) or "
+        "float32 (exact)", choices=KV_TIER_DTYPES
+    )  # fmt: skip
     kv_cache_dtype: str = option(
         "auto", "KV pool dtype: auto (bfloat16 for a float32 engine allowed bf16 arithmetic by --fp32-precision, "
         "else the engine's dtype), float32, bfloat16, float16; bfloat16 under a float32 engine reads half the "
@@ -254,6 +270,17 @@ class EngineConfig(Options):
             raise ConfigError(
                 f"engine option quantization must be none, gguf, int8 or auto, got {self.quantization!r}"
             )
+        if not 0.0 <= self.session_pin_fraction <= 1.0:
+            raise ConfigError(
+                f"engine option session_pin_fraction must be between 0 and 1, got {self.session_pin_fraction}"
+            )
+        if self.session_timeout_s <= 0:
+            raise ConfigError(f"engine option session_timeout_s must be > 0, got {self.session_timeout_s}")
+        if self.kv_tier_tokens < 0:
+            raise ConfigError(
+                f"engine option kv_tier_tokens must be >= 0 (0: off), got {self.kv_tier_tokens}"
+            )
+        _one_of("kv_tier_dtype", self.kv_tier_dtype, KV_TIER_DTYPES)
         _one_of("speculative", self.speculative, SPECULATIVE_METHODS)
         if not isinstance(self.platform, PlatformConfig):
             raise ConfigError(f"engine option platform must be a PlatformConfig, got {self.platform!r}")

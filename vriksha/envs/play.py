@@ -8,11 +8,16 @@ continuing from its own exact token ids (`Transcript`); each completion is one `
 The engine is any `RolloutEngine` (`envs/rollout_engine.py`): the colocated `LLM`, the trainer's
 client of `vriksha serve` processes. Each finished episode becomes one `Episode`, the record the
 trainer collates, checkpoints and updates on as it is.
+
+On an engine with sessions (one that has `close_session`, as the `LLM` has), every episode is a session: its
+K/V stays pinned in the prefix cache while the environment answers, and the session closes when the episode
+ends (a group's first turn, one request for the whole group, is a session of the group).
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -24,7 +29,7 @@ from vriksha.envs.transcript import PromptFormat, Transcript
 from vriksha.toolcalls import DEFAULT_PARSER
 
 if TYPE_CHECKING:
-    from vriksha import CompletionOutput, SamplingParams
+    from vriksha import CompletionOutput, RequestOutput, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -159,6 +164,7 @@ def play_groups(
             lives.append(_Live(gi, member, int(seed), env, driver, transcript))
         groups.append(lives)
     group_seed = [None if sampling_seeds is None else sampling_seeds[i] for i in range(len(groups))]
+    sessions = _Sessions(llm)
 
     def params(live: _Live, n: int, turn: int) -> SamplingParams:
         stop = live.driver.stop
@@ -177,11 +183,12 @@ def play_groups(
 
     try:
         # first turn: one request per group, n = group_size, so the prompt is computed once
-        outputs = llm.generate(
+        outputs = sessions.generate(
             [{"prompt_token_ids": g[0].transcript.context_ids} for g in groups],
             [params(g[0], group_size, 1) for g in groups],
-            use_tqdm=False,
+            [sessions.of(g[0], whole_group=True) for g in groups],
         )
+
         finished: list[Episode] = []
         for g, out in zip(groups, outputs, strict=True):
             for live, comp in zip(g, sorted(out.outputs, key=lambda c: c.index), strict=True):
@@ -193,23 +200,59 @@ def play_groups(
         turn = 1
         while active := [lv for g in groups for lv in g if not lv.driver.done]:
             turn += 1
-            outputs = llm.generate(
+            outputs = sessions.generate(
                 [{"prompt_token_ids": lv.transcript.context_ids} for lv in active],
                 [params(lv, 1, turn) for lv in active],
-                use_tqdm=False,
+                [sessions.of(lv) for lv in active],
             )
+            if turn == 2:  # every episode holds its own pin now: the groups' first-turn sessions end
+                for g in groups:
+                    sessions.close(sessions.of(g[0], whole_group=True))
             finished = []
             for lv, out in zip(active, outputs, strict=True):
                 _advance(lv, out.outputs[0], eos_ids, finished)
+                if lv.driver.done:
+                    sessions.close(sessions.of(lv))
             if on_turn is not None:
                 on_turn(finished)
     finally:
+        sessions.close_all()
         for g in groups:
             for lv in g:
                 close = getattr(lv.env, "close", None)
                 if close is not None:
                     close()
     return [[_record(lv) for lv in g] for g in groups]
+
+
+class _Sessions:
+    """One engine session per episode when the engine has them (`close_session`); else plain requests."""
+
+    def __init__(self, llm: RolloutEngine) -> None:
+        self.llm = llm
+        self.close_session: Callable[[str], bool] | None = getattr(llm, "close_session", None)
+        self.prefix = uuid.uuid4().hex[:12]
+        self.open: set[str] = set()
+
+    def of(self, live: _Live, whole_group: bool = False) -> str:
+        return f"episode-{self.prefix}-{live.group}" + ("" if whole_group else f"-{live.member}")
+
+    def generate(
+        self, prompts: list[dict[str, list[int]]], params: list[SamplingParams], ids: list[str]
+    ) -> list[RequestOutput]:
+        if self.close_session is None:
+            return self.llm.generate(prompts, params, use_tqdm=False)
+        self.open.update(ids)
+        return self.llm.generate(prompts, params, use_tqdm=False, session_id=ids)  # type: ignore[call-arg]
+
+    def close(self, session: str) -> None:
+        if self.close_session is not None and session in self.open:
+            self.open.discard(session)
+            self.close_session(session)
+
+    def close_all(self) -> None:
+        for session in list(self.open):
+            self.close(session)
 
 
 def _advance(live: _Live, comp: CompletionOutput, eos_ids: frozenset[int], finished: list[Episode]) -> None:

@@ -20,6 +20,7 @@ from vriksha.kv_events.schema import (
     AllCleared,
     CacheSnapshot,
     EventBatch,
+    PrefixMoved,
     PrefixRemoved,
     PrefixStored,
     encode_batch,
@@ -50,7 +51,7 @@ class KVEventPublisher:
         self.config = config
         self.instance = uuid.uuid4().hex[:12]
         self._lock = threading.Lock()
-        self._pending: list[PrefixStored | PrefixRemoved | AllCleared] = [AllCleared()]
+        self._pending: list[PrefixStored | PrefixRemoved | AllCleared | PrefixMoved] = [AllCleared()]
         self._outbox: list[tuple[int, EventBatch]] = []
         self._next_seq = 0
         self._vllm_seq = 0
@@ -93,6 +94,12 @@ class KVEventPublisher:
     def removed(self, parent: Sequence[int], token_ids: Sequence[int], lora_name: str | None = None) -> None:
         with self._lock:
             self._pending.append(PrefixRemoved([*parent, *token_ids], len(token_ids), lora_name))
+
+    def moved(
+        self, parent: Sequence[int], token_ids: Sequence[int], medium: str, lora_name: str | None = None
+    ) -> None:
+        with self._lock:
+            self._pending.append(PrefixMoved([*parent, *token_ids], len(token_ids), medium, lora_name))
 
     def cleared(self) -> None:
         with self._lock:
@@ -139,8 +146,10 @@ class KVEventPublisher:
                 block = view.stored(ev.token_ids, ev.num_cached, ev.lora_name)
             elif isinstance(ev, PrefixRemoved):
                 block = view.removed(ev.token_ids, ev.num_tokens, ev.lora_name)
-            else:
+            elif isinstance(ev, AllCleared):
                 block = view.cleared()
+            else:  # a tier move: the blocks stay cached
+                continue
             if block is not None:
                 events.append(block)
         if events:

@@ -8,6 +8,9 @@ the cached token path itself:
 - `PrefixRemoved(token_ids, num_tokens)`: the last `num_tokens` of this path are gone, and with them every
   longer path through them (eviction removes leaves; a flush removes whole subtrees).
 - `AllCleared()`: the tree is empty (also the first event after a replica starts).
+- `PrefixMoved(token_ids, num_tokens, medium)`: the K/V of the last `num_tokens` of this path moved between the
+  pool ("pool") and the engine's second KV tier (e.g. "cpu-int8"); the path stays cached (a hit loads it back
+  instead of recomputing it), so a mirror keeps scoring it.
 
 Stored and removed paths of a LoRA adapter's tree (the engine keeps one per adapter) carry its name as
 `lora_name` (absent: the base model's); a mirror keys its paths by it (`adapter_key`).
@@ -41,9 +44,16 @@ class AllCleared(KVEvent):
     pass
 
 
+class PrefixMoved(KVEvent):
+    token_ids: list[int]
+    num_tokens: int
+    medium: str
+    lora_name: str | None = None
+
+
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     ts: float
-    events: list[PrefixStored | PrefixRemoved | AllCleared]
+    events: list[PrefixStored | PrefixRemoved | AllCleared | PrefixMoved]
     instance: str = ""
 
 

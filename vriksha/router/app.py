@@ -172,7 +172,10 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
         async def serve(headers: Headers, body: bytes, arrived: float) -> Response:
             req, prompt_ids = await off_loop(len(body), parsed, body)  # a large prompt: tokenized on a thread
             lora = pool.adapter_of(getattr(req, "model", None))
-            return await forwarder.forward(headers, path, body, prompt_ids, bool(req.stream), arrived, lora)
+            session = getattr(req, "session_id", None)
+            return await forwarder.forward(
+                headers, path, body, prompt_ids, bool(req.stream), arrived, lora, session
+            )
 
         return serve
 

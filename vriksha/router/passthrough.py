@@ -1,8 +1,11 @@
 """The router's answers to requests that need no replica choice: the tokenizer and model endpoints (GET
 /v1/models, /v1/models/{id}, /tokenizer_info; POST /tokenize, /detokenize, /v1/embeddings) go to any healthy
-replica, as they would be answered by each; /version and /ping are the router's own."""
+replica, as they would be answered by each; /close_session goes to the replica the session was routed to;
+/version and /ping are the router's own."""
 
 from __future__ import annotations
+
+import json
 
 import httpx
 from fastapi import FastAPI, Request
@@ -30,6 +33,30 @@ def install(app: FastAPI, pool: ReplicaPool, http: httpx.AsyncClient) -> None:
             returned = {k: v for k, v in resp.headers.items() if k.lower() in _RETURNED}
             return Response(resp.content, resp.status_code, headers={**returned, REPLICA_HEADER: r.url})
         raise NoReplicaError("no replica is healthy; retry shortly", headers={"Retry-After": "1"})
+
+    @app.post("/close_session")
+    async def close_session(request: Request) -> Response:
+        """To the replica the session was routed to (any healthy one when the router does not know it)."""
+        body = await request.body()
+        session = request.headers.get(pool.config.session_header)
+        if session is None and body.strip():
+            try:
+                session = json.loads(body).get("session_id")
+            except (ValueError, AttributeError):
+                session = None
+        index = pool.sessions.pop(session, None) if isinstance(session, str) else None
+        holder = next((r for r in pool.healthy() if r.index == index), None)
+        if holder is None:
+            return await any_replica(request)
+        headers = forwarded_headers(request.headers)
+        try:
+            resp = await http.post(f"{holder.url}/close_session", content=body, headers=headers)
+        except httpx.TransportError:
+            raise NoReplicaError(
+                f"the session's replica {holder.url} did not answer; retry shortly"
+            ) from None
+        returned = {k: v for k, v in resp.headers.items() if k.lower() in _RETURNED}
+        return Response(resp.content, resp.status_code, headers={**returned, REPLICA_HEADER: holder.url})
 
     for path in ANY_REPLICA_GET:
         app.add_api_route(path, any_replica, methods=["GET"])

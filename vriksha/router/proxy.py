@@ -61,13 +61,15 @@ class Forwarder:
         stream: bool,
         arrived: float,
         lora: str | None = None,
+        session: str | None = None,
     ) -> Response:
         """`headers`: the client request's (`request.headers`, or `Headers(scope=scope)` in raw ASGI). `lora`:
-        the LoRA adapter the request names; its prefix is looked up in the mirrors' tree of that adapter."""
+        the LoRA adapter the request names; its prefix is looked up in the mirrors' tree of that adapter.
+        `session`: the body's `session_id` (else the session header's value): the session stays on one replica."""
         tokens = keyed(
             prompt, lora
         )  # the routing key: the prompt, behind the adapter's key when there is one
-        session = headers.get(self.pool.config.session_header)
+        session = session or headers.get(self.pool.config.session_header)
         forwarded = forwarded_headers(headers)
         tried: set[int] = set()
         last_error = "no replica is healthy"

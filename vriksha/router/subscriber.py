@@ -89,6 +89,7 @@ class EventSubscriber:
                 self.tree.remove(keyed(ev.token_ids, ev.lora_name), ev.num_tokens)
             elif isinstance(ev, AllCleared):
                 self.tree.clear()
+            # PrefixMoved: the replica's second KV tier took or gave back the K/V; the path stays cached
 
     def on_message(self, seq: int, batch: EventBatch) -> None:
         """One batch off the wire; asks for a resync instead of applying it out of order."""

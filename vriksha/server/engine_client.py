@@ -33,13 +33,14 @@ class EngineClient:
         endpoint: str,
         request_id: str | None = None,
         lora: str | None = None,
+        session_id: str | None = None,
     ) -> RequestStream:
         """Check the request against the context (400 when prompt + max_tokens do not fit), admit its `n`
         sequences (503 when the waiting queue is full) and return its not-yet-started stream. Give the prompt
         tokenized (`PromptEncoder.engine_prompt`, off the event loop): text is tokenized here."""
         check_context(prompt_length(self.engine.tokenizer, prompt), params, int(self.engine.max_model_len))
         self.admission.admit(params.n)
-        return RequestStream(self, prompt, params, endpoint, request_id or uuid.uuid4().hex, lora)
+        return RequestStream(self, prompt, params, endpoint, request_id or uuid.uuid4().hex, lora, session_id)
 
     async def open_all(
         self,
@@ -48,13 +49,21 @@ class EngineClient:
         endpoint: str,
         request_ids: Sequence[str | None] | None = None,
         lora: str | None = None,
+        session_id: str | None = None,
     ) -> list[RequestStream]:
         """`open` for each prompt; when one is refused, the ones opened before it are closed."""
         streams: list[RequestStream] = []
         try:
             for i, prompt in enumerate(prompts):
                 streams.append(
-                    self.open(prompt, params, endpoint, None if request_ids is None else request_ids[i], lora)
+                    self.open(
+                        prompt,
+                        params,
+                        endpoint,
+                        None if request_ids is None else request_ids[i],
+                        lora,
+                        session_id,
+                    )
                 )
         except BaseException:
             for s in streams:
@@ -82,9 +91,11 @@ class RequestStream:
         endpoint: str,
         request_id: str,
         lora: str | None = None,
+        session_id: str | None = None,
     ) -> None:
         self.client = client
         self.lora = lora  # the LoRA adapter's name; None: the base model
+        self.session_id = session_id  # the session it continues; None: none
         self.request_id = request_id
         self.params = params
         self.endpoint = endpoint
@@ -102,7 +113,11 @@ class RequestStream:
         failed = False
         running = False  # the engine still runs sequences of this request
         started = 0  # sequences with a first token: they no longer count as waiting
-        adapter = {"lora": self.lora} if self.lora is not None else {}  # engines without LoRA take no `lora`
+        adapter: dict[str, str] = (
+            {"lora": self.lora} if self.lora is not None else {}
+        )  # engines without LoRA take no `lora`
+        if self.session_id is not None:
+            adapter["session_id"] = self.session_id
         agen = client.engine.generate(prompt, self.params, request_id=self.request_id, **adapter)
         try:
             async for out in agen:

@@ -128,6 +128,43 @@ class _EngineCollector(Collector):
             "tokens a request emitted per step that verified proposals, since start (1 would be no gain)",
             emitted / max(1, runs),
         )
+        yield gauge(
+            "kv_cache_pinned_tokens",
+            "KV pool slots that open sessions pin against eviction (part of the used slots)",
+            getattr(s, "kv_pinned_tokens", 0),
+        )
+        yield gauge(
+            "sessions_open", "sessions open (requests carrying a session id)", getattr(s, "open_sessions", 0)
+        )
+        yield gauge(
+            "sessions_pinned", "open sessions holding a pinned prefix", getattr(s, "pinned_sessions", 0)
+        )
+        yield gauge(
+            "sessions_pins_released_for_memory",
+            "session pins released to make room (pinned share full or a running request short), since start",
+            getattr(s, "sessions_released_for_memory", 0),
+        )
+        yield gauge(
+            "sessions_timed_out",
+            "sessions closed after idling past their timeout, since start",
+            getattr(s, "sessions_timed_out", 0),
+        )
+        yield gauge(
+            "kv_tier_total_tokens",
+            "the second KV tier's capacity in tokens (0: off)",
+            getattr(s, "kv_tier_total_tokens", 0),
+        )
+        yield gauge("kv_tier_tokens", "tokens held in the second KV tier", getattr(s, "kv_tier_tokens", 0))
+        yield gauge(
+            "kv_tier_written_tokens",
+            "tokens written to the second KV tier on eviction, since start",
+            getattr(s, "kv_tier_written_tokens", 0),
+        )
+        yield gauge(
+            "kv_tier_loaded_tokens",
+            "tokens loaded back from the second KV tier instead of recomputed, since start",
+            getattr(s, "kv_tier_loaded_tokens", 0),
+        )
         yield gauge("process_peak_rss_bytes", "peak resident memory of the server process", peak_rss_bytes())
         times = getattr(s, "step_times", None)
         if times is not None:

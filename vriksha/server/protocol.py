@@ -99,6 +99,8 @@ class OpenAISampling(EngineExtras):
     temperature: FiniteFloat | None = None
     top_p: FiniteFloat | None = None
     user: str | None = None
+    # vriksha: the session (an agent's episode) this request continues; its K/V stays pinned between turns
+    session_id: str | None = Field(None, min_length=1, max_length=256)
 
 
 class CompletionRequest(OpenAISampling):
@@ -174,6 +176,11 @@ class GenerateRequest(Strict):
     stream: bool = False
     request_id: str | None = None
     return_text: bool = True
+    session_id: str | None = Field(None, min_length=1, max_length=256)
+
+
+class CloseSessionRequest(Strict):
+    session_id: str = Field(min_length=1, max_length=256)
 
 
 class ProfileRequest(Strict):

@@ -17,9 +17,10 @@ from vriksha.server.context import EnginePrompt, prompt_length
 from vriksha.server.deltas import DeltaTracker
 from vriksha.server.engine_client import RequestStream, merge, start_all
 from vriksha.server.errors import BadRequestError, ConflictError, to_response
-from vriksha.server.protocol import GenerateRequest, ProfileRequest
+from vriksha.server.protocol import CloseSessionRequest, GenerateRequest, ProfileRequest
 from vriksha.server.responses import GenerateOutput, GenerateResponse
 from vriksha.server.sampling import check_prompt_logprobs, native_params
+from vriksha.server.sessions import session_of
 from vriksha.server.sse import DONE, error_event, event, sse_response, unless_disconnected
 from vriksha.server.state import ServerState, StateDep
 
@@ -85,7 +86,8 @@ async def generate(req: GenerateRequest, request: Request, state: StateDep) -> R
         req.request_id if not batch or req.request_id is None else f"{req.request_id}-{i}"
         for i in range(len(prompts))
     ]
-    streams = await state.client.open_all(prompts, params, "generate", rids)
+    session = session_of(req.session_id, request)
+    streams = await state.client.open_all(prompts, params, "generate", rids, session_id=session)
     await unless_disconnected(request, start_all(streams), state.drain)
     if req.stream:
         return sse_response(_stream(streams[0], req.return_text), streams, state.drain)
@@ -150,6 +152,26 @@ async def flush_cache(state: StateDep) -> Response:
     if not await state.engine.flush_cache():
         raise ConflictError("the prefix cache was not flushed because requests are running; retry when idle")
     return JSONResponse({"flushed": True})
+
+
+@router.post("/close_session")
+async def close_session(request: Request, state: StateDep) -> Response:
+    """Close a session (its pinned K/V becomes ordinary cache): `{"session_id": ...}` or the x-session-id header."""
+    raw = await request.body()
+    try:
+        body = CloseSessionRequest.model_validate_json(raw) if raw.strip() else None
+    except ValidationError as exc:
+        raise BadRequestError(
+            f"bad close_session body: {exc.errors()[0]['msg']}", param="session_id"
+        ) from exc
+    session = session_of(body.session_id if body is not None else None, request)
+    if session is None:
+        raise BadRequestError(
+            'name the session: send {"session_id": ...} or the x-session-id header', param="session_id"
+        )
+    close = getattr(state.engine, "close_session", None)
+    closed = bool(await close(session)) if close is not None else False
+    return JSONResponse({"session_id": session, "closed": closed})
 
 
 @router.post("/start_profile")

@@ -31,6 +31,7 @@ from vriksha.server.responses import (
     now,
 )
 from vriksha.server.sampling import chat_params, check_prompt_logprobs
+from vriksha.server.sessions import session_of
 from vriksha.server.sse import DONE, error_event, event, sse_response, unless_disconnected
 from vriksha.server.state import ServerState
 from vriksha.server.tools import ToolPlan, forced_call_grammar, message_fields, missing_call, plan_tools
@@ -83,7 +84,8 @@ async def create_chat_completion(
 ) -> Response:
     model = state.check_model(req.model)
     plan, prompt_ids, params = await off_loop(body_size(request.headers), _prepare, req, state)
-    stream = state.client.open(prompt_ids, params, "chat", lora=state.lora_of(model))
+    session = session_of(req.session_id, request)
+    stream = state.client.open(prompt_ids, params, "chat", lora=state.lora_of(model), session_id=session)
     try:
         await unless_disconnected(request, stream.start(), state.drain)
     except BaseException:

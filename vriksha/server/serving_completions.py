@@ -21,6 +21,7 @@ from vriksha.server.prompts import completion_prompts
 from vriksha.server.protocol import CompletionRequest
 from vriksha.server.responses import CompletionChoice, CompletionResponse, Usage, new_id, now
 from vriksha.server.sampling import check_prompt_logprobs, completion_params, echo_only
+from vriksha.server.sessions import session_of
 from vriksha.server.sse import DONE, error_event, event, sse_response, unless_disconnected
 from vriksha.server.state import ServerState
 
@@ -66,7 +67,8 @@ async def create_completion(req: CompletionRequest, state: ServerState, request:
     model = state.check_model(req.model)
     lora = state.lora_of(model)
     prompts, params = await off_loop(body_size(request.headers), _prepare, req, state)
-    streams = await state.client.open_all(prompts, params, "completions", lora=lora)
+    session = session_of(req.session_id, request)
+    streams = await state.client.open_all(prompts, params, "completions", lora=lora, session_id=session)
     await unless_disconnected(request, start_all(streams), state.drain)
     if req.stream:
         return sse_response(_stream(req, state, model, streams), streams, state.drain)

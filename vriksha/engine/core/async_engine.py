@@ -106,9 +106,11 @@ class AsyncEngine:
         params: SamplingParams | None = None,
         request_id: str | None = None,
         lora: str | None = None,
+        session_id: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Cumulative outputs of one request, one per engine step that advanced it; the last is finished.
-        `lora`: the name of the LoRA adapter it runs with (None: the base model)."""
+        `lora`: the name of the LoRA adapter it runs with (None: the base model). `session_id`: the session
+        it continues (its K/V stays pinned until the session's next turn, close or timeout)."""
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
         spec = params.structured_outputs if params is not None else None
@@ -116,7 +118,9 @@ class AsyncEngine:
             await asyncio.to_thread(lambda: self.engine.grammar_engine().compile(spec))
 
         def add(engine: LLMEngine) -> str:
-            rid = engine.add_request(prompt, params, request_id=request_id, stream=True, lora=lora)
+            rid = engine.add_request(
+                prompt, params, request_id=request_id, stream=True, lora=lora, session_id=session_id
+            )
             self._streams[rid] = (loop, outputs)
             return rid
 
@@ -146,6 +150,10 @@ class AsyncEngine:
 
     async def flush_cache(self) -> bool:
         return await self.call(lambda e: e.flush_cache())
+
+    async def close_session(self, session_id: str) -> bool:
+        """Close a session, releasing its pinned prefix; False when it is not open."""
+        return await self.call(lambda e: e.close_session(session_id))
 
     # ---- the loop thread ---------------------------------------------------------------------------
     def _push(self, request_id: str, item: Any) -> None:

@@ -25,6 +25,14 @@ class CacheEventSink(Protocol):
         """Everything left the cache."""
 
 
+class TierEventSink(CacheEventSink, Protocol):
+    """A sink that also hears of tier moves (the radix tree calls `moved` on a sink that has it)."""
+
+    def moved(self, parent: Sequence[int], token_ids: Sequence[int], medium: str) -> None:
+        """The K/V of the run `token_ids` after `parent` moved to `medium` ("pool", or the second tier's
+        name, e.g. "cpu-int8"); the path stays cached."""
+
+
 class AdapterEvents:
     """The events of one LoRA adapter's tree, passed on to `sink` tagged with the adapter's name (a sink's
     `stored` and `removed` take `lora_name`). Its tree is emptied only by removals, never by `cleared`."""
@@ -38,6 +46,11 @@ class AdapterEvents:
 
     def removed(self, parent: Sequence[int], token_ids: Sequence[int]) -> None:
         self.sink.removed(parent, token_ids, lora_name=self.lora_name)  # type: ignore[call-arg]
+
+    def moved(self, parent: Sequence[int], token_ids: Sequence[int], medium: str) -> None:
+        moved = getattr(self.sink, "moved", None)
+        if moved is not None:
+            moved(parent, token_ids, medium, lora_name=self.lora_name)
 
     def cleared(self) -> None:
         pass

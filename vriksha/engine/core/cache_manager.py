@@ -16,9 +16,11 @@ import torch
 
 from vriksha.engine.core.cache_events import AdapterEvents, CacheEventSink
 from vriksha.engine.core.kv_pool import ReqToTokenTable, SlotAllocator
+from vriksha.engine.core.kv_tier import KVTier, TierCounters
 from vriksha.engine.core.prompt_logprobs import wants_prompt_logprobs
 from vriksha.engine.core.radix_cache import RadixCache, TreeNode
 from vriksha.engine.core.request import Request
+from vriksha.engine.core.sessions import Pin, SessionCounters, SessionTable
 from vriksha.profiling import phase
 
 # (first uncached position, tokens) of each prompt computed this step
@@ -101,6 +103,34 @@ class CacheManager(ABC):
             assert start >= req.cached_len, "cached positions belong to the radix tree"
             self.allocator.free(self.table.read(req.row, end)[start:].clone())
 
+    # ---- sessions ----------------------------------------------------------------------------------
+    def open_session(self, session_id: str) -> None:
+        """A request of `session_id` arrived (opens the session, or marks it used)."""
+        return None
+
+    def close_session(self, session_id: str) -> bool:
+        """Close the session, releasing its pinned prefix; False when it is not open."""
+        return False
+
+    def expire_sessions(self) -> None:
+        """Close the sessions idle past their timeout."""
+        return None
+
+    def pinned_tokens(self) -> int:
+        return 0
+
+    def release_pins_for(self, num_tokens: int) -> bool:
+        """Release session pins until `num_tokens` slots could be had; False when that is not enough."""
+        return self.available() >= num_tokens
+
+    def session_counts(self) -> tuple[int, int, SessionCounters]:
+        """(open sessions, sessions holding a pin, counters)."""
+        return 0, 0, SessionCounters()
+
+    def tier_counts(self) -> tuple[int, int, TierCounters]:
+        """The second KV tier's (capacity, tokens held, counters); zeros when there is none."""
+        return 0, 0, TierCounters()
+
     def release(self, req: Request) -> None:
         """The request leaves the running set: its computed KV is cached (or freed) and its row returned."""
         if req.row is not None:
@@ -161,12 +191,23 @@ class RadixCacheManager(CacheManager):
     An adapter tree's cache events carry the adapter's name (`AdapterEvents`), so a mirror keys them apart."""
 
     def __init__(
-        self, allocator: SlotAllocator, table: ReqToTokenTable, events: CacheEventSink | None = None
+        self,
+        allocator: SlotAllocator,
+        table: ReqToTokenTable,
+        events: CacheEventSink | None = None,
+        session_capacity: int | None = None,
+        session_timeout_s: float = 300.0,
+        tier: KVTier | None = None,
     ) -> None:
+        """`session_capacity`: most tokens open sessions may pin together (default: half the pool).
+        `tier`: a second KV tier that evicted prefixes move to (None: they are dropped)."""
         super().__init__(allocator, table)
-        self.trees: dict[int, RadixCache] = {0: RadixCache(allocator, events)}
+        self.tier = tier
+        self.trees: dict[int, RadixCache] = {0: RadixCache(allocator, events, tier)}
         self.events = events
         self.adapter_names: dict[int, str] = {}  # the name of each adapter id (events, snapshots)
+        capacity = allocator.capacity // 2 if session_capacity is None else session_capacity
+        self.sessions = SessionTable(capacity, session_timeout_s, self._unpin)
 
     @property
     def tree(self) -> RadixCache:
@@ -176,7 +217,7 @@ class RadixCacheManager(CacheManager):
     def _tree(self, lora_id: int) -> RadixCache:
         tree = self.trees.get(lora_id)
         if tree is None:
-            tree = self.trees[lora_id] = RadixCache(self.allocator, self._adapter_events(lora_id))
+            tree = self.trees[lora_id] = RadixCache(self.allocator, self._adapter_events(lora_id), self.tier)
         return tree
 
     def _adapter_events(self, lora_id: int) -> CacheEventSink | None:
@@ -190,6 +231,7 @@ class RadixCacheManager(CacheManager):
     def drop_adapter(self, lora_id: int) -> None:
         """An adapter version left the engine: free its tree (no request holds it any more), telling the
         event sink which paths left."""
+        self.sessions.release_all(lora_id)
         tree = self.trees.pop(lora_id, None)
         if tree is not None:
             tree.flush_unlocked()
@@ -210,7 +252,7 @@ class RadixCacheManager(CacheManager):
 
     def _match(self, token_ids: list[int], lora_id: int = 0) -> tuple[torch.Tensor, TreeNode | None]:
         with phase("engine.cache_match"):
-            match = self._tree(lora_id).match_prefix(token_ids)
+            match = self._tree(lora_id).match_prefix(token_ids, load=self.tier is not None)
         return match.slots, match.last_node
 
     def _lock(self, req: Request, node: TreeNode | None) -> None:
@@ -251,10 +293,62 @@ class RadixCacheManager(CacheManager):
                 req.cached_len = n
                 self._lock(req, result.node)
         if finished:
+            if req.session_id is not None and req.finish_reason is not None and n > 0:
+                self._pin(req, result.node, n)
             self._lock(req, None)
             self._free_row(req)
 
+    # ---- sessions ----------------------------------------------------------------------------------
+    def open_session(self, session_id: str) -> None:
+        self.sessions.touch(session_id)
+
+    def close_session(self, session_id: str) -> bool:
+        return self.sessions.close(session_id)
+
+    def expire_sessions(self) -> None:
+        self.sessions.expire()
+
+    def pinned_tokens(self) -> int:
+        return self.sessions.pinned_tokens
+
+    def session_counts(self) -> tuple[int, int, SessionCounters]:
+        return self.sessions.num_open, self.sessions.num_pinned, self.sessions.counters
+
+    def tier_counts(self) -> tuple[int, int, TierCounters]:
+        if self.tier is None:
+            return super().tier_counts()
+        return self.tier.capacity, self.tier.used, self.tier.counters
+
+    def _pin(self, req: Request, node: TreeNode, tokens: int) -> None:
+        """Pin the finished request's cached tokens for its session (until its next turn finishes)."""
+        assert req.session_id is not None
+        tree = self._tree(req.lora_id)
+        tree.inc_lock_ref(node)
+        if not self.sessions.pin(req.session_id, Pin(req.lora_id, node, tokens)):
+            tree.dec_lock_ref(node)
+
+    def _unpin(self, pin: Pin) -> None:
+        tree = self.trees.get(pin.lora_id)
+        if tree is not None:
+            tree.dec_lock_ref(pin.node)
+
+    def release_pins_for(self, num_tokens: int) -> bool:
+        """Release the youngest sessions' pins until `num_tokens` slots could be had (nothing else would free
+        them: no request is running); False when all pins went and it is still not enough."""
+        while self.available() < num_tokens:
+            if not self.sessions.release_youngest():
+                return False
+        return True
+
     def evict(self, num_tokens: int) -> int:
+        """Unpinned entries first; only when they are not enough, the youngest sessions' pins are released."""
+        self.sessions.expire()
+        freed = self._evict_unpinned(num_tokens)
+        while freed < num_tokens and self.sessions.release_youngest():
+            freed += self._evict_unpinned(num_tokens - freed)
+        return freed
+
+    def _evict_unpinned(self, num_tokens: int) -> int:
         """Least recently used first within a tree; the adapters' trees, least recently matched first, give
         up theirs before the base model's."""
         freed = 0
@@ -280,6 +374,8 @@ class RadixCacheManager(CacheManager):
         return self.total_size() == 0
 
     def reset(self) -> None:
+        """Drop every entry (the sessions stay open but their pins go: their K/V is stale)."""
+        self.sessions.release_all()
         for tree in self.trees.values():
             tree.reset()
 
@@ -339,7 +435,10 @@ def make_cache_manager(
     allocator: SlotAllocator,
     table: ReqToTokenTable,
     events: CacheEventSink | None = None,
+    session_capacity: int | None = None,
+    session_timeout_s: float = 300.0,
+    tier: KVTier | None = None,
 ) -> CacheManager:
     if enable_prefix_caching:
-        return RadixCacheManager(allocator, table, events)
+        return RadixCacheManager(allocator, table, events, session_capacity, session_timeout_s, tier)
     return NullCacheManager(allocator, table)

@@ -86,8 +86,11 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
         lora: str | Sequence[str | None] | None = None,
+        session_id: str | Sequence[str | None] | None = None,
     ) -> list[RequestOutput]:
-        """`lora`: the LoRA adapter (by name, loaded with `engine.add_lora`) of every prompt, or of each."""
+        """`lora`: the LoRA adapter (by name, loaded with `engine.add_lora`) of every prompt, or of each.
+        `session_id`: the session every prompt (or each) continues: its K/V stays pinned in the prefix cache
+        after it finishes, until the session's next turn, `close_session` or the session timeout."""
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
@@ -102,7 +105,11 @@ class LLM:
         else:
             params_list = [sampling_params or SamplingParams()] * len(prompts)
         # everything is validated before anything runs: one bad prompt rejects the call, not half of it
-        order = {rid: i for i, rid in enumerate(self.engine.add_requests(prompts, params_list, loras=lora))}
+        sessions = (
+            [session_id] * len(prompts) if session_id is None or isinstance(session_id, str) else session_id
+        )
+        added = self.engine.add_requests(prompts, params_list, loras=lora, session_ids=list(sessions))
+        order = {rid: i for i, rid in enumerate(added)}
         results: list[RequestOutput | None] = [None] * len(order)
         bar = None
         if use_tqdm:
@@ -131,12 +138,13 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         add_generation_prompt: bool = True,
         use_tqdm: bool = False,
+        session_id: str | Sequence[str | None] | None = None,
     ) -> list[RequestOutput]:
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
         prompts = [
             {"prompt_token_ids": self.apply_chat_template(c, add_generation_prompt)} for c in conversations
         ]
-        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+        return self.generate(prompts, sampling_params, use_tqdm=use_tqdm, session_id=session_id)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
         if not getattr(self.tokenizer, "chat_template", None):
@@ -164,6 +172,10 @@ class LLM:
                     return
         finally:
             self.engine.abort(rid)
+
+    def close_session(self, session_id: str) -> bool:
+        """Close a session: its pinned prefix becomes an ordinary (evictable) cache entry. False when not open."""
+        return self.engine.close_session(session_id)
 
     def flush_cache(self) -> bool:
         return self.engine.flush_cache()

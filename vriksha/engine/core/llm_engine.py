@@ -16,6 +16,7 @@ from vriksha.engine.config import EngineConfig
 from vriksha.engine.core.cache_events import CacheEventSink
 from vriksha.engine.core.cache_manager import make_cache_manager
 from vriksha.engine.core.kv_pool import SlotAllocator
+from vriksha.engine.core.kv_tier import KVTier
 from vriksha.engine.core.lora_registry import EngineLoras, LoadedLora, LoraRegistry
 from vriksha.engine.core.outputs import CompletionOutput, RequestOutput
 from vriksha.engine.core.prompt_logprobs import prompt_logprobs_list, record_prompt_logprobs
@@ -27,7 +28,7 @@ from vriksha.engine.core.stats import EngineStats, StepTimes
 from vriksha.engine.core.validation import Prompt, check_request, tokenize_prompt
 from vriksha.engine.runner.load import LoadedModel, load
 from vriksha.engine.speculative.speculator import Speculator
-from vriksha.errors import InvalidRequestError, VrikshaError
+from vriksha.errors import ConfigError, InvalidRequestError, VrikshaError
 from vriksha.profiling import phase
 
 logger = logging.getLogger(__name__)
@@ -91,7 +92,13 @@ class LLMEngine:
         self.pool, self.table, self.runner = loaded.pool, loaded.table, loaded.runner
         self.allocator = SlotAllocator(self.pool.num_slots, self.device)
         self.cache = make_cache_manager(
-            config.enable_prefix_caching, self.allocator, self.table, cache_events
+            config.enable_prefix_caching,
+            self.allocator,
+            self.table,
+            cache_events,
+            session_capacity=int(config.session_pin_fraction * self.allocator.capacity),
+            session_timeout_s=config.session_timeout_s,
+            tier=self._kv_tier(config),
         )
         self.loras: EngineLoras | None = None
         if config.enable_lora:
@@ -122,6 +129,16 @@ class LLMEngine:
             self.quantization.describe(),
         )
 
+    def _kv_tier(self, config: EngineConfig) -> KVTier | None:
+        if not config.kv_tier_tokens:
+            return None
+        if self.tensor_parallel is not None or not config.enable_prefix_caching:
+            raise ConfigError(
+                "--kv-tier-tokens needs the prefix cache on and one rank (no --tensor-parallel-size); "
+                "drop --kv-tier-tokens or change those"
+            )
+        return KVTier(self.pool, config.kv_tier_tokens, config.kv_tier_dtype)
+
     @classmethod
     def from_module(
         cls, module: torch.nn.Module, tokenizer, config: EngineConfig | None = None, **config_kwargs
@@ -150,8 +167,11 @@ class LLMEngine:
         request_id: str | None = None,
         stream: bool = False,
         lora: str | None = None,
+        session_id: str | None = None,
     ) -> str:
-        return self.add_requests([prompt], [params], [request_id], stream=stream, loras=[lora])[0]
+        return self.add_requests(
+            [prompt], [params], [request_id], stream=stream, loras=[lora], session_ids=[session_id]
+        )[0]
 
     def add_requests(
         self,
@@ -160,9 +180,12 @@ class LLMEngine:
         request_ids: Sequence[str | None] | None = None,
         stream: bool = False,
         loras: Sequence[str | None] | str | None = None,
+        session_ids: Sequence[str | None] | None = None,
     ) -> list[str]:
         """Validate every request, then add them all (one bad request adds none); returns their ids.
-        `loras`: the LoRA adapter each prompt runs with, by name (one for all, or one each; None: the base)."""
+        `loras`: the LoRA adapter each prompt runs with, by name (one for all, or one each; None: the base).
+        `session_ids`: the session each prompt continues (None: none); its K/V stays pinned after it finishes
+        until the session's next turn, its close (`close_session`) or its timeout."""
         if self._closed:
             raise EngineClosedError("the engine is closed; build a new one")
         n = len(prompts)
@@ -175,6 +198,11 @@ class LLMEngine:
             )
         params_list = [p or SamplingParams() for p in params_list]
         adapters = self._resolve_loras(loras, n)
+        sessions = list(session_ids) if session_ids is not None else [None] * n
+        if len(sessions) != n or any(x is not None and (not isinstance(x, str) or not x) for x in sessions):
+            raise InvalidRequestError(
+                f"got {n} prompts and session ids {sessions!r}; pass one non-empty string (or None) per prompt"
+            )
         tokenized = [tokenize_prompt(self.tokenizer, p) for p in prompts]
         for (_, ids), p in zip(tokenized, params_list, strict=True):
             check_request(ids, p, self.vocab_size, self.max_model_len, self.allocator.capacity)
@@ -186,12 +214,14 @@ class LLMEngine:
             dup = taken[0] if taken else next(r for r in given if given.count(r) > 1)
             raise InvalidRequestError(f"request id {dup!r} is already in use")
         added = []
-        for (text, ids), p, rid, lora in zip(tokenized, params_list, ids_list, adapters, strict=True):
+        for (text, ids), p, rid, lora, session in zip(
+            tokenized, params_list, ids_list, adapters, sessions, strict=True
+        ):
             if rid is None:
                 rid = str(next(self._ids))
                 while rid in self._groups or rid in given:
                     rid = str(next(self._ids))
-            self._add(rid, text, ids, p, stream, lora)
+            self._add(rid, text, ids, p, stream, lora, session)
             added.append(rid)
         return added
 
@@ -237,12 +267,13 @@ class LLMEngine:
         params: SamplingParams,
         stream: bool,
         lora: LoadedLora | None = None,
+        session_id: str | None = None,
     ) -> None:
         bad_words = self._bad_word_ids(params.bad_words) if params.bad_words else []
         grammar = self.grammar_engine() if params.structured_outputs is not None else None
         sequences = []
         for i in range(params.n):
-            req = Request(request_id, i, ids, params, self.eos_token_ids, prompt=text)
+            req = Request(request_id, i, ids, params, self.eos_token_ids, prompt=text, session_id=session_id)
             if lora is not None:
                 req.lora_id, req.lora_name = lora.lora_id, lora.name
             if params.seed is not None:
@@ -253,6 +284,8 @@ class LLMEngine:
             sequences.append(req)
         if grammar is not None:
             grammar.prefetch([r.grammar for r in sequences])
+        if session_id is not None:
+            self.cache.open_session(session_id)
         for req in sequences:
             self.scheduler.add(req)
         self._groups[request_id] = _Group(
@@ -500,6 +533,10 @@ class LLMEngine:
         )
 
     # ---- cache and weights -------------------------------------------------------------------------
+    def close_session(self, session_id: str) -> bool:
+        """Close a session: its pinned prefix becomes an ordinary cache entry again. False when not open."""
+        return self.cache.close_session(session_id)
+
     def flush_cache(self) -> bool:
         """Drop every unlocked prefix-cache entry. Returns False when running requests still hold some."""
         return self.cache.flush()
@@ -525,6 +562,9 @@ class LLMEngine:
         self.weight_version = version
 
     def stats(self) -> EngineStats:
+        self.cache.expire_sessions()
+        open_sessions, pinned_sessions, counters = self.cache.session_counts()
+        tier_total, tier_used, tier = self.cache.tier_counts()
         cached = self.cache.evictable_size()
         used = self.allocator.capacity - self.allocator.num_free - cached
         return EngineStats(
@@ -538,6 +578,15 @@ class LLMEngine:
             generation_tokens=self._generation_tokens,
             num_retracted=self.scheduler.num_retracted,
             step_times=self.step_times.copy(),
+            kv_pinned_tokens=self.cache.pinned_tokens(),
+            open_sessions=open_sessions,
+            pinned_sessions=pinned_sessions,
+            sessions_released_for_memory=counters.released_for_memory + counters.released_over_share,
+            sessions_timed_out=counters.timed_out,
+            kv_tier_total_tokens=tier_total,
+            kv_tier_tokens=tier_used,
+            kv_tier_written_tokens=tier.written_tokens,
+            kv_tier_loaded_tokens=tier.loaded_tokens,
             **self._lora_stats(),
             **self._speculation_stats(),
         )

@@ -36,7 +36,9 @@ class EngineProtocol(Protocol):
     ) -> AsyncIterator[RequestOutput]:
         """Cumulative outputs of one request; the last is finished. Raises the engine's validation errors
         (`InvalidRequestError`, `PromptTooLongError`) before the first output. An engine serving LoRA
-        adapters also takes `lora=NAME` (the server passes it only for a request that names an adapter)."""
+        adapters also takes `lora=NAME` (the server passes it only for a request that names an adapter); one
+        with sessions takes `session_id=ID` and has `async close_session(ID) -> bool` (the server passes and
+        calls them only for a request that names a session)."""
 
     def abort(self, request_id: str) -> None:
         """Stop a request (unknown or finished ids are ignored); its stream ends."""

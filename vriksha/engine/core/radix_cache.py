@@ -3,6 +3,12 @@
 Page size is one token. Every node owns the slots of its key; a slot is owned by exactly one node.
 A locked node (lock_ref > 0) and, by construction, all its ancestors are protected from eviction.
 An optional `CacheEventSink` hears of every run of tokens stored, removed (evicted, flushed) and of a reset.
+
+With a second KV tier (`KVTier`), eviction writes a node's K/V to the tier instead of dropping it: the node
+stays in the tree with `host` set and no slots, and a match through it loads it back into fresh slots. A node
+in the tier has only tier nodes below it and is never locked; the tier drops its own least recently used
+leaves when it is full. Tier moves reach the sink as `moved` (the path stays cached); a drop from the tier
+as `removed`.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import torch
 
 from vriksha.engine.core.cache_events import CacheEventSink
 from vriksha.engine.core.kv_pool import SlotAllocator
+from vriksha.engine.core.kv_tier import HostKV, KVTier
 from vriksha.errors import VrikshaError
 from vriksha.prefix_tree import subtree, walk
 
@@ -34,6 +41,7 @@ class TreeNode:
     children: dict[int, TreeNode] = field(default_factory=dict)
     lock_ref: int = 0
     last_access: int = 0
+    host: HostKV | None = None  # its K/V in the second tier (value is then empty)
     id: int = field(default_factory=lambda: next(_node_ids))
 
     def __len__(self) -> int:
@@ -84,9 +92,13 @@ def _as_list(token_ids: Sequence[int] | torch.Tensor) -> list[int]:
 
 
 class RadixCache:
-    def __init__(self, allocator: SlotAllocator, events: CacheEventSink | None = None) -> None:
+    def __init__(
+        self, allocator: SlotAllocator, events: CacheEventSink | None = None, tier: KVTier | None = None
+    ) -> None:
         self.allocator = allocator
         self.events = events
+        self.tier = tier
+        self._loading: frozenset[int] = frozenset()  # ids of tier nodes being loaded (not to be dropped)
         self._clock = itertools.count(1)
         self._empty = torch.empty(0, dtype=torch.int64, device=allocator.device)
         self._new_root()
@@ -95,13 +107,69 @@ class RadixCache:
         self.root = TreeNode(key=[], value=self._empty)
         self._evictable = 0
         self._protected = 0
+        self._host = 0  # tokens of this tree in the tier
 
-    def match_prefix(self, token_ids: Sequence[int] | torch.Tensor) -> MatchResult:
-        """The longest cached prefix of `token_ids`; `last_node` ends exactly where the match ends."""
-        node, _, values = self._walk(_as_list(token_ids), next(self._clock))
+    def match_prefix(self, token_ids: Sequence[int] | torch.Tensor, load: bool = False) -> MatchResult:
+        """The longest prefix of `token_ids` in the pool; `last_node` ends exactly where the match ends.
+        `load`: nodes in the second tier along the way are loaded back into the pool (when slots can be
+        had) and count as matched."""
+        entered: list[TreeNode] = []
+        node, _ = walk(self.root, _as_list(token_ids), self._tick(), self._split, entered)
+        first_host = next((i for i, n in enumerate(entered) if n.host is not None), None)
+        if first_host is not None:
+            node = entered[first_host - 1] if first_host else self.root
+            if load and self._load(node, entered[first_host:]):
+                node = entered[-1]
+            else:
+                entered = entered[:first_host]
+        values = [n.value for n in entered]
         if not values:
             return MatchResult(self._empty, node)
         return MatchResult(values[0] if len(values) == 1 else torch.cat(values), node)
+
+    def _tick(self) -> int:
+        now = next(self._clock)
+        self.root.last_access = now
+        return now
+
+    def _load(self, above: TreeNode, hosts: list[TreeNode]) -> bool:
+        """Copy the tier nodes `hosts` (a path below `above`) back into fresh pool slots."""
+        assert self.tier is not None
+        n = sum(len(h) for h in hosts)
+        if n > self.allocator.num_free + self._evictable:
+            return False
+        self.inc_lock_ref(above)  # eviction to make room must spare the path and the nodes being loaded
+        self._loading = frozenset(h.id for h in hosts)
+        try:
+            if n > self.allocator.num_free:
+                self.evict(n - self.allocator.num_free)
+            slots = self.allocator.alloc(n)
+        finally:
+            self._loading = frozenset()
+            self.dec_lock_ref(above)
+        if slots is None:
+            return False
+        offset = 0
+        for h in hosts:
+            assert h.host is not None
+            part = slots[offset : offset + len(h)]
+            self.tier.load(h.host, part)
+            self._to_pool(h, part)
+            offset += len(h)
+        return True
+
+    def _to_pool(self, node: TreeNode, slots: torch.Tensor) -> None:
+        node.host = None
+        node.value = slots.to(torch.int64).clone()
+        self._host -= len(node)
+        self._evictable += len(node)
+        self._moved(node, "pool")
+
+    def _moved(self, node: TreeNode, medium: str) -> None:
+        moved = getattr(self.events, "moved", None)
+        if moved is not None:
+            assert node.parent is not None
+            moved(node.parent.token_path(), node.key, medium)
 
     def insert(self, token_ids: Sequence[int] | torch.Tensor, slots: torch.Tensor) -> InsertResult:
         """Cache `token_ids` with KV at `slots`; the result says how many leading tokens were already cached
@@ -116,9 +184,29 @@ class RadixCache:
                 f"insert got {len(tokens)} tokens but {slots.numel()} slots; pass one slot per token"
             )
         now = next(self._clock)
-        node, pos, values = self._walk(tokens, now)
-        if pos == len(tokens):
-            return InsertResult(pos, node, values)
+        entered: list[TreeNode] = []
+        self.root.last_access = now
+        node, pos = walk(self.root, tokens, now, self._split, entered)
+        first_host = next((i for i, n in enumerate(entered) if n.host is not None), None)
+        if (
+            first_host is not None
+        ):  # computed again before a hit loaded it: the fresh copy replaces the tier's
+            start = sum(len(n) for n in entered[:first_host])
+            for h in entered[first_host:]:
+                assert h.host is not None and self.tier is not None
+                self.tier.forget(h.host)
+                self._to_pool(h, slots[start : start + len(h)])
+                start += len(h)
+            entered = entered[:first_host]
+            pos_cached = sum(len(n) for n in entered)
+            values = [n.value for n in entered]
+            if pos == len(tokens):
+                return InsertResult(pos_cached, node, values)
+        else:
+            values = [n.value for n in entered]
+            pos_cached = pos
+            if pos == len(tokens):
+                return InsertResult(pos, node, values)
         leaf = TreeNode(
             key=tokens[pos:], value=slots[pos:].to(torch.int64).clone(), parent=node, last_access=now
         )
@@ -126,15 +214,7 @@ class RadixCache:
         self._evictable += len(leaf)
         if self.events is not None:
             self.events.stored(tokens[:pos], leaf.key, leaf.value)
-        return InsertResult(pos, leaf, values)
-
-    def _walk(self, tokens: list[int], now: int) -> tuple[TreeNode, int, list[torch.Tensor]]:
-        """Follow `tokens` down the tree, splitting where the match ends inside a node and stamping access
-        times; returns the last node reached, the tokens matched and the slot tensors along the way."""
-        self.root.last_access = now
-        entered: list[TreeNode] = []
-        node, pos = walk(self.root, tokens, now, self._split, entered)
-        return node, pos, [n.value for n in entered]
+        return InsertResult(pos_cached, leaf, values)
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Cut `child` after its first `n` tokens; the new upper node inherits lock_ref and access time."""
@@ -148,6 +228,9 @@ class RadixCache:
             lock_ref=child.lock_ref,
             last_access=child.last_access,
         )
+        if child.host is not None:
+            upper.host = child.host.slice(0, n)
+            child.host = child.host.slice(n, child.host.num_tokens)
         parent.children[child.key[0]] = upper
         child.key = child.key[n:]
         child.value = child.value[n:]
@@ -178,26 +261,81 @@ class RadixCache:
             node = node.parent
 
     def evict(self, num_tokens: int) -> int:
-        """Free at least `num_tokens` slots (when that many are evictable) from unlocked leaves, least recently used first."""
+        """Free at least `num_tokens` slots (when that many are evictable) from unlocked leaves of the pool
+        (nodes with no child in the pool), least recently used first: to the second tier when there is one and
+        it has room, else dropped (with what the tier holds below them)."""
         if num_tokens <= 0:
             return 0
-        heap = [(n.last_access, n.id, n) for n in self._nodes() if n.is_leaf and n.lock_ref == 0]
+        heap = [(n.last_access, n.id, n) for n in self._nodes() if self._pool_leaf(n)]
         heapq.heapify(heap)
         freed = 0
         while freed < num_tokens and heap:
             _, _, leaf = heapq.heappop(heap)
             parent = leaf.parent
             assert parent is not None
-            self.allocator.free(leaf.value)
             freed += len(leaf)
-            self._evictable -= len(leaf)
-            if self.events is not None:
-                self.events.removed(parent.token_path(), leaf.key)
-            del parent.children[leaf.key[0]]
-            leaf.parent = None
-            if parent is not self.root and parent.is_leaf and parent.lock_ref == 0:
+            if not self._write_back(leaf):
+                self._drop(leaf)
+            if parent is not self.root and self._pool_leaf(parent):
                 heapq.heappush(heap, (parent.last_access, parent.id, parent))
         return freed
+
+    def _pool_leaf(self, node: TreeNode) -> bool:
+        return (
+            node.host is None
+            and node.lock_ref == 0
+            and all(c.host is not None for c in node.children.values())
+        )
+
+    def _write_back(self, node: TreeNode) -> bool:
+        """Move `node`'s K/V from the pool to the tier (making room there by dropping its least recently
+        used leaves); False when there is no tier or no room."""
+        tier, n = self.tier, len(node)
+        if tier is None or n > tier.capacity:
+            return False
+        if tier.num_free < n:
+            leaves = [
+                (h.last_access, h.id, h)
+                for h in self._nodes()
+                if h.host is not None and h.is_leaf and h.id not in self._loading
+            ]
+            heapq.heapify(leaves)
+            while tier.num_free < n and leaves:
+                _, _, h = heapq.heappop(leaves)
+                up = h.parent
+                self._drop(h)
+                if up is not None and up is not self.root and up.host is not None and up.is_leaf:
+                    heapq.heappush(leaves, (up.last_access, up.id, up))
+            if tier.num_free < n:
+                return False
+        node.host = tier.store(node.value)
+        self.allocator.free(node.value)
+        node.value = self._empty
+        self._evictable -= n
+        self._host += n
+        self._moved(node, tier.medium)
+        return True
+
+    def _drop(self, top: TreeNode) -> int:
+        """Remove `top` (unlocked) and everything below it from the tree; returns the pool slots freed."""
+        parent = top.parent
+        assert parent is not None and top.lock_ref == 0
+        below = subtree(top)
+        in_pool = [n for n in below if n.host is None]
+        if in_pool:
+            self.allocator.free(torch.cat([n.value for n in in_pool]))
+        for n in below:
+            if n.host is not None:
+                assert self.tier is not None
+                self.tier.drop(n.host)
+                self._host -= len(n)
+        size = sum(len(n) for n in in_pool)
+        self._evictable -= size
+        if self.events is not None:
+            self.events.removed(parent.token_path(), top.key)
+        del parent.children[top.key[0]]
+        top.parent = None
+        return size
 
     def flush_unlocked(self) -> int:
         """Free every unlocked node (locked nodes and their ancestors stay); returns the number of slots freed."""
@@ -208,20 +346,15 @@ class RadixCache:
         stack = [self.root]
         while stack:
             node = stack.pop()
-            for first, child in list(node.children.items()):
+            for child in list(node.children.values()):
                 if child.lock_ref > 0:
                     stack.append(child)
                     continue
-                below = subtree(child)
-                if below:
-                    self.allocator.free(torch.cat([n.value for n in below]))
-                size = sum(len(n) for n in below)
-                freed += size
-                self._evictable -= size
-                if events is not None:
-                    events.removed(node.token_path(), child.key)
-                del node.children[first]
-                child.parent = None
+                sink, self.events = self.events, events
+                try:
+                    freed += self._drop(child)
+                finally:
+                    self.events = sink
         return freed
 
     def reset(self) -> None:
@@ -245,6 +378,10 @@ class RadixCache:
     def total_size(self) -> int:
         return self._evictable + self._protected
 
+    def tier_size(self) -> int:
+        """Tokens of this tree whose K/V is in the second tier."""
+        return self._host
+
     def leaf_paths(self) -> list[list[int]]:
         """The token path of every leaf: together they name every cached token (a KV-events snapshot)."""
         return [n.token_path() for n in self._nodes() if n.is_leaf]
@@ -259,6 +396,7 @@ class RadixCache:
             node, depth = stack.pop()
             lines.append(
                 f"{'  ' * depth}{node.key} slots={node.value.tolist()} lock={node.lock_ref} t={node.last_access}"
+                + (" tier" if node.host is not None else "")
             )
             stack.extend((c, depth + 1) for c in reversed(list(node.children.values())))
         return "\n".join(lines)

@@ -31,6 +31,7 @@ class Request:
     prompt: str | None = None
     lora_id: int = 0  # the engine's id of the adapter (name and version) it runs with; 0: the base model
     lora_name: str | None = None
+    session_id: str | None = None  # the session it continues: its K/V stays pinned after it finishes
     arrival_time: float = field(default_factory=time.monotonic)
     status: Status = Status.WAITING
     output_token_ids: list[int] = field(default_factory=list)

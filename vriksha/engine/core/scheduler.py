@@ -6,7 +6,7 @@ waiting queue, chunked for long prompts). The waiting queue is ordered by longes
 request holds the fewest running and earlier-picked sequences (ties in queue order), so that a request with
 thousands of sequences (`n`, or a batch of prompts) cannot keep a two-token request waiting behind all of them. A prompt that shares a long uncached prefix with one admitted in the same step waits one
 step so that it reads that prefix from the cache instead of computing it again. When KV memory runs out the
-cache is evicted first, then the newest running requests are retracted (their KV goes to the cache, and
+cache is evicted first (unpinned entries, then the youngest sessions' pins), then the newest running requests are retracted (their KV goes to the cache, and
 they recompute what was evicted when they return). Every question about KV memory goes to the cache manager;
 after the forward pass `postprocess` does the step's bookkeeping in one place.
 """
@@ -158,8 +158,11 @@ class Scheduler:
             ):
                 continue
             # keep room for one more decode token for every running request
-            if self.cache.available() < min(req.uncomputed, budget) + reserve:
-                break
+            need = min(req.uncomputed, budget) + reserve
+            if self.cache.available() < need:
+                # sessions' pins give way only when nothing else will free memory (nothing is running)
+                if self.running or chunks or not self.cache.release_pins_for(need):
+                    break
             if not self._admit(req):
                 break
             chunk = self._chunk(req, budget)

@@ -95,6 +95,18 @@ class EngineStats:
     running_loras: tuple[str, ...] = ()
     waiting_loras: tuple[str, ...] = ()
     max_loras: int = 0
+    # sessions: tokens their pins hold (part of kv_used_tokens), sessions open and holding a pin, pins
+    # released to make room (the pinned share or a running request needed it), sessions closed by timeout
+    kv_pinned_tokens: int = 0
+    open_sessions: int = 0
+    pinned_sessions: int = 0
+    sessions_released_for_memory: int = 0
+    sessions_timed_out: int = 0
+    # the second KV tier (--kv-tier-tokens; 0 when off): its size, tokens it holds, written to it, loaded back
+    kv_tier_total_tokens: int = 0
+    kv_tier_tokens: int = 0
+    kv_tier_written_tokens: int = 0
+    kv_tier_loaded_tokens: int = 0
 
     @property
     def kv_usage(self) -> float:
