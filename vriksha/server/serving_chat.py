@@ -137,6 +137,8 @@ async def create_chat_completion(
             c = guard.view(c)
         reasoning, answer = prep.split(c.text)
         content, calls, finish = message_fields(plan, answer, c.finish_reason)
+        if reasoning is not None and not content:
+            content = None  # cut off while reasoning: no answer
         if plan.forced is not None and not calls:
             raise missing_call(plan, c.finish_reason)
         choices.append(
