@@ -78,6 +78,14 @@ def synchronize(device: torch.device | str) -> None:
         torch.accelerator.synchronize(torch.device(device))
 
 
+def empty_cache(device: torch.device | str) -> None:
+    """Hand the accelerator allocator's cached free blocks back to the device (the CPU's allocator returns
+    large blocks at free)."""
+    if not is_host(device):
+        torch.accelerator.synchronize(torch.device(device))
+        torch.accelerator.empty_cache()
+
+
 def device_count() -> int:
     """How many accelerator devices there are (0 without an accelerator)."""
     if torch.accelerator.current_accelerator(check_available=True) is None:
