@@ -1,7 +1,7 @@
 """`LLM.sleep()` / `LLM.wake_up()`: the KV pool's memory is freed and taken back, greedy tokens unchanged."""
 
-import pytest
 import psutil
+import pytest
 import torch
 
 from tests.engine.conftest import tiny_model
