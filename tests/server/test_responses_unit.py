@@ -160,6 +160,8 @@ def test_store_drops_the_least_recently_used_and_the_expired():
     assert store.get("a") is None  # last used at 0
     assert store.get("c") is not None
     assert len(ResponseStore(0, 10)) == 0
+    store.put({"id": "d"}, [], conversation_id="c")  # d continues c's conversation
+    assert store.get("d").conversation_id == "c" and store.get("c").conversation_id == "c"
 
 
 @pytest.fixture(scope="module")

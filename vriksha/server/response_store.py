@@ -3,8 +3,9 @@ least recently used dropped first), each for `ttl_s` seconds after it was last u
 
 A stored response keeps its conversation as chat messages (the input it continued, its input, its output),
 so that a follow-up renders the whole conversation through the chat template again: its prefix is then
-found in the engine's prefix cache while it is there. (A response id is where a pinned engine session would
-be keyed, to keep that prefix's K/V resident between the turns.)
+found in the engine's prefix cache while it is there. Each stored response also names its conversation (the id
+of the chain's first response): the key an engine session would take, to keep the conversation's K/V resident
+between its turns.
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ class StoredResponse:
     body: dict[str, Any]  # the Response object as returned
     conversation: list[dict[str, Any]]  # chat messages up to and including this response's output
     used_at: float
+    conversation_id: str = (
+        ""  # the first response of the chain this one continues (itself when it starts one)
+    )
 
 
 class ResponseStore:
@@ -34,10 +38,13 @@ class ResponseStore:
         self._expire()
         return len(self._items)
 
-    def put(self, body: dict[str, Any], conversation: list[dict[str, Any]]) -> None:
+    def put(
+        self, body: dict[str, Any], conversation: list[dict[str, Any]], conversation_id: str | None = None
+    ) -> None:
         if self.max_stored <= 0:
             return
-        self._items[body["id"]] = StoredResponse(body, conversation, self._clock())
+        cid = conversation_id or body["id"]
+        self._items[body["id"]] = StoredResponse(body, conversation, self._clock(), cid)
         self._items.move_to_end(body["id"])
         while len(self._items) > self.max_stored:
             self._items.popitem(last=False)

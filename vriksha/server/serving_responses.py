@@ -74,11 +74,12 @@ class _Reply:
 
 async def create_response(req: ResponsesRequest, state: ServerState, request: Request) -> Response:
     model = state.check_model(req.model)
-    history = (
-        _stored(state, req.previous_response_id, "previous_response_id").conversation
-        if (req.previous_response_id)
-        else []
+    previous = (
+        _stored(state, req.previous_response_id, "previous_response_id") if req.previous_response_id else None
     )
+    history = previous.conversation if previous is not None else []
+    # the conversation's id: where an engine session (K/V kept between turns) would be keyed
+    conversation_id = previous.conversation_id if previous is not None else None
     chat, conversation = chat_request(req, history)
     prep = await off_loop(body_size(request.headers), prepare_chat, chat, state)
     stream = state.client.open(prep.prompt_ids, prep.params, "responses", lora=state.lora_of(model))
@@ -90,7 +91,9 @@ async def create_response(req: ResponsesRequest, state: ServerState, request: Re
     guard = RepeatGuard(prep.plan) if prep.plan.forced is not None else None
     rid, created = item_id("resp"), now()
     if req.stream:
-        events = _stream(req, state, model, rid, created, stream, prep, guard, conversation)
+        events = _stream(
+            req, state, model, rid, created, stream, prep, guard, (conversation, conversation_id)
+        )
         return sse_response(events, [stream], state.drain)
     final = await unless_disconnected(request, _final(stream, guard), state.drain)
     choice = guard.view(final.outputs[0]) if guard is not None else final.outputs[0]
@@ -101,13 +104,17 @@ async def create_response(req: ResponsesRequest, state: ServerState, request: Re
     items = output_items(reasoning, content, calls)
     reply = _Reply(state, final, choice, reasoning)
     body = response_body(req, rid, created, model, items, reply.status, reply.usage, reply.incomplete)
-    _keep(state, req, body, conversation)
+    _keep(state, req, body, (conversation, conversation_id))
     return JSONResponse(body)
 
 
-def _keep(state: ServerState, req: ResponsesRequest, body: dict[str, Any], conversation: list[dict]) -> None:
+def _keep(
+    state: ServerState, req: ResponsesRequest, body: dict[str, Any], history: tuple[list[dict], str | None]
+) -> None:
+    """Store the response (unless `store: false`) with its conversation so far and the conversation's id."""
+    conversation, conversation_id = history
     if req.store is not False:
-        state.responses.put(body, conversation + items_as_messages(body["output"]))
+        state.responses.put(body, conversation + items_as_messages(body["output"]), conversation_id)
 
 
 async def _final(stream: RequestStream, guard: RepeatGuard | None) -> RequestOutput:
@@ -137,7 +144,7 @@ async def _stream(
     stream: RequestStream,
     prep: PreparedChat,
     guard: RepeatGuard | None,
-    conversation: list[dict[str, Any]],
+    history: tuple[list[dict[str, Any]], str | None],
 ) -> AsyncIterator[bytes]:
     events = ResponseEvents()
     thinking = prep.reasoning_stream()
@@ -186,7 +193,7 @@ async def _stream(
         has_reasoning = thinking is not None and thinking.saw_reasoning
         reply = _Reply(state, last, choice, "".join(reasoning_text) if has_reasoning else None)
         done = body(reply.status, reply)
-        _keep(state, req, done, conversation)
+        _keep(state, req, done, history)
         kind = "response.completed" if reply.status == "completed" else "response.incomplete"
         yield _event(events.lifecycle(kind, done))
     except Exception as exc:  # headers are sent: report in-band, as OpenAI does
