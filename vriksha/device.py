@@ -79,9 +79,13 @@ def synchronize(device: torch.device | str) -> None:
 
 
 def empty_cache(device: torch.device | str) -> None:
-    """Hand the accelerator allocator's cached free blocks back to the device (the CPU's allocator returns
-    large blocks at free)."""
-    if not is_host(device):
+    """Hand freed memory back: the accelerator allocator's cached blocks to the device; on the host, the C
+    library's free heap pages to the kernel (the engine keeps freed heap mapped between steps otherwise)."""
+    if is_host(device):
+        from vriksha.engine.platform.host_malloc import return_freed_memory
+
+        return_freed_memory()
+    else:
         torch.accelerator.synchronize(torch.device(device))
         torch.accelerator.empty_cache()
 
