@@ -130,7 +130,7 @@ async def create_chat_completion(
     guard = RepeatGuard(plan) if plan.forced is not None else None
     if req.stream:
         return sse_response(_stream(req, state, model, stream, prep, guard), [stream], state.drain)
-    final = await unless_disconnected(request, _final(stream, guard), state.drain)
+    final = await unless_disconnected(request, final_output(stream, guard), state.drain)
     choices = []
     for c in final.outputs:
         if guard is not None:
@@ -162,7 +162,7 @@ async def create_chat_completion(
     return await off_loop(None, with_prompt_logprobs)
 
 
-async def _final(stream: RequestStream, guard: RepeatGuard | None) -> RequestOutput:
+async def final_output(stream: RequestStream, guard: RepeatGuard | None) -> RequestOutput:
     """The last output: the engine's final one, or the one at which every choice repeated a forced call
     (the request is then aborted)."""
     if guard is None or not guard.active:

@@ -28,7 +28,7 @@ from vriksha.server.responses_items import (
     response_body,
     response_usage,
 )
-from vriksha.server.serving_chat import PreparedChat, prepare_chat
+from vriksha.server.serving_chat import PreparedChat, final_output, prepare_chat
 from vriksha.server.sse import sse_response, unless_disconnected
 from vriksha.server.state import ServerState
 from vriksha.server.tools import message_fields, missing_call
@@ -95,7 +95,7 @@ async def create_response(req: ResponsesRequest, state: ServerState, request: Re
             req, state, model, rid, created, stream, prep, guard, (conversation, conversation_id)
         )
         return sse_response(events, [stream], state.drain)
-    final = await unless_disconnected(request, _final(stream, guard), state.drain)
+    final = await unless_disconnected(request, final_output(stream, guard), state.drain)
     choice = guard.view(final.outputs[0]) if guard is not None else final.outputs[0]
     reasoning, answer = prep.split(choice.text)
     content, calls, _ = message_fields(prep.plan, answer, choice.finish_reason)
@@ -115,18 +115,6 @@ def _keep(
     conversation, conversation_id = history
     if req.store is not False:
         state.responses.put(body, conversation + items_as_messages(body["output"]), conversation_id)
-
-
-async def _final(stream: RequestStream, guard: RepeatGuard | None) -> RequestOutput:
-    if guard is None or not guard.active:
-        return await stream.final()
-    last = None
-    async for out in stream:
-        last = out
-        if guard.settled(out):
-            break
-    assert last is not None
-    return last
 
 
 def _event(obj: dict[str, Any]) -> bytes:
