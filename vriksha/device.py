@@ -78,6 +78,18 @@ def synchronize(device: torch.device | str) -> None:
         torch.accelerator.synchronize(torch.device(device))
 
 
+def empty_cache(device: torch.device | str) -> None:
+    """Hand freed memory back: the accelerator allocator's cached blocks to the device; on the host, the C
+    library's free heap pages to the kernel (the engine keeps freed heap mapped between steps otherwise)."""
+    if is_host(device):
+        from vriksha.engine.platform.host_malloc import return_freed_memory
+
+        return_freed_memory()
+    else:
+        torch.accelerator.synchronize(torch.device(device))
+        torch.accelerator.empty_cache()
+
+
 def device_count() -> int:
     """How many accelerator devices there are (0 without an accelerator)."""
     if torch.accelerator.current_accelerator(check_available=True) is None:

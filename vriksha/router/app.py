@@ -31,6 +31,7 @@ from vriksha.router.tokens import PromptTokens
 from vriksha.server.auth import APIKeyMiddleware
 from vriksha.server.errors import AuthenticationError, BadRequestError, install_error_handlers
 from vriksha.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from vriksha.server.protocol_responses import ResponsesRequest
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +184,7 @@ def create_router_app(config: RouterConfig, tokens: PromptTokens | None = None) 
         "/v1/completions": endpoint("/v1/completions", CompletionRequest, tokens.completion),
         "/v1/chat/completions": endpoint("/v1/chat/completions", ChatCompletionRequest, tokens.chat),
         "/generate": endpoint("/generate", GenerateRequest, tokens.generate),
+        "/v1/responses": endpoint("/v1/responses", ResponsesRequest, tokens.responses),
     }
     key = config.api_key
     app.hot_paths(hot, wrap=(lambda inner: APIKeyMiddleware(inner, key, config.auth_exempt)) if key else None)

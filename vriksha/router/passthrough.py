@@ -1,7 +1,7 @@
 """The router's answers to requests that need no replica choice: the tokenizer and model endpoints (GET
 /v1/models, /v1/models/{id}, /tokenizer_info; POST /tokenize, /detokenize, /v1/embeddings) go to any healthy
 replica, as they would be answered by each; /close_session goes to the replica the session was routed to;
-/version and /ping are the router's own."""
+GET /v1/responses/{id} to the replica that stored it; /version and /ping are the router's own."""
 
 from __future__ import annotations
 
@@ -57,6 +57,24 @@ def install(app: FastAPI, pool: ReplicaPool, http: httpx.AsyncClient) -> None:
             ) from None
         returned = {k: v for k, v in resp.headers.items() if k.lower() in _RETURNED}
         return Response(resp.content, resp.status_code, headers={**returned, REPLICA_HEADER: holder.url})
+
+    @app.get("/v1/responses/{response_id}")
+    async def stored_response(request: Request) -> Response:
+        """A stored response is on the replica that answered it: each healthy one is asked in turn."""
+        headers = forwarded_headers(request.headers)
+        last: httpx.Response | None = None
+        for r in pool.healthy():
+            try:
+                resp = await http.get(f"{r.url}{request.url.path}", headers=headers)
+            except httpx.TransportError:
+                continue
+            last = resp
+            if resp.status_code != 404:
+                break
+        if last is None:
+            raise NoReplicaError("no replica is healthy; retry shortly", headers={"Retry-After": "1"})
+        returned = {k: v for k, v in last.headers.items() if k.lower() in _RETURNED}
+        return Response(last.content, last.status_code, headers=returned)
 
     for path in ANY_REPLICA_GET:
         app.add_api_route(path, any_replica, methods=["GET"])

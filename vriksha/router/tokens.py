@@ -14,6 +14,7 @@ from typing import Any
 
 from vriksha.server.prompts import completion_prompts, render_chat
 from vriksha.server.protocol import ChatCompletionRequest, CompletionRequest, GenerateRequest
+from vriksha.server.protocol_responses import ResponsesRequest
 
 
 class CachedEncoder:
@@ -79,6 +80,19 @@ class PromptTokens:
 
     def chat(self, req: ChatCompletionRequest) -> list[int]:
         return render_chat(self.tokenizer, req)
+
+    def responses(self, req: ResponsesRequest) -> list[int]:
+        """The instructions and input items (a previous response's conversation is on the replica that
+        stored it: not counted)."""
+        from vriksha.server.responses_items import input_messages
+
+        messages = input_messages(req.input)
+        if not messages:
+            return []
+        if req.instructions:
+            messages.insert(0, {"role": "system", "content": req.instructions})
+        chat = ChatCompletionRequest.model_validate({"model": req.model, "messages": messages})
+        return render_chat(self.tokenizer, chat)
 
     def generate(self, req: GenerateRequest) -> list[int]:
         if req.input_ids:

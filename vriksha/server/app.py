@@ -26,6 +26,7 @@ from vriksha.server.routes_lora import router as lora_router
 from vriksha.server.routes_native import router as native_router
 from vriksha.server.routes_openai import router as openai_router
 from vriksha.server.routes_render import router as render_router
+from vriksha.server.routes_responses import router as responses_router
 from vriksha.server.routes_tokenize import router as tokenize_router
 from vriksha.server.routes_weights import install as install_weight_routes
 from vriksha.server.state import ServerState
@@ -51,7 +52,9 @@ def create_app(
         profiler=ServerProfiler(config.profile_dir),
         drain=Drain(admission, config.shutdown_timeout_s),
     )
-    install_vllm_metrics(metrics, engine.stats, lambda: state.model_name)  # llm-d's endpoint picker reads them
+    install_vllm_metrics(
+        metrics, engine.stats, lambda: state.model_name
+    )  # llm-d's endpoint picker reads them
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -79,6 +82,7 @@ def create_app(
     app.state.kv_roles = kv_roles
     install_error_handlers(app)
     app.include_router(openai_router)
+    app.include_router(responses_router)
     app.include_router(native_router)
     install_weight_routes(app, config.allow_multiple_weight_clients)
     app.include_router(fleet_router)

@@ -19,7 +19,7 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser(
         "serve",
         help="serve a model over an OpenAI-compatible HTTP API",
-        description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, "
+        description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, /v1/chat/completions, /v1/responses, "
         "/v1/models), plus /generate on token ids, /health, /metrics, /flush_cache, /start_profile, /stop_profile.",
     )
     ServerConfig.add_arguments(p, exclude=ServerConfig.internal_fields(), title="server")

@@ -11,6 +11,7 @@ from typing import ClassVar
 
 from vriksha.net import FrontConfig
 from vriksha.options import Options, option
+from vriksha.reasoning.registry import REASONING_PARSERS
 from vriksha.toolcalls.registry import PARSERS
 
 
@@ -66,6 +67,20 @@ class ServerConfig(Options):
         None,
         "how the model writes tool calls (default: chosen from the chat template; hermes when it says nothing)",
         choices=tuple(sorted(PARSERS)),
+    )
+    reasoning_parser: str | None = option(
+        None,
+        "split the <think>...</think> block a reasoning model writes into reasoning_content (chat) and reasoning "
+        "items (/v1/responses); default: none, the reply comes back whole",
+        choices=tuple(sorted(REASONING_PARSERS)),
+    )
+    responses_max_stored: int = option(
+        1024,
+        "/v1/responses kept for previous_response_id and GET /v1/responses/{id} (least recently used dropped "
+        "first; 0: none kept)",
+    )
+    responses_ttl_s: float = option(
+        3600.0, "seconds a stored /v1/responses response stays retrievable after it was last used"
     )
     load_weights_dir: str | None = option(
         None,

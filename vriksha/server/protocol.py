@@ -75,7 +75,7 @@ class EngineExtras(Strict):
 
 class RouterChatExtras(Strict):
     """Chat fields vllm-router adds. `continue_final_message` is honoured; the reasoning switches have no
-    effect because vriksha has no reasoning parser (the text comes back whole in `content`)."""
+    effect: the reasoning is split out by `--reasoning-parser` (then always), else comes back whole in `content`."""
 
     continue_final_message: bool | None = None
     separate_reasoning: bool | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
@@ -11,6 +12,7 @@ from vriksha.engine.core.outputs import CompletionOutput, RequestOutput
 from vriksha.engine.core.sampling_params import SamplingParams
 from vriksha.net.offload import body_size, off_loop
 from vriksha.profiling import phase
+from vriksha.reasoning import ReasoningParser, ReasoningStream
 from vriksha.server.call_repeats import RepeatGuard
 from vriksha.server.deltas import DeltaTracker
 from vriksha.server.engine_client import RequestStream
@@ -18,6 +20,7 @@ from vriksha.server.errors import BadRequestError, to_response
 from vriksha.server.logprobs import chat_logprobs, vllm_prompt_logprobs
 from vriksha.server.prompts import render_chat
 from vriksha.server.protocol import ChatCompletionRequest
+from vriksha.server.reasoning import after_reasoning, prompt_tail
 from vriksha.server.responses import (
     AssistantMessage,
     ChatChoice,
@@ -61,6 +64,40 @@ def _logprobs(
     )
 
 
+@dataclass(slots=True)
+class PreparedChat:
+    plan: ToolPlan
+    prompt_ids: list[int]
+    params: SamplingParams
+    reasoning: ReasoningParser | None  # the --reasoning-parser, or None
+    prompt_tail: str | None  # the prompt's last tokens as text, where a reasoning parser looks at them
+
+    def reasoning_stream(self) -> ReasoningStream | None:
+        return None if self.reasoning is None else self.reasoning.stream(self.prompt_tail)
+
+    def split(self, text: str) -> tuple[str | None, str]:
+        """(reasoning or None, answer) of a whole reply."""
+        return (None, text) if self.reasoning is None else self.reasoning.split(text, self.prompt_tail)
+
+
+def prepare_chat(req: ChatCompletionRequest, state: ServerState) -> PreparedChat:
+    """`_prepare`, with the reasoning parser's view of the prompt: structured outputs (and a forced call's
+    grammar) then apply to the answer after an optional reasoning block."""
+    plan, prompt_ids, params = _prepare(req, state)
+    parser = state.reasoning_parser
+    if parser is None:
+        return PreparedChat(plan, prompt_ids, params, None, None)
+    tail = prompt_tail(state.tokenizer, prompt_ids)
+    if params.structured_outputs is not None:
+        params.structured_outputs = after_reasoning(
+            params.structured_outputs,
+            parser,
+            parser.starts_in_reasoning(tail),
+            own_lark=plan.forced is not None,
+        )
+    return PreparedChat(plan, prompt_ids, params, parser, tail)
+
+
 def _prepare(req: ChatCompletionRequest, state: ServerState) -> tuple[ToolPlan, list[int], SamplingParams]:
     """The request's tools, prompt token ids and sampling parameters (off the event loop when large)."""
     with phase("server.parse"):
@@ -83,7 +120,8 @@ async def create_chat_completion(
     req: ChatCompletionRequest, state: ServerState, request: Request
 ) -> Response:
     model = state.check_model(req.model)
-    plan, prompt_ids, params = await off_loop(body_size(request.headers), _prepare, req, state)
+    prep = await off_loop(body_size(request.headers), prepare_chat, req, state)
+    plan, prompt_ids, params = prep.plan, prep.prompt_ids, prep.params
     session = session_of(req.session_id, request)
     stream = state.client.open(prompt_ids, params, "chat", lora=state.lora_of(model), session_id=session)
     try:
@@ -93,19 +131,22 @@ async def create_chat_completion(
         raise
     guard = RepeatGuard(plan) if plan.forced is not None else None
     if req.stream:
-        return sse_response(_stream(req, state, model, stream, plan, guard), [stream], state.drain)
-    final = await unless_disconnected(request, _final(stream, guard), state.drain)
+        return sse_response(_stream(req, state, model, stream, prep, guard), [stream], state.drain)
+    final = await unless_disconnected(request, final_output(stream, guard), state.drain)
     choices = []
     for c in final.outputs:
         if guard is not None:
             c = guard.view(c)
-        content, calls, finish = message_fields(plan, c.text, c.finish_reason)
+        reasoning, answer = prep.split(c.text)
+        content, calls, finish = message_fields(plan, answer, c.finish_reason)
+        if reasoning is not None and not content:
+            content = None  # cut off while reasoning: no answer
         if plan.forced is not None and not calls:
             raise missing_call(plan, c.finish_reason)
         choices.append(
             ChatChoice(
                 index=c.index,
-                message=AssistantMessage(content=content, tool_calls=calls),
+                message=AssistantMessage(content=content, tool_calls=calls, reasoning_content=reasoning),
                 logprobs=_logprobs(state, req, c),
                 finish_reason=finish,
             )
@@ -123,7 +164,7 @@ async def create_chat_completion(
     return await off_loop(None, with_prompt_logprobs)
 
 
-async def _final(stream: RequestStream, guard: RepeatGuard | None) -> RequestOutput:
+async def final_output(stream: RequestStream, guard: RepeatGuard | None) -> RequestOutput:
     """The last output: the engine's final one, or the one at which every choice repeated a forced call
     (the request is then aborted)."""
     if guard is None or not guard.active:
@@ -168,15 +209,17 @@ async def _stream(
     state: ServerState,
     model: str,
     stream: RequestStream,
-    plan: ToolPlan,
+    prep: PreparedChat,
     guard: RepeatGuard | None,
 ) -> AsyncIterator[bytes]:
+    plan = prep.plan
     rid, created = new_id("chatcmpl"), now()
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
     continuous = bool(req.stream_options and req.stream_options.continuous)
     tracker = DeltaTracker()
     last: RequestOutput | None = None
     tools: dict[int, _ToolDeltas] = {}
+    thinking: dict[int, ReasoningStream | None] = {}
 
     def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> bytes:
         if usage is None and continuous:  # vLLM's continuous_usage_stats: the usage so far
@@ -197,16 +240,27 @@ async def _stream(
                 if d is None:
                     continue
                 finish = d.finish_reason
+                text, reasoning = d.text or "", None
+                if c.index not in thinking:
+                    thinking[c.index] = prep.reasoning_stream()
+                split = thinking[c.index]
+                if split is not None:
+                    piece = split.feed(text, final=finish is not None)
+                    text, reasoning = piece.content, piece.reasoning or None
                 if plan.parser is not None:
                     parsed = tools.setdefault(c.index, _ToolDeltas(plan))
-                    body = parsed.delta(d.text or "", finish is not None)
-                    delta = Delta(content=body.get("content"), tool_calls=body.get("tool_calls"))
+                    body = parsed.delta(text, finish is not None)
+                    delta = Delta(
+                        content=body.get("content"),
+                        tool_calls=body.get("tool_calls"),
+                        reasoning_content=reasoning,
+                    )
                     if parsed.calls and finish == "stop":
                         finish = "tool_calls"
                     if finish is not None and plan.forced is not None and not parsed.calls:
                         raise missing_call(plan, finish)
                 else:
-                    delta = Delta(content=d.text or None)
+                    delta = Delta(content=text or None, reasoning_content=reasoning)
                 choices.append(
                     ChatChunkChoice(
                         index=c.index,

@@ -30,6 +30,8 @@ class ServerState:
     _text_of: TokenText | None = None
     _tool_parser: str | None = None
     _encoder: PromptEncoder | None = None
+    _reasoning: Any = None  # the ReasoningParser, built on first use
+    _responses: Any = None  # the ResponseStore of /v1/responses, built on first use
 
     @property
     def model_names(self) -> list[str]:
@@ -70,6 +72,27 @@ class ServerState:
                 template if isinstance(template, str) else None, self.config.tool_call_parser
             )
         return self._tool_parser
+
+    @property
+    def reasoning_parser(self) -> Any:
+        """The --reasoning-parser's `ReasoningParser`, or None (the reply comes back whole)."""
+        name = self.config.reasoning_parser
+        if name is None:
+            return None
+        if self._reasoning is None:
+            from vriksha.reasoning import get_reasoning_parser
+
+            self._reasoning = get_reasoning_parser(name)
+        return self._reasoning
+
+    @property
+    def responses(self) -> Any:
+        """The stored /v1/responses (`ResponseStore`), for previous_response_id and GET."""
+        if self._responses is None:
+            from vriksha.server.response_store import ResponseStore
+
+            self._responses = ResponseStore(self.config.responses_max_stored, self.config.responses_ttl_s)
+        return self._responses
 
     def check_model(self, name: str) -> str:
         """`name` when it is a served model name or a loaded LoRA adapter's; else 404 naming it."""

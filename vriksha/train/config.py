@@ -198,7 +198,8 @@ class RolloutConfig(_Section):
         "back (it is then re-synced to the current weights and the request repeated)",
     )
     weight_backend: Literal["auto", "shm", "gloo", "fs"] = Field(
-        "auto", description="server mode: how weights reach the servers (auto: shm on the same node, else gloo)"
+        "auto",
+        description="server mode: how weights reach the servers (auto: shm on the same node, else gloo)",
     )
     weight_bucket_mb: float = Field(64.0, gt=0.0, description="server mode: gloo bucket size in MiB")
     verify_weights: bool = Field(
@@ -212,6 +213,42 @@ class RolloutConfig(_Section):
         description="0: on-policy (play, then train); K >= 1: off-policy, the next steps' episodes are played "
         "while this step trains, each under weights K versions old; older rollouts are dropped and counted",
     )
+    release_during_update: bool = Field(
+        False,
+        description="colocated: free the engine's KV pool (and on accelerators the allocator's cache) before "
+        "the policy update's forward and backward, and allocate it again after (vLLM's sleep mode; the prefix "
+        "cache is dropped, as at every update); also written rollout.engine.release_during_update",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _release_in_engine_section(cls, data: Any) -> Any:
+        """`rollout.engine.release_during_update` is this option (the engine's own options stay the engine's)."""
+        engine = data.get("engine") if isinstance(data, dict) else None
+        if not isinstance(engine, dict) or "release_during_update" not in engine:
+            return data
+        data, engine = dict(data), dict(engine)
+        value = engine.pop("release_during_update")
+        if "release_during_update" in data and data["release_during_update"] != value:
+            raise ValueError(
+                "release_during_update is given twice, in rollout and in rollout.engine, with different values"
+            )
+        data["release_during_update"], data["engine"] = value, engine
+        return data
+
+    @model_validator(mode="after")
+    def _release_needs_the_colocated_engine(self) -> RolloutConfig:
+        if self.release_during_update and self.mode != "colocated":
+            raise ValueError(
+                "release_during_update frees the colocated engine's KV pool; in server mode the servers hold "
+                "theirs: drop release_during_update or use rollout.mode=colocated"
+            )
+        if self.release_during_update and self.max_staleness > 0:
+            raise ValueError(
+                "release_during_update frees the engine's pool while the policy updates, and off-policy "
+                "rollouts (max_staleness > 0) play during the update: drop one of them"
+            )
+        return self
 
 
 class OptimConfig(_Section):

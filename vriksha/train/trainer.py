@@ -16,6 +16,7 @@ the adapter and its optimizer state, and the run ends with the adapter in PEFT's
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -23,7 +24,7 @@ import math
 import resource
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -265,6 +266,26 @@ class GRPOTrainer:
 
     # -- pieces of a step ----------------------------------------------------
 
+    @contextlib.contextmanager
+    def _pool_released(self) -> Iterator[None]:
+        """With rollout.release_during_update: the engine's KV pool freed for the update, taken back after."""
+        if not self.cfg.rollout.release_during_update:
+            yield
+            return
+        sleep, wake_up = getattr(self.llm, "sleep", None), getattr(self.llm, "wake_up", None)
+        if sleep is None or wake_up is None:
+            raise ConfigError(
+                f"rollout.release_during_update: this run's engine ({type(self.llm).__name__}) cannot release "
+                "its memory; drop the option"
+            )
+        with phase("train.engine_sleep"):
+            sleep()
+        try:
+            yield
+        finally:
+            with phase("train.engine_wake_up"):
+                wake_up()
+
     def _sync_engine(self) -> float:
         """Bring the engine up to date before it plays: new weights, or else an empty prefix cache.
 
@@ -389,7 +410,8 @@ class GRPOTrainer:
             groups[0],
             self.tokenizer.pad_token_id,
         )
-        result = policy_update(self.learner, batch)
+        with self._pool_released():
+            result = policy_update(self.learner, batch)
         with warnings.catch_warnings():  # a step whose groups all lacked signal ran no optimizer step
             warnings.filterwarnings("ignore", message=".*lr_scheduler.step.*")
             self.scheduler.step()

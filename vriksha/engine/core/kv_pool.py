@@ -86,6 +86,26 @@ class KVPool:
             for x in layout.layers
         ]
 
+    @property
+    def released(self) -> bool:
+        return self.k[0].untyped_storage().nbytes() == 0 and self.k[0].numel() > 0
+
+    def release(self) -> None:
+        """Free every layer's K and V memory; the tensors (and views of them) stay, with empty storage."""
+        for t in (*self.k, *self.v):
+            t.untyped_storage().resize_(0)
+
+    def reacquire(self) -> None:
+        """Allocate (and zero) the memory `release` freed: the same shapes, at new addresses."""
+        for t in (*self.k, *self.v):
+            t.untyped_storage().resize_(t.numel() * t.element_size())
+            t.zero_()
+
+    @property
+    def nbytes(self) -> int:
+        """The pool's memory when allocated."""
+        return sum(t.numel() * t.element_size() for t in (*self.k, *self.v))
+
     @staticmethod
     def slots_for_budget(budget_bytes: int, layout: KVLayout, dtype: torch.dtype) -> int:
         return max(2, budget_bytes // layout.bytes_per_token(dtype))

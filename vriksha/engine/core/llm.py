@@ -183,6 +183,15 @@ class LLM:
     def weights_updated(self) -> None:
         self.engine.weights_updated()
 
+    def sleep(self) -> None:
+        """Release the KV pool's memory until `wake_up()` (vLLM's name): the prefix cache is dropped, nothing
+        may be generated meanwhile. The weights stay (they are the wrapped module's)."""
+        self.engine.sleep()
+
+    def wake_up(self) -> None:
+        """Take the KV pool's memory back after `sleep()`; generation works as before."""
+        self.engine.wake_up()
+
     def set_weight_version(self, version: int) -> None:
         """The module's parameters now hold `version`: caches reset, later outputs report `version`."""
         self.engine.set_weight_version(version)

@@ -120,6 +120,7 @@ class LLMEngine:
         self._cached_prompt_tokens = 0
         self._generation_tokens = 0
         self.weight_version = 0  # bumped by set_weight_version after an in-place weight update
+        self.sleeping = False  # the KV pool released (`sleep`) until `wake_up`
         self.step_times = StepTimes()  # how long steps took, by kind (the server's /metrics histogram)
         logger.info(
             "engine: %s, %s, KV pool %d tokens; %s",
@@ -188,6 +189,8 @@ class LLMEngine:
         until the session's next turn, its close (`close_session`) or its timeout."""
         if self._closed:
             raise EngineClosedError("the engine is closed; build a new one")
+        if self.sleeping:
+            raise InvalidRequestError("the engine is asleep (its KV pool released); call wake_up() first")
         n = len(prompts)
         params_list = list(params) if isinstance(params, Sequence) else [params] * n
         ids_list = list(request_ids) if request_ids is not None else [None] * n
@@ -228,7 +231,9 @@ class LLMEngine:
     def _resolve_loras(self, loras: Sequence[str | None] | str | None, n: int) -> list[LoadedLora | None]:
         names = [loras] * n if loras is None or isinstance(loras, str) else list(loras)
         if len(names) != n:
-            raise InvalidRequestError(f"got {n} prompts but {len(names)} LoRA adapter names; pass one or one each")
+            raise InvalidRequestError(
+                f"got {n} prompts but {len(names)} LoRA adapter names; pass one or one each"
+            )
         if self.loras is None:
             if any(names):
                 raise InvalidRequestError(
@@ -554,6 +559,34 @@ class LLMEngine:
             )
         self.cache.reset()
         self.runner.weights_updated()
+
+    def sleep(self) -> None:
+        """Release the KV pool's memory (vLLM's sleep mode; the weights stay: they are the module's): the prefix
+        cache is dropped and the pool's tensors freed, and on an accelerator its allocator's cache emptied.
+        Nothing may run meanwhile; `wake_up` takes the memory back."""
+        if self.sleeping:
+            return
+        if self.tensor_parallel is not None:
+            raise InvalidRequestError(
+                "sleep is not supported on a tensor-parallel engine (each rank holds a shard of the pool)"
+            )
+        if self.scheduler.has_work:
+            raise InvalidRequestError(
+                "the engine cannot sleep while requests run; finish or abort them first"
+            )
+        self.cache.reset()
+        self.pool.release()
+        devices.empty_cache(self.device)
+        self.sleeping = True
+        logger.debug("engine asleep: KV pool of %.2f GiB released", self.pool.nbytes / 2**30)
+
+    def wake_up(self) -> None:
+        """Take the KV pool's memory back after `sleep` (zeroed, at new addresses); the cache starts empty."""
+        if not self.sleeping:
+            return
+        self.pool.reacquire()
+        self.runner.pool_reallocated()
+        self.sleeping = False
 
     def set_weight_version(self, version: int) -> None:
         """The parameters were overwritten in place with `version`: the prefix cache is flushed (its KV was

@@ -81,3 +81,13 @@ def _tune() -> MallocChoice:
         f"blocks under {MMAP_THRESHOLD >> 20} MiB from the heap, up to {TRIM_THRESHOLD >> 30} GiB of it kept "
         "(glibc's mmap and trim thresholds)",
     )
+
+
+def return_freed_memory() -> bool:
+    """Hand glibc's free heap pages back to the kernel now (`malloc_trim(0)`), whatever the trim threshold:
+    after a large free that is meant to leave the process (the KV pool released for a training update).
+    False where the C library is not glibc."""
+    if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
+        return False
+    ctypes.CDLL(None).malloc_trim(0)
+    return True

@@ -239,6 +239,16 @@ class ModelRunner:
             if path is not None:
                 path.weights_updated()
 
+    def pool_reallocated(self) -> None:
+        """The KV pool's memory was released and taken again, at new addresses: what holds its addresses (the
+        native decode's plans, captured decode graphs) is built again."""
+        native = self.path(NativeDecode)
+        if native is not None:
+            native.weights_updated()  # drops its plans, which hold the pool's addresses
+        graphs = self.path(DecodeGraphs)
+        if graphs is not None and graphs.capture:
+            graphs.capture_all()
+
     def close(self) -> None:
         """Hand the model back as it came: its attention implementation and linear layers restored."""
         self.installation.undo()
