@@ -204,3 +204,18 @@ def test_bad_requests_are_400_naming_the_field(client, extra, param):
     with pytest.raises(openai.BadRequestError) as e:
         client.post("/responses", body=body, cast_to=dict)
     assert e.value.body["param"] == param
+
+
+def test_a_stored_conversation_is_an_engine_session_and_an_unstored_one_is_not(client, server):
+    def open_sessions() -> float:
+        return server.metrics()["vriksha_sessions_open"]
+
+    before = open_sessions()
+    client.responses.create(model=MODEL, input="Say yes.", temperature=0, max_output_tokens=3, store=False)
+    assert open_sessions() == before
+    first = client.responses.create(model=MODEL, input="Say yes.", temperature=0, max_output_tokens=3)
+    assert open_sessions() == before + 1
+    client.responses.create(
+        model=MODEL, previous_response_id=first.id, input="Again.", temperature=0, max_output_tokens=3
+    )
+    assert open_sessions() == before + 1  # the follow-up continues the same session
