@@ -105,7 +105,12 @@ def run_in_process(cfg: TrainConfig, resume: bool, profile: Any = None) -> int:
     from vriksha.train.trainer import GRPOTrainer
 
     try:
-        trainer = GRPOTrainer(cfg, resume=resume, profile=profile)
+        if cfg.algorithm == "sft":
+            from vriksha.train.sft import SFTTrainer
+
+            trainer: GRPOTrainer | SFTTrainer = SFTTrainer(cfg, resume=resume, profile=profile)
+        else:  # grpo, and opd (the GRPO loop with the teacher's per-token scores as its signal)
+            trainer = GRPOTrainer(cfg, resume=resume, profile=profile)
         summary = trainer.fit()
         if trainer.pd.is_main:
             if summary.get("before") or summary.get("after"):
