@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-llm_mod = pytest.importorskip("vriksha.engine.core.llm", reason="the engine (vriksha.engine.core.llm) has not landed")
+llm_mod = pytest.importorskip(
+    "vriksha.engine.core.llm", reason="the engine (vriksha.engine.core.llm) has not landed"
+)
 
 
 def test_saved_episodes_are_the_played_ids_and_sft_reads_them(tmp_path):
@@ -26,9 +28,13 @@ def test_saved_episodes_are_the_played_ids_and_sft_reads_them(tmp_path):
     assert [r["reward"] for r in greedy] == [r.reward for r in res.records]
     for r in rows:
         assert r["env"] == "calculator_tools" and len(r["loss_mask"]) == len(r["completion_ids"])
-        assert tok.decode([t for t, m in zip(r["completion_ids"], r["loss_mask"], strict=True) if m]) == "".join(
-            r["completions"]
-        )
+        assert tok.decode(
+            [t for t, m in zip(r["completion_ids"], r["loss_mask"], strict=True) if m]
+        ) == "".join(r["completions"])
     examples = read_examples(tok, path, only_successful=False)
-    assert [e.ids for e in examples] == [r["prompt_ids"] + r["completion_ids"] for r in rows if any(r["loss_mask"])]
-    assert all(e.mask == [0] * len(r["prompt_ids"]) + r["loss_mask"] for e, r in zip(examples, rows, strict=False))
+    assert [e.ids for e in examples] == [
+        r["prompt_ids"] + r["completion_ids"] for r in rows if any(r["loss_mask"])
+    ]
+    assert all(
+        e.mask == [0] * len(r["prompt_ids"]) + r["loss_mask"] for e, r in zip(examples, rows, strict=False)
+    )

@@ -61,7 +61,11 @@ def test_its_expectation_is_the_gradient_of_the_exact_reverse_kl():
     total = torch.zeros((), dtype=torch.float64)
     for v in range(7):  # the loss on the sample v, weighted by its probability (detached)
         one = lambda x, v=v: x[v].reshape(1, 1)  # noqa: E731
-        out = loss_fn(_inputs(one(student), one(teacher), one(student.detach()), torch.ones(1, 1, dtype=torch.float64), 1.0))
+        out = loss_fn(
+            _inputs(
+                one(student), one(teacher), one(student.detach()), torch.ones(1, 1, dtype=torch.float64), 1.0
+            )
+        )
         total = total + student[v].exp().detach() * out.loss
     (estimated,) = torch.autograd.grad(total, logits)
     fresh = torch.log_softmax(logits, -1)

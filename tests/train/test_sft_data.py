@@ -17,14 +17,20 @@ TOOLS = [
         "function": {
             "name": "add",
             "description": "add two integers",
-            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}},
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            },
         },
     }
 ]
 CHAT = [
     {"role": "system", "content": "You are a calculator."},
     {"role": "user", "content": "What is 17 + 25?"},
-    {"role": "assistant", "content": '<tool_call>{"name": "add", "arguments": {"a": 17, "b": 25}}</tool_call>'},
+    {
+        "role": "assistant",
+        "content": '<tool_call>{"name": "add", "arguments": {"a": 17, "b": 25}}</tool_call>',
+    },
     {"role": "tool", "content": "42"},
     {"role": "assistant", "content": "The answer is 42."},
     {"role": "user", "content": "And doubled?"},
@@ -63,7 +69,8 @@ def test_the_mask_covers_each_assistant_turn_and_its_end_token_alone(tok):
     assert "add two integers" in rest and "<tool_call>" in rest
     # the ids are the whole conversation's rendering
     whole = tok.apply_chat_template(
-        [{**CHAT[0], "content": rest.split("<|im_end|>")[0].split("system\n", 1)[1]}, *CHAT[1:]], tokenize=False
+        [{**CHAT[0], "content": rest.split("<|im_end|>")[0].split("system\n", 1)[1]}, *CHAT[1:]],
+        tokenize=False,
     )
     assert tok.decode(ex.ids) == whole
 
@@ -77,8 +84,10 @@ def test_a_template_that_rewrites_earlier_turns_is_refused(tok):
 
         def apply_chat_template(self, messages, tools=None, tokenize=False, add_generation_prompt=False):
             last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
-            parts = [f"{m['role']}: {m['content'] if m['role'] != 'assistant' or i == last else ''}\n"
-                     for i, m in enumerate(messages)]
+            parts = [
+                f"{m['role']}: {m['content'] if m['role'] != 'assistant' or i == last else ''}\n"
+                for i, m in enumerate(messages)
+            ]
             return "".join(parts) + ("assistant: " if add_generation_prompt else "")
 
         def __call__(self, text, add_special_tokens=False):
@@ -108,8 +117,14 @@ def test_jsonl_lines_chat_and_trajectories(tok, tmp_path):
         ("{not json", r"data.jsonl:2: "),
         (json.dumps({"messages": [{"role": "user", "content": "hi"}]}), "no assistant message"),
         (json.dumps({"text": "hi"}), "expected `messages`"),
-        (json.dumps({"prompt_ids": [1], "completion_ids": [2, 3], "loss_mask": [1], "success": True}), "1 entries for 2"),
-        (json.dumps({"prompt_ids": [1], "completion_ids": [10**9], "loss_mask": [1], "success": True}), "vocabulary"),
+        (
+            json.dumps({"prompt_ids": [1], "completion_ids": [2, 3], "loss_mask": [1], "success": True}),
+            "1 entries for 2",
+        ),
+        (
+            json.dumps({"prompt_ids": [1], "completion_ids": [10**9], "loss_mask": [1], "success": True}),
+            "vocabulary",
+        ),
     ],
 )
 def test_a_bad_line_is_named_by_file_and_line(tok, tmp_path, line, message):

@@ -32,7 +32,12 @@ def chat_data(tmp_path_factory):
     path = tmp_path_factory.mktemp("data") / "chat.jsonl"
     lines = [{"messages": CHAT, "tools": TOOLS}]
     lines += [
-        {"messages": [{"role": "user", "content": f"What is {a} + {b}?"}, {"role": "assistant", "content": str(a + b)}]}
+        {
+            "messages": [
+                {"role": "user", "content": f"What is {a} + {b}?"},
+                {"role": "assistant", "content": str(a + b)},
+            ]
+        }
         for a, b in [(1, 2), (3, 4), (5, 6), (7, 8), (2, 9), (4, 4), (6, 1)]
     ]
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
@@ -111,11 +116,15 @@ def test_sft_with_lora_saves_a_peft_adapter_and_the_merged_model(tmp_path, stude
     rows = read_rows(tmp_path / "lora")
     assert rows[-1]["loss"] < rows[0]["loss"]
     merged = AutoModelForCausalLM.from_pretrained(tmp_path / "lora" / "final")
-    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(student_dir), tmp_path / "lora" / "adapter")
+    peft = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(student_dir), tmp_path / "lora" / "adapter"
+    )
     x = torch.tensor([[1, 2, 3, 4, 5]])
     with torch.no_grad():
         assert torch.allclose(merged(x).logits, peft(x).logits, atol=1e-4)
-        assert not torch.allclose(merged(x).logits, AutoModelForCausalLM.from_pretrained(student_dir)(x).logits)
+        assert not torch.allclose(
+            merged(x).logits, AutoModelForCausalLM.from_pretrained(student_dir)(x).logits
+        )
 
 
 def _opd_config(
@@ -126,7 +135,12 @@ def _opd_config(
         "model": {"path": str(student), "mixed_precision": "none"},
         "opd": {"teacher": str(teacher)},
         "env": {"name": "arithmetic", "options": {"level": 1}},
-        "rollout": {"group_size": 8, "prompts_per_step": prompts, "max_new_tokens": 1, "engine": {"kv_cache_memory_gb": 0.05}},
+        "rollout": {
+            "group_size": 8,
+            "prompts_per_step": prompts,
+            "max_new_tokens": 1,
+            "engine": {"kv_cache_memory_gb": 0.05},
+        },
         "optim": {"lr": lr},
         "trainer": {
             "steps": steps,

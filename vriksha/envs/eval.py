@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import logging
 import time
-from pathlib import Path
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vriksha.envs.core import Environment

@@ -430,7 +430,9 @@ class SFTConfig(_Section):
     max_length: int = Field(
         2048, ge=2, le=MAX_TOKENS, description="tokens per sequence at most (longer ones are cut at the end)"
     )
-    shuffle: bool = Field(True, description="a fresh order of the examples each epoch (seeded by trainer.seed)")
+    shuffle: bool = Field(
+        True, description="a fresh order of the examples each epoch (seeded by trainer.seed)"
+    )
 
     @field_validator("data")
     @classmethod
@@ -456,7 +458,9 @@ class OPDConfig(_Section):
     kl_coef: float = Field(
         1.0, gt=0.0, description="scale of the per-token reverse KL taken as a negative advantage"
     )
-    request_timeout_s: float = Field(300.0, gt=0.0, description="a served teacher: seconds per scoring request")
+    request_timeout_s: float = Field(
+        300.0, gt=0.0, description="a served teacher: seconds per scoring request"
+    )
 
 
 class TrainConfig(_Section):

@@ -108,7 +108,8 @@ class SFTTrainer:
         if pd.is_main:
             logger.info("%d SFT examples (%d cut to %d tokens)", len(self.examples), cut, cfg.sft.max_length)
         check_tp_degree(model.config, pd.tp)
-        model.to(pd.device)
+        module: torch.nn.Module = model
+        module.to(pd.device)  # in place
         # the export's unsharded module (with LoRA: the base the adapter is merged into)
         self.plain = copy.deepcopy(model).eval().requires_grad_(False)
         chosen = [resolve_precision(cfg.model.mixed_precision, model, pd.device) if pd.is_main else None]
@@ -124,7 +125,9 @@ class SFTTrainer:
         o = cfg.optim
         trainable = [p for p in self.policy.parameters() if p.requires_grad]
         lr = self.lora.lr if self.lora is not None and self.lora.lr is not None else o.lr
-        self.optimizer = torch.optim.AdamW(trainable, lr=lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay)
+        self.optimizer = torch.optim.AdamW(
+            trainable, lr=lr, betas=o.betas, eps=o.eps, weight_decay=o.weight_decay
+        )
         self.scheduler = build_scheduler(self.optimizer, o, cfg.trainer.steps)
         self.start_step = 0
         state: dict[str, Any] = {}
@@ -139,7 +142,9 @@ class SFTTrainer:
             )
             self.start_step = int(state["step"])
             if self.start_step > cfg.trainer.steps:
-                raise ConfigError(f"trainer.steps: {cfg.trainer.steps} is below the checkpoint's step {self.start_step}")
+                raise ConfigError(
+                    f"trainer.steps: {cfg.trainer.steps} is below the checkpoint's step {self.start_step}"
+                )
         self.adapter: AdapterSync | None = None
         if self.lora is not None:
             self.adapter = AdapterSync(
@@ -153,7 +158,11 @@ class SFTTrainer:
             )
         # the update's options: sft's micro-batches (one sequence a group), one epoch, the grpo log-prob chunks
         options = cfg.grpo.model_copy(
-            update={"micro_batch_groups": cfg.sft.micro_batch_size, "epochs_per_batch": 1, "on_policy": "default"}
+            update={
+                "micro_batch_groups": cfg.sft.micro_batch_size,
+                "epochs_per_batch": 1,
+                "on_policy": "default",
+            }
         )
         self.learner = Learner(
             self.policy,

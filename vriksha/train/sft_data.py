@@ -52,7 +52,9 @@ def _render(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Any, gene
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def _with_tools_in_system(tokenizer: Any, messages: list[dict[str, Any]], tools: list[Any]) -> list[dict[str, Any]]:
+def _with_tools_in_system(
+    tokenizer: Any, messages: list[dict[str, Any]], tools: list[Any]
+) -> list[dict[str, Any]]:
     probe = [{"role": "user", "content": "x"}]
     with_tools = tokenizer.apply_chat_template(probe, tools=tools, tokenize=False)
     if with_tools != tokenizer.apply_chat_template(probe, tokenize=False):
@@ -123,7 +125,9 @@ def _example(tokenizer: Any, row: Any, only_successful: bool) -> SFTExample | No
         ids = [int(t) for t in prompt + completion]
         vocab = len(tokenizer)
         if any(not 0 <= t < vocab for t in ids):
-            raise ValueError(f"a token id outside the tokenizer's vocabulary of {vocab}: saved by another model?")
+            raise ValueError(
+                f"a token id outside the tokenizer's vocabulary of {vocab}: saved by another model?"
+            )
         return SFTExample(ids, [0] * len(prompt) + [1 if m else 0 for m in loss])
     raise ValueError("expected `messages` (a chat) or `completion_ids` (a saved trajectory)")
 

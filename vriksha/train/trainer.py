@@ -208,7 +208,8 @@ class GRPOTrainer:
             return RemoteTeacher(opd, self.tokenizer)
         model = load_local_teacher(opd, self.tokenizer, self.cfg.trainer.seed)
         check_tp_degree(model.config, self.pd.tp)
-        model.to(self.pd.device)
+        module: nn.Module = model
+        module.to(self.pd.device)  # in place
         return parallelize(model, self.pd, param_dtype, shard_vocab)
 
     def _setup_rollout(self, producer_module: PreTrainedModel | None) -> None:

@@ -12,7 +12,7 @@ import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, TypedDict, cast
 
 import torch
 import torch.distributed as dist
@@ -160,11 +160,11 @@ def policy_update(learner: Learner, batch: UpdateBatch) -> UpdateResult:
                     teachers.append(None)
                     if learner.teacher is not None:
                         with torch.no_grad():
-                            teachers[i] = (
-                                completion_logprobs(learner.teacher, mb, False, **options).logprobs
-                                if isinstance(learner.teacher, nn.Module)
-                                else learner.teacher(mb)
-                            )
+                            if isinstance(learner.teacher, nn.Module):
+                                teacher = cast("PreTrainedModel", learner.teacher)
+                                teachers[i] = completion_logprobs(teacher, mb, False, **options).logprobs
+                            else:
+                                teachers[i] = learner.teacher(mb)
                 scored = learner.loss(
                     LossInputs(
                         logprobs=out.logprobs,

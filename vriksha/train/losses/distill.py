@@ -47,7 +47,11 @@ class ReverseKL:
         return cls(
             cfg.opd.kl_coef,
             ImportanceCorrection(
-                g.importance_correction, g.importance_level, g.importance_mode, g.importance_cap, g.importance_min
+                g.importance_correction,
+                g.importance_level,
+                g.importance_mode,
+                g.importance_cap,
+                g.importance_min,
             ),
         )
 
@@ -73,7 +77,9 @@ class ReverseKL:
             gap = (old - inputs.sampling_logprobs).abs() * mask
             metrics = {
                 "reverse_kl": float(kl.sum()),
-                "importance_weight/mean": float((weight * mask).sum()) if weight is not None else float(mask.sum()),
+                "importance_weight/mean": float((weight * mask).sum())
+                if weight is not None
+                else float(mask.sum()),
                 "logprob_gap/mean": float(gap.sum()),
             }
         return LossOutputs(loss, float(mask.sum()), metrics)
