@@ -73,6 +73,12 @@ class LoraSection(_Section):
     use_rslora: bool = Field(
         False, description="rank-stabilised scaling alpha / sqrt(rank) instead of alpha / rank"
     )
+    init_b_std: float = Field(
+        0.0,
+        ge=0.0,
+        description="std of a normal draw for B at the start (0: zero, so step 0 is the base model; > 0: a "
+        "perturbed model, e.g. a student that distillation brings back to its teacher)",
+    )
     lr: float | None = Field(
         None,
         gt=0.0,
