@@ -200,3 +200,32 @@ def test_on_policy_distillation_lowers_the_kl_to_the_teacher(tmp_path, digit_tea
 
     before, after = kl(student), kl(trained)
     assert after < 0.5 * before, (before, after)
+
+
+def test_a_served_teacher_scores_as_the_local_one(tmp_path, digit_teacher, tok):
+    """`opd.teacher: http://...`: the server's echo log-probs of the student's tokens equal the teacher's own
+    forward (within the engine's rounding), padding and uneven lengths included."""
+    from transformers import AutoModelForCausalLM
+
+    from tests.server.conftest import ServerProcess
+    from vriksha.envs.play import Episode
+    from vriksha.train.batch import collate_groups
+    from vriksha.train.config import OPDConfig
+    from vriksha.train.logprobs import completion_logprobs
+    from vriksha.train.teacher import RemoteTeacher
+
+    prompts = [_prompt(tok, [{"role": "user", "content": f"Compute {a} + 1."}])[0].tolist() for a in (2, 5)]
+    completions = [[[20, 21, 22], [23]], [[24, 25], [26, 27, 28, 29]]]
+    groups = [
+        [Episode(g, m, 0, prompts[g], c, [0.0] * len(c), [1] * len(c)) for m, c in enumerate(completions[g])]
+        for g in range(2)
+    ]
+    batch = collate_groups(groups, [[0.0, 0.0], [0.0, 0.0]], tok.pad_token_id)
+    local = completion_logprobs(AutoModelForCausalLM.from_pretrained(digit_teacher).eval(), batch).logprobs
+    server = ServerProcess(["--model", str(digit_teacher)], tmp_path / "server.log")
+    try:
+        remote = RemoteTeacher(OPDConfig(teacher=server.base_url), tok)(batch)
+    finally:
+        server.stop()
+    mask = batch.completion_mask.bool()
+    assert torch.allclose(remote[mask], local.detach()[mask], atol=2e-3), (remote[mask], local[mask])
