@@ -98,7 +98,9 @@ def apply_lora(model: nn.Module, cfg: LoraSection, seed: int) -> list[str]:
         if cfg.init_b_std > 0:
             with torch.no_grad():
                 for layer in lora_layers(model).values():
-                    layer.lora_B[ADAPTER].weight.normal_(0.0, cfg.init_b_std)
+                    b = layer.lora_B[ADAPTER]
+                    assert isinstance(b, nn.Linear)
+                    b.weight.normal_(0.0, cfg.init_b_std)
     model.requires_grad_(False)
     for layer in lora_layers(model).values():
         for part in (layer.lora_A[ADAPTER], layer.lora_B[ADAPTER]):
