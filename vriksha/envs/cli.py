@@ -55,6 +55,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--sample-temperature", type=float, default=1.0, help="temperature of the --samples runs (default 1)"
     )
     p.add_argument("--level", type=int, default=None, help="task level, for environments that have levels")
+    p.add_argument(
+        "--save",
+        default=None,
+        metavar="PATH",
+        help="write every played episode (the --samples runs too) as a JSONL line to PATH: token ids, loss "
+        "mask, reward and success (what `vriksha train` with algorithm sft takes as sft.data)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     _env_arg(p)
@@ -197,6 +204,7 @@ def _eval(args: argparse.Namespace) -> int:
             model_name=config.model or "embedded",
             samples=args.samples,
             sample_temperature=args.sample_temperature,
+            save=args.save,
         )
     finally:
         if profiler is not None:
@@ -218,4 +226,6 @@ def _eval(args: argparse.Namespace) -> int:
         for size, value in s.pass_at.items():
             print(f"  pass@{size:<8} {value:.4f}")
     print(f"{result.generated_tokens} tokens in {result.duration_s:.1f} s")
+    if args.save:
+        print(f"episodes saved to {args.save}")
     return 0

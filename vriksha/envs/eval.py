@@ -14,6 +14,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vriksha.envs.core import Environment
@@ -21,6 +22,7 @@ from vriksha.envs.episode import ActionShape
 from vriksha.envs.pass_at_k import SampledScores, sampled_scores
 from vriksha.envs.play import Episode, Sampling, play_groups
 from vriksha.envs.registry import get_env_class
+from vriksha.envs.trajectories import trajectory_row, write_trajectories
 from vriksha.envs.transcript import PromptFormat
 
 if TYPE_CHECKING:
@@ -88,11 +90,13 @@ def evaluate(
     prompt_format: PromptFormat | None = None,
     samples: int = 0,
     sample_temperature: float = 1.0,
+    save: str | Path | None = None,
 ) -> EvalResult:
     """Evaluate `llm` (a `vriksha.LLM`) on `episodes` episodes seeded `seed, seed+1, ...`.
 
     Each episode samples from its own seed; `max_turns` caps the environment's turn limit. `samples` K >= 1:
-    each episode is also played K times at `sample_temperature` for pass@k and avg@K.
+    each episode is also played K times at `sample_temperature` for pass@k and avg@K. `save`: every played
+    episode (the K samples too) as a JSONL line there (`trajectories.py`).
     """
     if samples < 0 or (samples and sample_temperature <= 0):
         raise ValueError(
@@ -137,6 +141,7 @@ def evaluate(
     groups = play(1, temperature, on_turn)
     bar.close()
     sampled = None
+    drawn: list[list[Episode]] = []
     if samples and episodes:
         drawn = play(samples, sample_temperature, None)
         sampled = sampled_scores(
@@ -146,13 +151,25 @@ def evaluate(
             sum(e.num_generated for g in drawn for e in g),
         )
     played = [g[0] for g in groups]
+    name = model_name or str(getattr(llm, "model_name", None) or type(llm).__name__)
+    if save is not None:
+        rows = [
+            trajectory_row(e, env=cls.name, model=name, split=split, sample=None, temperature=temperature)
+            for e in played
+        ]
+        rows += [
+            trajectory_row(e, env=cls.name, model=name, split=split, sample=k, temperature=sample_temperature)
+            for g in drawn
+            for k, e in enumerate(g)
+        ]
+        write_trajectories(save, rows)
     records = [EpisodeRecord.of(e) for e in played]
     tokens = sum(e.num_generated for e in played)
     n = max(1, len(records))
     keys = sorted({k for r in records for k in r.components})
     return EvalResult(
         env=cls.name,
-        model=model_name or str(getattr(llm, "model_name", None) or type(llm).__name__),
+        model=name,
         split=split,
         episodes=len(records),
         mean_reward=sum(r.reward for r in records) / n,

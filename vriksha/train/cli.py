@@ -64,8 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "train",
-        help="GRPO post-training on an environment (FSDP2; --nproc N processes per node, --nnodes, --launcher ray)",
-        description="Train a model with GRPO on a verifiable environment, rollouts on the colocated engine.",
+        help="GRPO post-training on an environment, SFT or on-policy distillation (the config's algorithm; FSDP2; "
+        "--nproc N processes per node, --nnodes, --launcher ray)",
+        description="Train a model with GRPO on a verifiable environment (rollouts on the colocated engine), "
+        "with SFT on chat or trajectory JSONL, or by on-policy distillation from a teacher (`algorithm` in the config).",
     )
     add_arguments(parser)
     parser.set_defaults(func=handler)
@@ -105,7 +107,12 @@ def run_in_process(cfg: TrainConfig, resume: bool, profile: Any = None) -> int:
     from vriksha.train.trainer import GRPOTrainer
 
     try:
-        trainer = GRPOTrainer(cfg, resume=resume, profile=profile)
+        if cfg.algorithm == "sft":
+            from vriksha.train.sft import SFTTrainer
+
+            trainer: GRPOTrainer | SFTTrainer = SFTTrainer(cfg, resume=resume, profile=profile)
+        else:  # grpo, and opd (the GRPO loop with the teacher's per-token scores as its signal)
+            trainer = GRPOTrainer(cfg, resume=resume, profile=profile)
         summary = trainer.fit()
         if trainer.pd.is_main:
             if summary.get("before") or summary.get("after"):

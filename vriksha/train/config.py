@@ -73,6 +73,12 @@ class LoraSection(_Section):
     use_rslora: bool = Field(
         False, description="rank-stabilised scaling alpha / sqrt(rank) instead of alpha / rank"
     )
+    init_b_std: float = Field(
+        0.0,
+        ge=0.0,
+        description="std of a normal draw for B at the start (0: zero, so step 0 is the base model; > 0: a "
+        "perturbed model, e.g. a student that distillation brings back to its teacher)",
+    )
     lr: float | None = Field(
         None,
         gt=0.0,
@@ -450,9 +456,64 @@ class TrainerConfig(_Section):
     )
 
 
-class TrainConfig(_Section):
-    """A whole GRPO run."""
+class SFTConfig(_Section):
+    """`algorithm: sft`: supervised fine-tuning on chat JSONL or saved trajectories, loss on the assistant's
+    tokens alone (see docs/training.md, "SFT")."""
 
+    data: list[str] = Field(
+        default_factory=list,
+        description="JSONL files: chat lines ({messages: [...], tools: [...]?}) or trajectories written by "
+        "`vriksha env eval --save` (token ids with their loss mask)",
+    )
+    only_successful: bool = Field(
+        True, description="trajectories: train on the successful episodes alone (chat lines are all kept)"
+    )
+    batch_size: int = Field(8, ge=1, le=MAX_COUNT, description="sequences per step across all ranks")
+    micro_batch_size: int = Field(4, ge=1, le=MAX_COUNT, description="sequences per forward/backward")
+    max_length: int = Field(
+        2048, ge=2, le=MAX_TOKENS, description="tokens per sequence at most (longer ones are cut at the end)"
+    )
+    shuffle: bool = Field(
+        True, description="a fresh order of the examples each epoch (seeded by trainer.seed)"
+    )
+
+    @field_validator("data")
+    @classmethod
+    def _paths(cls, paths: list[str]) -> list[str]:
+        if any(not p.strip() for p in paths):
+            raise ValueError("an empty path; name each JSONL file")
+        return paths
+
+
+class OPDConfig(_Section):
+    """`algorithm: opd`: on-policy distillation, the student's own samples scored by a teacher token by token
+    (per-token reverse KL; see docs/training.md, "On-policy distillation")."""
+
+    teacher: str | None = Field(
+        None,
+        description="the teacher: a model path (HF directory or .gguf), a packaged model name, null for the "
+        "embedded model, or the http(s) URL of a `vriksha serve` (scored through its echo log-probs); it must "
+        "share the student's tokenizer",
+    )
+    teacher_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="parameter dtype of a local teacher"
+    )
+    kl_coef: float = Field(
+        1.0, gt=0.0, description="scale of the per-token reverse KL taken as a negative advantage"
+    )
+    request_timeout_s: float = Field(
+        300.0, gt=0.0, description="a served teacher: seconds per scoring request"
+    )
+
+
+class TrainConfig(_Section):
+    """A whole run: GRPO (the default), SFT or on-policy distillation (`algorithm`)."""
+
+    algorithm: Literal["grpo", "sft", "opd"] = Field(
+        "grpo",
+        description="grpo: rewards from the environment; sft: supervised on the `sft` section's data; opd: "
+        "on-policy distillation from the `opd` section's teacher",
+    )
     model: ModelConfig = Field(default_factory=ModelConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
@@ -461,6 +522,19 @@ class TrainConfig(_Section):
     parallel: ParallelConfig = Field(default_factory=ParallelConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     launch: LaunchConfig = Field(default_factory=LaunchConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    opd: OPDConfig = Field(default_factory=OPDConfig)
+
+    @model_validator(mode="after")
+    def _check_algorithm(self) -> TrainConfig:
+        if self.algorithm == "sft" and not self.sft.data:
+            raise ValueError("sft.data: algorithm sft trains on JSONL files; name at least one")
+        if self.algorithm == "opd":
+            if self.grpo.on_policy == "exact":
+                raise ValueError("grpo.on_policy: algorithm opd runs with on_policy default")
+            if self.grpo.kl_coef > 0:
+                raise ValueError("grpo.kl_coef: algorithm opd's KL is to the teacher; set grpo.kl_coef=0")
+        return self
 
     @model_validator(mode="after")
     def _check_exact(self) -> TrainConfig:

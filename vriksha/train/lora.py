@@ -78,7 +78,8 @@ def lora_targets(model: nn.Module, names: Sequence[str] | None) -> list[str]:
 
 
 def apply_lora(model: nn.Module, cfg: LoraSection, seed: int) -> list[str]:
-    """Inject rank-`cfg.rank` adapters into `model` in place (A from `seed` on every rank alike, B zero), freeze
+    """Inject rank-`cfg.rank` adapters into `model` in place (A from `seed` on every rank alike, B zero or
+    `init_b_std` noise from the same seed), freeze
     everything else, keep A and B in float32; returns the adapted modules' names."""
     from peft import LoraConfig, inject_adapter_in_model
 
@@ -94,6 +95,12 @@ def apply_lora(model: nn.Module, cfg: LoraSection, seed: int) -> list[str]:
     with torch.random.fork_rng(devices=[]):  # the run's own random streams are not moved
         torch.manual_seed(seed)
         inject_adapter_in_model(config, model, adapter_name=ADAPTER)
+        if cfg.init_b_std > 0:
+            with torch.no_grad():
+                for layer in lora_layers(model).values():
+                    b = layer.lora_B[ADAPTER]
+                    assert isinstance(b, nn.Linear)
+                    b.weight.normal_(0.0, cfg.init_b_std)
     model.requires_grad_(False)
     for layer in lora_layers(model).values():
         for part in (layer.lora_A[ADAPTER], layer.lora_B[ADAPTER]):

@@ -44,7 +44,7 @@ from vriksha.train.export import export_model
 from vriksha.train.grpo import group_advantages, without_truncated
 from vriksha.train.lora import AdapterSync, apply_lora, check_lora_parallel, export_lora
 from vriksha.train.lora_producer import producer_engine
-from vriksha.train.losses import build_loss
+from vriksha.train.losses import ReverseKL, build_loss
 from vriksha.train.metrics import MetricsWriter, rollout_summary, summary_table, write_plots
 from vriksha.train.offpolicy import OffPolicy
 from vriksha.train.parallelize import check_tp_degree, parallelize
@@ -54,6 +54,7 @@ from vriksha.train.rollout import Episode, RolloutWorker, StepRollout, episode_s
 from vriksha.train.rollout_engine import TrainingEngine, build_engine, colocated_engine
 from vriksha.train.shared_dir import check_shared_dir
 from vriksha.train.step_metrics import StepMetrics
+from vriksha.train.teacher import RemoteTeacher, is_remote, load_local_teacher
 from vriksha.train.update import Learner, UpdateBatch, policy_update
 
 if TYPE_CHECKING:
@@ -144,6 +145,7 @@ class GRPOTrainer:
         self.ref_model = None
         if cfg.grpo.kl_coef > 0:  # the initial model: with LoRA, the base without adapters
             self.ref_model = parallelize(copy.deepcopy(model).requires_grad_(False), pd, mp, vocab)
+        self.teacher = self._teacher(mp, vocab) if cfg.algorithm == "opd" else None
         self.lora = cfg.model.lora if cfg.model.lora.enabled else None
         if self.lora is not None:  # after every plain copy above: they stay without adapters
             check_lora_parallel(self.lora, pd.tp)
@@ -181,13 +183,14 @@ class GRPOTrainer:
         self.learner = Learner(
             self.policy,
             self.optimizer,
-            build_loss(cfg.loss_config()),
+            ReverseKL.of(cfg) if cfg.algorithm == "opd" else build_loss(cfg.loss_config()),
             cfg.grpo,
             pd.device,
             max_grad_norm=o.max_grad_norm,
             ref_model=self.ref_model,
             dims=pd,
             precision=self.precision,
+            teacher=self.teacher,
         )
         self._setup_rollout(producer_module)
         self.metrics = MetricsWriter(
@@ -198,6 +201,17 @@ class GRPOTrainer:
         )
         self._engine_stale = True
         self._elapsed = float(self.state.get("elapsed_s", 0.0))
+
+    def _teacher(self, param_dtype: torch.dtype | None, shard_vocab: bool) -> nn.Module | RemoteTeacher:
+        """`algorithm: opd`: the teacher, on a server or as a frozen model sharded like the reference."""
+        opd = self.cfg.opd
+        if is_remote(opd.teacher):
+            return RemoteTeacher(opd, self.tokenizer)
+        model = load_local_teacher(opd, self.tokenizer, self.cfg.trainer.seed)
+        check_tp_degree(model.config, self.pd.tp)
+        module: nn.Module = model
+        module.to(self.pd.device)  # in place
+        return parallelize(model, self.pd, param_dtype, shard_vocab)
 
     def _setup_rollout(self, producer_module: PreTrainedModel | None) -> None:
         """The engine over the engine module (rollouts; evaluation and export always), what each step
@@ -400,7 +414,8 @@ class GRPOTrainer:
             rewards = torch.tensor([[e.reward for e in g] for g in groups], dtype=torch.float64)
             adv = group_advantages(rewards, scale=cfg.grpo.scale_rewards)
             dropped = taken is not None and taken.dropped
-            kept = [i for i in range(len(groups)) if bool(adv.keep[i]) and not dropped]
+            distill = cfg.algorithm == "opd"  # every group trains: the teacher's scores are the signal
+            kept = [i for i in range(len(groups)) if (distill or bool(adv.keep[i])) and not dropped]
         trained = [groups[i] for i in kept]
         if cfg.grpo.mask_truncated_completions:
             trained = without_truncated(trained)

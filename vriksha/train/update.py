@@ -12,7 +12,7 @@ import contextlib
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, TypedDict, cast
 
 import torch
 import torch.distributed as dist
@@ -50,6 +50,8 @@ class Learner:
     ref_model: PreTrainedModel | None = None
     dims: ParallelDims | None = None
     precision: TrainPrecision | None = None
+    # on-policy distillation: a local teacher model (run like the reference) or a scorer of micro-batches
+    teacher: nn.Module | Callable[[GroupBatch], torch.Tensor] | None = None
 
 
 @dataclass(slots=True)
@@ -140,6 +142,7 @@ def policy_update(learner: Learner, batch: UpdateBatch) -> UpdateResult:
     policy_logprobs = lockstep_logprobs if cfg.on_policy == "exact" else completion_logprobs
     old: list[torch.Tensor] = []
     refs: list[torch.Tensor | None] = []
+    teachers: list[torch.Tensor | None] = []
     options = _logprob_options(cfg, device)
     entropy_grad = learner.loss.needs_entropy
     for epoch in range(cfg.epochs_per_batch):
@@ -154,6 +157,14 @@ def policy_update(learner: Learner, batch: UpdateBatch) -> UpdateResult:
                     if learner.ref_model is not None:
                         with torch.no_grad():
                             refs[i] = completion_logprobs(learner.ref_model, mb, False, **options).logprobs
+                    teachers.append(None)
+                    if learner.teacher is not None:
+                        with torch.no_grad():
+                            if isinstance(learner.teacher, nn.Module):
+                                teacher = cast("PreTrainedModel", learner.teacher)
+                                teachers[i] = completion_logprobs(teacher, mb, False, **options).logprobs
+                            else:
+                                teachers[i] = learner.teacher(mb)
                 scored = learner.loss(
                     LossInputs(
                         logprobs=out.logprobs,
@@ -163,6 +174,7 @@ def policy_update(learner: Learner, batch: UpdateBatch) -> UpdateResult:
                         sampling_logprobs=mb.engine_logprobs,
                         ref_logprobs=refs[i],
                         entropy=out.entropy if entropy_grad else None,
+                        teacher_logprobs=teachers[i],
                         num_tokens_global=global_tokens,
                         num_sequences_global=global_sequences,
                         num_micro_batches_global=global_micro,
