@@ -57,6 +57,7 @@ models:
 
 lint: typecheck
 	ruff check vriksha tests benchmarks
+	ruff format --check vriksha tests benchmarks
 
 # mypy over the files [tool.mypy] in pyproject.toml lists (the typed seams and the modules around them); mypy comes
 # with the test extras. A first run analyses torch and transformers (a few minutes on 2 cores), later runs reuse

@@ -34,10 +34,20 @@ def build_model(out: Path) -> Path:
         return out
     tokenizer = load_tokenizer(resolve_model_path(None))
     config = Qwen3MoeConfig(
-        vocab_size=len(tokenizer), hidden_size=512, intermediate_size=1024, moe_intermediate_size=256,
-        num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4, head_dim=64, num_experts=32,
-        num_experts_per_tok=4, max_position_embeddings=4096, tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        vocab_size=len(tokenizer),
+        hidden_size=512,
+        intermediate_size=1024,
+        moe_intermediate_size=256,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        num_experts=32,
+        num_experts_per_tok=4,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
     )
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -47,11 +57,17 @@ def build_model(out: Path) -> Path:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--workloads", default="abd", help="which of engine_throughput's workloads (a, b, d)")
-    parser.add_argument("--scale", type=float, default=0.25, help="fraction of engine_throughput's request counts")
+    parser.add_argument(
+        "--scale", type=float, default=0.25, help="fraction of engine_throughput's request counts"
+    )
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="torch threads for both systems")
-    parser.add_argument("--model-dir", type=Path, default=Path.home() / ".cache" / "vriksha" / "bench-qwen3-moe")
+    parser.add_argument(
+        "--model-dir", type=Path, default=Path.home() / ".cache" / "vriksha" / "bench-qwen3-moe"
+    )
     parser.add_argument("--json", type=Path, help="write the rows here as JSON")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -61,16 +77,26 @@ def main() -> None:
         ours = run_vriksha(path, "float32", wl, {"kv_cache_memory_gb": 1.0})
         theirs = run_hf_generate(path, "float32", wl, batch_size=len(wl.prompts))
         row = {
-            "workload": wl.name, "requests": len(wl.prompts), "new_tokens": wl.requested,
-            "vriksha_tok_s": wl.requested / ours["seconds"], "hf_generate_tok_s": wl.requested / theirs["seconds"],
+            "workload": wl.name,
+            "requests": len(wl.prompts),
+            "new_tokens": wl.requested,
+            "vriksha_tok_s": wl.requested / ours["seconds"],
+            "hf_generate_tok_s": wl.requested / theirs["seconds"],
         }
         row["ratio"] = row["vriksha_tok_s"] / row["hf_generate_tok_s"]
         rows.append(row)
-        print(f"({wl.name}) {len(wl.prompts)} requests: vriksha {row['vriksha_tok_s']:.1f} tok/s, "
-              f"generate() {row['hf_generate_tok_s']:.1f} tok/s, {row['ratio']:.2f}x", flush=True)
+        print(
+            f"({wl.name}) {len(wl.prompts)} requests: vriksha {row['vriksha_tok_s']:.1f} tok/s, "
+            f"generate() {row['hf_generate_tok_s']:.1f} tok/s, {row['ratio']:.2f}x",
+            flush=True,
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        machine = {"cpu": platform.processor() or platform.machine(), "threads": args.threads, "torch": torch.__version__}
+        machine = {
+            "cpu": platform.processor() or platform.machine(),
+            "threads": args.threads,
+            "torch": torch.__version__,
+        }
         args.json.write_text(json.dumps({"machine": machine, "rows": rows}, indent=2))
 
 

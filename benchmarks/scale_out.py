@@ -87,8 +87,22 @@ def two_nodes(cfg: Path, tmp: Path, extra: list[str]) -> float:
     port = free_port()
     t0 = time.monotonic()
     procs = [
-        train([str(cfg), "--nnodes", "2", "--node-rank", str(r), "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc",
-               "1", *extra], env=env(tmp / f"node{r}-tmp"), preexec_fn=own_node())  # fmt: skip
+        train(
+            [
+                str(cfg),
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(r),
+                "--rdzv-endpoint",
+                f"127.0.0.1:{port}",
+                "--nproc",
+                "1",
+                *extra,
+            ],
+            env=env(tmp / f"node{r}-tmp"),
+            preexec_fn=own_node(),
+        )  # fmt: skip
         for r in range(2)
     ]
     for p in procs:
@@ -99,7 +113,13 @@ def two_nodes(cfg: Path, tmp: Path, extra: list[str]) -> float:
 def part_torchrun(tmp: Path, steps: int) -> dict:
     model = tiny_model(tmp)
     out: dict = {}
-    base = {"steps": steps, "eval_episodes": 0, "export": False, "checkpoint_interval": 0, "checkpoint_at_end": False}
+    base = {
+        "steps": steps,
+        "eval_episodes": 0,
+        "export": False,
+        "checkpoint_interval": 0,
+        "checkpoint_at_end": False,
+    }
     cfg = write_config(tmp, model, "one", **base)
     t0 = time.monotonic()
     finish(train([str(cfg), "--nproc", "2"], env=env()))
@@ -151,7 +171,9 @@ def part_ray(tmp: Path, steps: int) -> dict:
         path = write_config(tmp, model, name, steps=steps, eval_episodes=0, export=False)
         cfg = yaml.safe_load(path.read_text())
         cfg["rollout"]["group_size"] = 4
-        cfg["grpo"]["importance_correction"] = False  # the trainer's numbers then do not see the engine's last bits
+        cfg["grpo"]["importance_correction"] = (
+            False  # the trainer's numbers then do not see the engine's last bits
+        )
         cfg["launch"] = {"ray": LAUNCH}
         path.write_text(yaml.safe_dump(cfg))
         return path
@@ -174,9 +196,14 @@ def part_ray(tmp: Path, steps: int) -> dict:
         out["ray"] = {
             "wall_s": time.monotonic() - t0,
             **step_times(tmp / "ray"),
-            "startup": {e["event"] + (f" {e['role']}" if "role" in e else ""): e.get("seconds", e["t"]) for e in events
-                        if e["event"] in ("placed", "started", "trainers")},  # fmt: skip
-            "metric differences to local (max abs)": _diffs(metrics_rows(tmp / "ray"), metrics_rows(tmp / "local")),
+            "startup": {
+                e["event"] + (f" {e['role']}" if "role" in e else ""): e.get("seconds", e["t"])
+                for e in events
+                if e["event"] in ("placed", "started", "trainers")
+            },  # fmt: skip
+            "metric differences to local (max abs)": _diffs(
+                metrics_rows(tmp / "ray"), metrics_rows(tmp / "local")
+            ),
         }
         p = train([str(config("kill")), "--launcher", "ray"], env=renv)
         sync = tmp / "kill" / "weight_sync.jsonl"
@@ -194,7 +221,9 @@ def part_ray(tmp: Path, steps: int) -> dict:
         out["ray, rollout actor killed"] = {
             "kill to re-synced push, s": resynced,
             "actor restart (to healthy), s": next(e["seconds"] for e in events if e["event"] == "restarted"),
-            "metric differences to local (max abs)": _diffs(metrics_rows(tmp / "kill"), metrics_rows(tmp / "local")),
+            "metric differences to local (max abs)": _diffs(
+                metrics_rows(tmp / "kill"), metrics_rows(tmp / "local")
+            ),
         }
     finally:
         ray.shutdown()
@@ -207,7 +236,9 @@ def main() -> None:
     ap.add_argument("--part", choices=("torchrun", "ray"), required=True)
     ap.add_argument("--steps", type=int, default=4)
     args = ap.parse_args()
-    os.environ.setdefault(WEIGHTS_KEY_ENV, new_key())  # servers' weight endpoints open to these trainers alone
+    os.environ.setdefault(
+        WEIGHTS_KEY_ENV, new_key()
+    )  # servers' weight endpoints open to these trainers alone
     with tempfile.TemporaryDirectory(prefix="vriksha-scale-out-") as d:
         fn = part_torchrun if args.part == "torchrun" else part_ray
         print(json.dumps(fn(Path(d), args.steps), indent=2))

@@ -15,7 +15,10 @@ from vriksha.net.launch import vriksha_command
     "argv, what",
     [
         (vriksha_command("serve", "--port", "8000"), "-m vriksha.cli"),
-        ([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "x.py"], "-m torch.distributed.run"),
+        (
+            [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "x.py"],
+            "-m torch.distributed.run",
+        ),
         ([sys.executable, "-m", "vriksha.train", "c.yaml"], "-m vriksha.train"),
         ([sys.executable, "-m", "venv", "/tmp/v"], "-m venv"),
         (["/usr/bin/torchrun", "x.py"], "torchrun"),
@@ -56,7 +59,9 @@ def test_the_measured_list_marks_whole_files_tests_and_cases(tmp_path, monkeypat
     listed = frozenset({"tests/a.py", "tests/b.py::test_x", "tests/c.py::test_y[1]"})
     assert lanes._listed("tests/a.py::test_any[p]", listed)
     assert lanes._listed("tests/b.py::test_x[2]", listed) and not lanes._listed("tests/b.py::test_z", listed)
-    assert lanes._listed("tests/c.py::test_y[1]", listed) and not lanes._listed("tests/c.py::test_y[2]", listed)
+    assert lanes._listed("tests/c.py::test_y[1]", listed) and not lanes._listed(
+        "tests/c.py::test_y[2]", listed
+    )
     (tmp_path / "slow.txt").write_text("# measured\ntests/a.py  # 40 s\n\n")
     monkeypatch.setattr(lanes, "SLOW_LIST", tmp_path / "slow.txt")
     assert lanes.measured_slow() == {"tests/a.py"}

@@ -62,7 +62,9 @@ def validate(doc: dict) -> None:
         kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
-@pytest.mark.parametrize(("name", "doc"), DOCS, ids=[f"{f}:{d['kind']}/{d['metadata']['name']}" for f, d in DOCS])
+@pytest.mark.parametrize(
+    ("name", "doc"), DOCS, ids=[f"{f}:{d['kind']}/{d['metadata']['name']}" for f, d in DOCS]
+)
 def test_every_object_matches_its_schema(name, doc):
     validate(doc)
 
@@ -154,7 +156,12 @@ def test_endpoint_picker_config_is_complete():
     assert refs <= names
     types = {p["type"] for p in cfg["plugins"]}
     # the scorers that read the replicas' vLLM-named metrics, a picker and a profile handler
-    assert {"queue-scorer", "kv-cache-utilization-scorer", "max-score-picker", "single-profile-handler"} <= types
+    assert {
+        "queue-scorer",
+        "kv-cache-utilization-scorer",
+        "max-score-picker",
+        "single-profile-handler",
+    } <= types
     (deploy,) = by_kind("Deployment", "vriksha-epp")
     spec = deploy["spec"]["template"]["spec"]
     args = spec["containers"][0]["args"]

@@ -36,7 +36,9 @@ def tiny_model(family: str, vocab_size: int, seed: int = 0):
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
 
-ENGINE_TEST_OPTIONS = dict(chunked_prefill_size=8, max_num_batched_tokens=24, kv_cache_memory_gb=0.01, max_model_len=256)
+ENGINE_TEST_OPTIONS = dict(
+    chunked_prefill_size=8, max_num_batched_tokens=24, kv_cache_memory_gb=0.01, max_model_len=256
+)
 
 
 def engines_over(model, tokenizer, **changed):
@@ -53,7 +55,9 @@ def assert_same_samples(a, b, vocab_size: int, seed: int, n: int, atol: float) -
     from vriksha import SamplingParams
 
     g = torch.Generator().manual_seed(seed)
-    prompts = [{"prompt_token_ids": torch.randint(0, vocab_size, (k,), generator=g).tolist()} for k in (1, 9, 30)]
+    prompts = [
+        {"prompt_token_ids": torch.randint(0, vocab_size, (k,), generator=g).tolist()} for k in (1, 9, 30)
+    ]
     params = SamplingParams(temperature=1.0, max_tokens=16, ignore_eos=True, seed=5, logprobs=2, n=n)
     for x, y in zip(a.generate(prompts, params), b.generate(prompts, params), strict=True):
         assert len(x.outputs) == len(y.outputs) == n

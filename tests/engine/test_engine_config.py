@@ -89,12 +89,18 @@ def test_the_platform_section_nested_or_flat_in_files_and_by_name_in_code():
     with pytest.raises(ConfigError, match="platform is a section"):
         EngineConfig.from_dict({"platform": "fast"})
     changed = nested.replace(fast_linear=False, max_num_seqs=8)
-    assert (changed.platform.native_decode, changed.platform.fast_linear, changed.max_num_seqs) == ("off", False, 8)
+    assert (changed.platform.native_decode, changed.platform.fast_linear, changed.max_num_seqs) == (
+        "off",
+        False,
+        8,
+    )
 
 
 def test_flags_of_the_platform_section_keep_their_names_and_round_trip():
     p = parser()
-    cfg = EngineConfig.from_args(p.parse_args(["--native-decode", "off", "--no-fast-linear", "--max-num-seqs", "4"]))
+    cfg = EngineConfig.from_args(
+        p.parse_args(["--native-decode", "off", "--no-fast-linear", "--max-num-seqs", "4"])
+    )
     assert (cfg.platform.native_decode, cfg.platform.fast_linear, cfg.max_num_seqs) == ("off", False, 4)
     assert EngineConfig.from_args(p.parse_args(cfg.to_args())) == cfg
     assert EngineConfig.option_path("native_decode") == "platform.native_decode"

@@ -44,10 +44,16 @@ def hf_token_logprobs(model, prompt_ids: list[int], new_ids: list[int]) -> list[
 def engine_over(reference, tokenizer, forward: str = "lean", **options) -> LLM:
     """An engine over a copy of `reference`; forward="transformers" keeps the model's own forward everywhere."""
     llm = LLM.from_module(
-        copy.deepcopy(reference), tokenizer, kv_cache_memory_gb=0.01, max_model_len=256,
-        fast_forward=forward == "lean", **options,
+        copy.deepcopy(reference),
+        tokenizer,
+        kv_cache_memory_gb=0.01,
+        max_model_len=256,
+        fast_forward=forward == "lean",
+        **options,
     )
-    assert (llm.engine.runner.path(LeanForward) is not None) == (forward == "lean" and reference.config.model_type in LEAN_FORWARD_FAMILIES)
+    assert (llm.engine.runner.path(LeanForward) is not None) == (
+        forward == "lean" and reference.config.model_type in LEAN_FORWARD_FAMILIES
+    )
     return llm
 
 
@@ -137,8 +143,12 @@ def test_docs_name_exactly_the_tested_families():
     root = Path(__file__).resolve().parents[2]
     matrix = (root / "docs" / "models.md").read_text().split("## Parity matrix", 1)[1].split("\n## ", 1)[0]
     rows = {line.split("|")[1].strip(" `") for line in matrix.splitlines() if line.startswith("| `")}
-    assert rows == set(FAMILIES), f"docs/models.md's parity matrix differs from the tests: {rows ^ set(FAMILIES)}"
+    assert rows == set(FAMILIES), (
+        f"docs/models.md's parity matrix differs from the tests: {rows ^ set(FAMILIES)}"
+    )
     overview = (root / "docs" / "overview.md").read_text().splitlines()
     line = next(line for line in overview if line.startswith("Tested families"))
     listed = {name.strip(" `.") for name in line.split(":", 1)[1].split(",")}
-    assert listed == set(FAMILIES), f"docs/overview.md's tested-families line differs from the tests: {listed ^ set(FAMILIES)}"
+    assert listed == set(FAMILIES), (
+        f"docs/overview.md's tested-families line differs from the tests: {listed ^ set(FAMILIES)}"
+    )

@@ -48,7 +48,9 @@ def prompts(reference):
     tok = reference.tokenizer
     ids = [tok.encode(p, add_special_tokens=False) for p in RAW]
     for q in CHAT:
-        text = tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False
+        )
         ids.append(tok.encode(text, add_special_tokens=False))
     for q in ("What is 7 times 6?", "Say something kind."):  # longer than the chunk size below
         msgs = [{"role": "system", "content": LONG_SYSTEM}, {"role": "user", "content": q}]
@@ -64,10 +66,14 @@ def hf_outputs(reference, prompts):
     with torch.no_grad():
         for p in prompts:
             gen = reference.model.generate(
-                torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                max_new_tokens=MAX_NEW, do_sample=False, eos_token_id=None, pad_token_id=0,
+                torch.tensor([p]),
+                attention_mask=torch.ones(1, len(p), dtype=torch.long),
+                max_new_tokens=MAX_NEW,
+                do_sample=False,
+                eos_token_id=None,
+                pad_token_id=0,
             )
-            outs.append(gen[0, len(p):].tolist())
+            outs.append(gen[0, len(p) :].tolist())
     return outs
 
 

@@ -20,7 +20,9 @@ from vriksha.envs.trl_adapter import build_rows, make_reward_func
 from vriksha.train.config import EnvConfig, RolloutConfig
 from vriksha.train.rollout import RolloutWorker
 
-llm_mod = pytest.importorskip("vriksha.engine.core.llm", reason="the engine (vriksha.engine.core.llm) has not landed")
+llm_mod = pytest.importorskip(
+    "vriksha.engine.core.llm", reason="the engine (vriksha.engine.core.llm) has not landed"
+)
 pytestmark = pytest.mark.timeout(300)
 
 SEED, EPISODES, MAX_TOKENS = 40, 3, 8

@@ -5,7 +5,9 @@ import json
 
 import pytest
 
-llm_mod = pytest.importorskip("vriksha.engine.core.llm", reason="the engine (vriksha.engine.core.llm) has not landed")
+llm_mod = pytest.importorskip(
+    "vriksha.engine.core.llm", reason="the engine (vriksha.engine.core.llm) has not landed"
+)
 
 
 @pytest.fixture(scope="module")

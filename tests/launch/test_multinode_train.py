@@ -48,7 +48,16 @@ def run_two_nodes(cfg: Path, tmp: Path, extra: list[str] = (), private: dict[int
     port = free_port()
     procs = []
     for rank in range(2):
-        flags = ["--nnodes", "2", "--node-rank", str(rank), "--rdzv-endpoint", f"127.0.0.1:{port}", "--nproc", "1"]
+        flags = [
+            "--nnodes",
+            "2",
+            "--node-rank",
+            str(rank),
+            "--rdzv-endpoint",
+            f"127.0.0.1:{port}",
+            "--nproc",
+            "1",
+        ]
         procs.append(
             train_cli(
                 [str(cfg), *flags, *extra],
@@ -98,7 +107,9 @@ def one_node_two_processes(tiny_model_dir, tmp_path_factory):
 
 
 @needs_nodes
-def test_two_nodes_equal_one_node_and_resume_from_their_checkpoint(one_node_two_processes, tiny_model_dir, tmp_path):
+def test_two_nodes_equal_one_node_and_resume_from_their_checkpoint(
+    one_node_two_processes, tiny_model_dir, tmp_path
+):
     cfg = write_config(tmp_path, tiny_model_dir, "nodes", steps=3, eval_episodes=0)
     out = tmp_path / "nodes"
     _ok(run_two_nodes(cfg, tmp_path, [*EXACT, "--set", "trainer.stop_after=2"]))

@@ -68,7 +68,9 @@ def _config(tmp: Path, model_dir: Path, name: str, **trainer) -> Path:
 
 
 def _train(args: list[str], cluster=None) -> subprocess.Popen:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")
+    )
     if cluster is not None:
         env["RAY_ADDRESS"] = cluster.address
     return subprocess.Popen([sys.executable, "-m", "vriksha.cli", "train", *args], env=env,
@@ -145,7 +147,9 @@ def test_killed_rollout_actor_is_restarted_resynced_and_the_run_unchanged(cluste
     assert restart["url"] == info["url"]  # the same node and port
     rows = [json.loads(x) for x in pushes.read_text().splitlines()]
     # the restarted server came back with its initial weights (version 0) and was pushed the current version
-    assert any(r["server_version_before"] < max(q["version"] for q in rows[:i]) for i, r in enumerate(rows) if i)
+    assert any(
+        r["server_version_before"] < max(q["version"] for q in rows[:i]) for i, r in enumerate(rows) if i
+    )
 
 
 def test_killed_trainer_stops_the_job_and_resume_continues(cluster, tiny_model_dir, tmp_path):
@@ -188,7 +192,9 @@ def test_fleet_on_ray_serves_through_its_router_and_restarts_a_replica(cluster, 
         deadline = time.monotonic() + 300
         while True:  # the fleet starts it again at its URL
             try:
-                again = ray.get(ray.get_actor("vriksha-replica-0", namespace="vriksha").describe.remote(), timeout=30)
+                again = ray.get(
+                    ray.get_actor("vriksha-replica-0", namespace="vriksha").describe.remote(), timeout=30
+                )
                 if again["pid"] != info["pid"]:
                     break
             except (ValueError, ray.exceptions.RayError):

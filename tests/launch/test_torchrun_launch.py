@@ -63,7 +63,12 @@ def test_slurm_step_fills_what_the_flags_leave():
     env = {"SLURM_JOB_NUM_NODES": "3", "SLURM_NODEID": "2", "SLURM_JOB_NODELIST": "cn[004-006]",
            "SLURM_JOB_ID": "881"}  # fmt: skip
     step = from_slurm(env)
-    assert step is not None and (step.nnodes, step.node_rank, step.head, step.job_id) == (3, 2, "cn004", "881")
+    assert step is not None and (step.nnodes, step.node_rank, step.head, step.job_id) == (
+        3,
+        2,
+        "cn004",
+        "881",
+    )
     cfg = TorchrunConfig(nproc=2).with_slurm(env)
     assert (cfg.nnodes, cfg.node_rank, cfg.rdzv_endpoint, cfg.rdzv_id) == (3, 2, "cn004:29500", "881")
     cfg.validate()
@@ -87,7 +92,9 @@ def test_node_identity_needs_the_same_host_boot_and_shm_mount():
     me = node_identity()
     assert me.shares_memory_with(NodeIdentity.from_json(me.to_json()))
     for other in (
-        NodeIdentity(me.hostname, me.boot_id, "0:99"),  # another /dev/shm mount (a container, an IPC namespace)
+        NodeIdentity(
+            me.hostname, me.boot_id, "0:99"
+        ),  # another /dev/shm mount (a container, an IPC namespace)
         NodeIdentity("elsewhere", me.boot_id, me.shm_device),
         NodeIdentity(me.hostname, "another-boot", me.shm_device),
     ):

@@ -32,9 +32,13 @@ def model_dir(tmp_path_factory):
 @pytest.mark.skipif(_why is not None, reason=_why or "")
 @pytest.mark.parametrize(("where", "plane"), [("this node", "shm"), ("another node", "gloo")])
 def test_auto_picks_shared_memory_only_on_the_same_node(where, plane, model_dir, tmp_path, monkeypatch):
-    monkeypatch.setenv("VRIKSHA_WEIGHTS_KEY", WEIGHTS_KEY)  # the server's weights key, which the client presents
+    monkeypatch.setenv(
+        "VRIKSHA_WEIGHTS_KEY", WEIGHTS_KEY
+    )  # the server's weights key, which the client presents
     preexec = own_node() if where == "another node" else None
-    server = ServerProcess(["--model", str(model_dir), *SERVER_ARGS], tmp_path / "server.log", preexec_fn=preexec)
+    server = ServerProcess(
+        ["--model", str(model_dir), *SERVER_ARGS], tmp_path / "server.log", preexec_fn=preexec
+    )
     client = WeightSyncClient(server.base_url, "trainer", backend="auto", bucket_bytes=1 << 16)
     try:
         assert client.shares_memory() is (plane == "shm")

@@ -29,8 +29,23 @@ def phases(path: Path) -> set[str]:
 
 
 def test_generate_profile_holds_engine_phases(tiny_dir, tmp_path):
-    code = main(["generate", "--model", str(tiny_dir), "--prompt", "hello there", "--max-tokens", "8",
-                 "--kv-cache-memory-gb", "0.01", "--profile", "--profile-dir", str(tmp_path), *PROFILE])
+    code = main(
+        [
+            "generate",
+            "--model",
+            str(tiny_dir),
+            "--prompt",
+            "hello there",
+            "--max-tokens",
+            "8",
+            "--kv-cache-memory-gb",
+            "0.01",
+            "--profile",
+            "--profile-dir",
+            str(tmp_path),
+            *PROFILE,
+        ]
+    )
     assert code == 0
     traces = sorted(tmp_path.glob("generate_rank0_step*.pt.trace.json.gz"))
     assert traces
@@ -46,17 +61,40 @@ def test_train_profile_holds_trainer_phases(tiny_dir, tmp_path):
     cfg = {
         "model": {"path": str(tiny_dir)},
         "env": {"name": "arithmetic", "options": {"level": 1}},
-        "rollout": {"group_size": 2, "prompts_per_step": 2, "max_new_tokens": 2,
-                    "engine": {"kv_cache_memory_gb": 0.05}},
-        "trainer": {"steps": 3, "eval_episodes": 2, "eval_interval": 0, "checkpoint_interval": 0,
-                    "output_dir": str(tmp_path / "run"), "tensorboard": False, "progress": False},
+        "rollout": {
+            "group_size": 2,
+            "prompts_per_step": 2,
+            "max_new_tokens": 2,
+            "engine": {"kv_cache_memory_gb": 0.05},
+        },
+        "trainer": {
+            "steps": 3,
+            "eval_episodes": 2,
+            "eval_interval": 0,
+            "checkpoint_interval": 0,
+            "output_dir": str(tmp_path / "run"),
+            "tensorboard": False,
+            "progress": False,
+        },
     }
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.run(
-        [sys.executable, "-m", "vriksha.train", str(path), "--profile", "--profile-dir", str(tmp_path / "tr"), *PROFILE],
-        env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "vriksha.train",
+            str(path),
+            "--profile",
+            "--profile-dir",
+            str(tmp_path / "tr"),
+            *PROFILE,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     traces = sorted((tmp_path / "tr").glob("train_rank0_step*.pt.trace.json.gz"))

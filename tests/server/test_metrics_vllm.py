@@ -56,9 +56,13 @@ def test_vllm_named_metrics_have_vllm_types_labels_and_meaning(server_factory, t
     ):
         assert value(after[name], "_count") == 3 == value(after[ours], "_count")
         assert value(after[name], "_sum") == pytest.approx(value(after[ours], "_sum"))
-        inf = [s.value for s in after[name].samples if s.name.endswith("_bucket") and s.labels["le"] == "+Inf"]
+        inf = [
+            s.value for s in after[name].samples if s.name.endswith("_bucket") and s.labels["le"] == "+Inf"
+        ]
         assert inf == [3.0]
     # idle: nothing queued or running; the pool's usage is a fraction
     assert value(after["vllm:num_requests_waiting"]) == 0 and value(after["vllm:num_requests_running"]) == 0
     assert 0.0 <= value(after["vllm:kv_cache_usage_perc"]) <= 1.0
-    assert value(after["vllm:kv_cache_usage_perc"]) == pytest.approx(value(after["vriksha_kv_cache_usage_ratio"]))
+    assert value(after["vllm:kv_cache_usage_perc"]) == pytest.approx(
+        value(after["vriksha_kv_cache_usage_ratio"])
+    )

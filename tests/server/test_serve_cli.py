@@ -51,7 +51,9 @@ def test_defaults_leave_the_engine_its_own_defaults(monkeypatch):
     )
     assert (config.max_prompt_logprobs, config.shutdown_timeout_s, config.api_key) == (1 << 18, 30.0, None)
     assert parse(["--auth-exempt"]).auth_exempt == []
-    given = server_config_from_args(parse(["--port", "9001", "--max-waiting", "3", "--shutdown-timeout", "2"]))
+    given = server_config_from_args(
+        parse(["--port", "9001", "--max-waiting", "3", "--shutdown-timeout", "2"])
+    )
     assert (given.port, given.max_waiting, given.shutdown_timeout_s) == (9001, 3, 2.0)
 
 

@@ -40,7 +40,9 @@ def _episode(group, member, prompt, completion, mask=None):
     )
 
 
-@pytest.mark.parametrize("overhead", [SUB_BATCH_OVERHEAD_TOKENS, 0, 2], ids=["one-pass", "by-length", "split"])
+@pytest.mark.parametrize(
+    "overhead", [SUB_BATCH_OVERHEAD_TOKENS, 0, 2], ids=["one-pass", "by-length", "split"]
+)
 def test_shared_prefix_matches_full_sequences(overhead):
     """In one completion forward, or in sub-batches of similar length (each to its own longest row)."""
     model = _tiny()

@@ -44,7 +44,9 @@ def _nll_and_loss(model, ids, old, precision):
         mask = torch.ones_like(lp)
         adv = torch.tensor([1.0, -0.5])
         inputs = LossInputs(lp, old, adv, mask, sampling_logprobs=old, num_tokens_global=float(mask.sum()))
-        loss = PolicyLoss(clip_low=0.2, clip_high=0.2, importance=ImportanceCorrection(enabled=False))(inputs).loss
+        loss = PolicyLoss(clip_low=0.2, clip_high=0.2, importance=ImportanceCorrection(enabled=False))(
+            inputs
+        ).loss
     loss.backward()
     return lp, loss
 

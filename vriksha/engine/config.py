@@ -252,7 +252,9 @@ class EngineConfig(Options):
             }
         )
         if self.enable_lora and self.tensor_parallel_size > 1:
-            raise ConfigError("--enable-lora does not work with tensor parallel yet; use --tensor-parallel-size 1")
+            raise ConfigError(
+                "--enable-lora does not work with tensor parallel yet; use --tensor-parallel-size 1"
+            )
         if self.enable_lora and getattr(self.platform, "kernel_layers", None):
             raise ConfigError(
                 "--enable-lora does not work with --kernel-layers (a bound layer may bypass the adapted linears)"

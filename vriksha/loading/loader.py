@@ -75,7 +75,9 @@ def _convert_gguf(gguf: Path, out: Path) -> None:
     try:
         with gguf_parsed_once():
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            model = AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+            )
     except Exception as exc:
         raise ModelLoadError(f"could not read GGUF file {gguf}: {exc}") from exc
     model.hf_quantizer = None

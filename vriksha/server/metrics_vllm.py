@@ -65,7 +65,9 @@ class VllmNames(Collector):
             c.add_metric(labels, value)
             return c
 
-        yield gauge("vllm:num_requests_running", "Number of requests in model execution batches.", s.num_running)
+        yield gauge(
+            "vllm:num_requests_running", "Number of requests in model execution batches.", s.num_running
+        )
         yield gauge("vllm:num_requests_waiting", "Number of requests waiting to be processed.", s.num_waiting)
         usage = s.kv_used_tokens / s.kv_total_tokens if s.kv_total_tokens else 0.0
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", usage)

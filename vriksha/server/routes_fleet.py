@@ -54,5 +54,7 @@ async def kv_snapshot(request: Request, state: StateDep) -> Response:
         paths = getattr(engine.cache, "adapter_leaf_paths", None)
         return paths() if paths is not None else {}
 
-    snap = await state.engine.call(lambda e: publisher.snapshot(lambda: leaf_paths(e), lambda: adapter_paths(e)))
+    snap = await state.engine.call(
+        lambda e: publisher.snapshot(lambda: leaf_paths(e), lambda: adapter_paths(e))
+    )
     return Response(msgspec.json.encode(snap), media_type="application/json")

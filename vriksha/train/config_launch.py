@@ -27,14 +27,18 @@ class _Section(BaseModel):
 
 
 class RoleResources(_Section):
-    num_cpus: float = Field(1.0, gt=0.0, description="CPUs each actor of this role reserves (its OMP threads)")
+    num_cpus: float = Field(
+        1.0, gt=0.0, description="CPUs each actor of this role reserves (its OMP threads)"
+    )
     resources: dict[str, float] = Field(
         default_factory=dict, description="custom Ray resources each actor needs (e.g. {node_a: 1} to pin it)"
     )
 
 
 class ReplicatedRole(RoleResources):
-    replicas: int = Field(1, ge=0, le=1024, description="actors of this role (0: the role runs in the trainer)")
+    replicas: int = Field(
+        1, ge=0, le=1024, description="actors of this role (0: the role runs in the trainer)"
+    )
 
 
 class RouterRole(RoleResources):
@@ -42,23 +46,36 @@ class RouterRole(RoleResources):
 
 
 class RayLaunchConfig(_Section):
-    address: str = Field("auto", description="the Ray cluster to join (ray.init address; auto: a running one)")
+    address: str = Field(
+        "auto", description="the Ray cluster to join (ray.init address; auto: a running one)"
+    )
     namespace: str = Field("vriksha", description="Ray namespace of the job's named actors")
     strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
         "PACK", description="placement group strategy over the cluster's nodes"
     )
-    trainer: RoleResources = Field(default_factory=RoleResources, description="each trainer rank (--nproc ranks)")
-    rollout: ReplicatedRole = Field(
-        default_factory=ReplicatedRole, description="`vriksha serve` rollout servers (0: the colocated engine)"
+    trainer: RoleResources = Field(
+        default_factory=RoleResources, description="each trainer rank (--nproc ranks)"
     )
-    router: RouterRole = Field(default_factory=RouterRole, description="the router in front of the rollout servers")
+    rollout: ReplicatedRole = Field(
+        default_factory=ReplicatedRole,
+        description="`vriksha serve` rollout servers (0: the colocated engine)",
+    )
+    router: RouterRole = Field(
+        default_factory=RouterRole, description="the router in front of the rollout servers"
+    )
     env: ReplicatedRole = Field(
-        default_factory=ReplicatedRole, description="`vriksha env serve` environment servers (0: in the trainer)"
+        default_factory=ReplicatedRole,
+        description="`vriksha env serve` environment servers (0: in the trainer)",
     )
     max_restarts: int = Field(
-        3, ge=0, le=1000, description="restarts of one rollout, router or environment actor before the job stops"
+        3,
+        ge=0,
+        le=1000,
+        description="restarts of one rollout, router or environment actor before the job stops",
     )
-    startup_timeout_s: float = Field(600.0, gt=0.0, description="seconds to wait for the placement and the servers")
+    startup_timeout_s: float = Field(
+        600.0, gt=0.0, description="seconds to wait for the placement and the servers"
+    )
 
 
 class LaunchConfig(_Section):

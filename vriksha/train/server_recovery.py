@@ -20,7 +20,9 @@ __all__ = ["UNAVAILABLE", "post_until_answered"]
 UNAVAILABLE = (502, 503, 504)  # a router whose replica is gone, a server draining or starting
 
 
-def post_until_answered(http: httpx.Client, url: str, body: dict[str, Any], timeout_s: float) -> httpx.Response:
+def post_until_answered(
+    http: httpx.Client, url: str, body: dict[str, Any], timeout_s: float
+) -> httpx.Response:
     """POST `body` to `url`; while the server is unreachable or unavailable, wait for it (at most `timeout_s` in
     all) and send again. Any other answer is returned as it is."""
     base = url.rsplit("/", 1)[0]

@@ -277,7 +277,9 @@ class ServerRollout:
         try:
             self._push_once(client)
         except WeightTransferError as exc:  # the server died (and is being restarted) or lost its transfer
-            logger.warning("weights to %s failed (%s); waiting for it, then pushing again", client.base_url, exc)
+            logger.warning(
+                "weights to %s failed (%s); waiting for it, then pushing again", client.base_url, exc
+            )
             wait_healthy(client.base_url, self.cfg.recovery_timeout_s, "rollout server")
             client.reset()
             self._push_once(client)

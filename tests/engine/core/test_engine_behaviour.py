@@ -52,7 +52,10 @@ def test_small_pool_completes_every_request_identically(default_tokenizer):
 def test_no_slot_leaks_across_abort_and_finish(default_tokenizer):
     llm = make_llm(default_tokenizer)
     engine = llm.engine
-    ids = [engine.add_request(p, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)) for p in random_prompts(6)]
+    ids = [
+        engine.add_request(p, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+        for p in random_prompts(6)
+    ]
     for _ in range(5):
         engine.step()
     engine.abort(ids[0])
@@ -78,12 +81,18 @@ def test_parallel_samples_share_the_prompt_prefill(default_tokenizer):
 def test_seeded_sampling_is_reproducible(default_tokenizer):
     llm = make_llm(default_tokenizer)
     prompts = random_prompts(3, seed=6)
-    params = SamplingParams(temperature=0.9, top_p=0.9, top_k=50, min_p=0.01, seed=11, max_tokens=20, ignore_eos=True)
+    params = SamplingParams(
+        temperature=0.9, top_p=0.9, top_k=50, min_p=0.01, seed=11, max_tokens=20, ignore_eos=True
+    )
     first = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
     second = [o.outputs[0].token_ids for o in llm.generate(prompts[::-1], params)][::-1]
     assert first == second
-    other = [o.outputs[0].token_ids for o in llm.generate(prompts, SamplingParams(
-        temperature=0.9, seed=12, max_tokens=20, ignore_eos=True))]
+    other = [
+        o.outputs[0].token_ids
+        for o in llm.generate(
+            prompts, SamplingParams(temperature=0.9, seed=12, max_tokens=20, ignore_eos=True)
+        )
+    ]
     assert other != first
 
 
@@ -91,7 +100,9 @@ def test_top_k_one_is_greedy(default_tokenizer):
     llm = make_llm(default_tokenizer)
     prompts = random_prompts(3, seed=7)
     greedy = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
-    topk = llm.generate(prompts, SamplingParams(temperature=1.5, top_k=1, seed=1, max_tokens=10, ignore_eos=True))
+    topk = llm.generate(
+        prompts, SamplingParams(temperature=1.5, top_k=1, seed=1, max_tokens=10, ignore_eos=True)
+    )
     assert [o.outputs[0].token_ids for o in greedy] == [o.outputs[0].token_ids for o in topk]
 
 
@@ -104,7 +115,10 @@ def test_stop_token_ids_max_tokens_and_per_prompt_params(default_tokenizer):
     first_index = free.token_ids.index(stop_at)
     stopped, short = llm.generate(
         [prompt, prompt],
-        [SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop_at]), SamplingParams(temperature=0, max_tokens=3)],
+        [
+            SamplingParams(temperature=0, max_tokens=20, stop_token_ids=[stop_at]),
+            SamplingParams(temperature=0, max_tokens=3),
+        ],
     )
     assert stopped.outputs[0].finish_reason == "stop"
     assert stopped.outputs[0].token_ids == free.token_ids[: first_index + 1]
@@ -117,7 +131,9 @@ def test_stop_strings_cut_the_text(default_tokenizer):
     free = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))[0].outputs[0]
     stop = free.text[len(free.text) // 2 : len(free.text) // 2 + 3]
     assert stop.strip(), "the free text should be long enough to cut"
-    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=30, stop=[stop], ignore_eos=True))[0].outputs[0]
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=30, stop=[stop], ignore_eos=True))[
+        0
+    ].outputs[0]
     assert out.finish_reason == "stop" and out.stop_reason == stop
     assert out.text == free.text[: free.text.find(stop)]
 
@@ -150,7 +166,9 @@ def test_invalid_sampling_values_are_named(kwargs, match):
 def test_bad_prompts_get_clear_errors_and_nothing_else_is_disturbed(default_tokenizer):
     llm = make_llm(default_tokenizer)
     engine = llm.engine
-    good = engine.add_request(random_prompts(1)[0], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True))
+    good = engine.add_request(
+        random_prompts(1)[0], SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+    )
     engine.step()
     with pytest.raises(InvalidRequestError, match="empty"):
         llm.generate("", SamplingParams())
@@ -190,14 +208,22 @@ def test_weights_updated_drops_the_cache_and_uses_new_weights(default_tokenizer)
     ref = llm.model
     with torch.no_grad():
         ids = torch.tensor([prompt["prompt_token_ids"]])
-        expected = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False,
-                                eos_token_id=None, pad_token_id=0)[0, ids.shape[1]:].tolist()
+        expected = ref.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=8,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, ids.shape[1] :].tolist()
     assert after.outputs[0].token_ids == expected
 
 
 def test_async_engine_streams_and_aborts_on_cancel(default_tokenizer):
     model = tiny_model("llama", VOCAB)
-    engine = AsyncEngine(LLMEngine.from_module(model, default_tokenizer, kv_cache_memory_gb=0.01, max_model_len=256))
+    engine = AsyncEngine(
+        LLMEngine.from_module(model, default_tokenizer, kv_cache_memory_gb=0.01, max_model_len=256)
+    )
 
     async def scenario():
         await engine.start()
@@ -206,7 +232,9 @@ def test_async_engine_streams_and_aborts_on_cancel(default_tokenizer):
 
             async def full(p):
                 last = None
-                async for out in engine.generate(p, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)):
+                async for out in engine.generate(
+                    p, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+                ):
                     last = out
                 return last
 
@@ -214,7 +242,9 @@ def test_async_engine_streams_and_aborts_on_cancel(default_tokenizer):
             assert all(o.finished and len(o.outputs[0].token_ids) == 12 for o in finished)
 
             async def cut(p):
-                async for out in engine.generate(p, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)):
+                async for out in engine.generate(
+                    p, SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+                ):
                     if len(out.outputs[0].token_ids) >= 3:
                         return out  # leaving the loop closes the generator: the request is aborted
 

@@ -39,7 +39,6 @@ def test_engine_counts_its_steps_by_kind(default_tokenizer):
     assert times.sums["decode"] > 0
 
 
-
 def test_steps_since_an_earlier_copy():
     times = StepTimes()
     times.observe("prefill", 0.03)

@@ -207,7 +207,9 @@ def _cuda_pair(family: str, **options):
 def test_cuda_graphs_replay_the_eager_steps(family):
     graphs, eager = _cuda_pair(family)
     runner = graphs.engine.runner
-    assert runner.path(DecodeGraphs) is not None and runner.path(DecodeGraphs).graphs, runner.decode_graphs_choice
+    assert runner.path(DecodeGraphs) is not None and runner.path(DecodeGraphs).graphs, (
+        runner.decode_graphs_choice
+    )
     for count, seed in ((1, 1), (3, 2), (7, 3)):
         prompts = _prompts(count, seed)
         params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

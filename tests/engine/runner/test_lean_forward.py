@@ -1,6 +1,5 @@
 """The engine's lean forward equals the Transformers forward it replaces, and is used only where it applies."""
 
-
 import pytest
 
 from tests.engine.conftest import assert_same_samples, engines_over, tiny_model
@@ -23,5 +22,7 @@ def test_other_layer_classes_keep_the_transformers_forward(default_tokenizer):
     assert "Gemma3DecoderLayer" in unsupported_reason(model)
     llm = LLM.from_module(model, default_tokenizer, kv_cache_memory_gb=0.01, max_model_len=128)
     assert llm.engine.runner.path(LeanForward) is None
-    out = llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+    out = llm.generate(
+        [{"prompt_token_ids": [1, 2, 3]}], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    )
     assert len(out[0].outputs[0].token_ids) == 4

@@ -242,7 +242,9 @@ class RadixCacheManager(CacheManager):
         out: dict[str, list[list[int]]] = {}
         for lora_id, tree in self.trees.items():
             if lora_id:
-                out.setdefault(self.adapter_names.get(lora_id, f"lora-{lora_id}"), []).extend(tree.leaf_paths())
+                out.setdefault(self.adapter_names.get(lora_id, f"lora-{lora_id}"), []).extend(
+                    tree.leaf_paths()
+                )
         return out
 
     def set_event_sink(self, events: CacheEventSink | None) -> None:

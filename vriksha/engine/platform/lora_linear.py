@@ -55,7 +55,9 @@ class LoraRows:
             if where[-1] - where[0] + 1 == len(where):
                 groups.append((lora_id, slice(where[0], where[-1] + 1)))
             else:
-                groups.append((lora_id, torch.tensor(where, dtype=torch.int64, device=resolve_or_host(device))))
+                groups.append(
+                    (lora_id, torch.tensor(where, dtype=torch.int64, device=resolve_or_host(device)))
+                )
         return cls(groups)
 
 

@@ -119,11 +119,19 @@ def packed_dtype(dense: DtypeChoice, config: EngineConfig, device: torch.device)
     types = gguf_linear_types(gguf)
     if not types or any(qtype is None for qtype, _, _ in types):
         return None  # some layers would stay dense: the dense choice stands
-    kernel_set = kernel_sets.select(config.platform.kernels, device, torch.float32, config.platform.native_kernels)
+    kernel_set = kernel_sets.select(
+        config.platform.kernels, device, torch.float32, config.platform.native_kernels
+    )
     fp32_kernels = kernel_set.linear_for(torch.float32)
-    bf16 = config.platform.fast_linear and fp32_precision.resolve(config.platform.fp32_precision, torch.float32, True, True)
-    activations = packed_activations(config.platform.packed_activations, config.platform.fp32_precision, dtype_measured=True)
-    timings = PackedTimings(kernels, fp32_kernels, torch.float32, bf16, activations)  # the packed paths' timing key
+    bf16 = config.platform.fast_linear and fp32_precision.resolve(
+        config.platform.fp32_precision, torch.float32, True, True
+    )
+    activations = packed_activations(
+        config.platform.packed_activations, config.platform.fp32_precision, dtype_measured=True
+    )
+    timings = PackedTimings(
+        kernels, fp32_kernels, torch.float32, bf16, activations
+    )  # the packed paths' timing key
     packed_s, _ = timings.step_seconds([PackedShape(*t) for t in types], rows=1)
     best = min(dense.timings, key=lambda name: dense.timings[name]["decode_s"])
     best_s = dense.timings[best]["decode_s"]

@@ -133,7 +133,9 @@ class ClassifierSignal(_Strict):
 class SafetySignal(_Strict):
     name: str = Field(pattern=_NAME)
     kind: Literal["jailbreak", "pii"]
-    pii_types: list[str] | None = None  # pii: which detectors (default: all; see vriksha/router/semantic/safety.py)
+    pii_types: list[str] | None = (
+        None  # pii: which detectors (default: all; see vriksha/router/semantic/safety.py)
+    )
 
 
 class Signals(_Strict):

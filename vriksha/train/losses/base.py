@@ -32,7 +32,9 @@ class LossInputs:
     loss_mask: Tensor  # 1 on tokens the policy generated, 0 on environment tokens and padding
     sampling_logprobs: Tensor  # log mu(t): what the engine reported when it sampled t (0 where it did not)
     ref_logprobs: Tensor | None = None  # log pi_ref(t) of the frozen initial model (when a loss needs it)
-    entropy: Tensor | None = None  # [B, T] entropy of pi_theta at each position, with grad (when a loss needs it)
+    entropy: Tensor | None = (
+        None  # [B, T] entropy of pi_theta at each position, with grad (when a loss needs it)
+    )
     teacher_logprobs: Tensor | None = None  # log pi_teacher(t) of the sampled tokens (on-policy distillation)
     num_tokens_global: float = 1.0  # generated tokens in the whole step, every rank and micro-batch
     num_sequences_global: float = 1.0  # completions (rows) in the whole step, masked or not
