@@ -24,8 +24,8 @@ install-test:
 # Python may cache bytecode for the demo's two processes even where PYTHONDONTWRITEBYTECODE is set: in a fresh
 # venv each would otherwise compile the ~2,500 modules it imports from source (about 15 s on 2 cores).
 demo: install
-	PYTHONDONTWRITEBYTECODE= vriksha generate --chat --prompt "What is 7 + 5?" --max-tokens 32
-	PYTHONDONTWRITEBYTECODE= vriksha train configs/grpo_demo.yaml
+	PYTHONDONTWRITEBYTECODE= $(PYTHON) -m vriksha generate --chat --prompt "What is 7 + 5?" --max-tokens 32
+	PYTHONDONTWRITEBYTECODE= $(PYTHON) -m vriksha train configs/grpo_demo.yaml
 
 # the suite starts many Python processes (servers, trainers, torchrun ranks): each would compile what
 # it imports from source where PYTHONDONTWRITEBYTECODE is set (`import torch` 5.6 s instead of 2.6 s on a Zen 1
@@ -56,8 +56,8 @@ models:
 	$(PYTHON) -m vriksha models install $(MODEL)
 
 lint: typecheck
-	ruff check vriksha tests benchmarks
-	ruff format --check vriksha tests benchmarks
+	$(PYTHON) -m ruff check vriksha tests benchmarks
+	$(PYTHON) -m ruff format --check vriksha tests benchmarks
 
 # mypy over the files [tool.mypy] in pyproject.toml lists (the typed seams and the modules around them); mypy comes
 # with the test extras. A first run analyses torch and transformers (a few minutes on 2 cores), later runs reuse
