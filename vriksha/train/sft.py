@@ -39,6 +39,7 @@ from vriksha.train.policy import load_policy
 from vriksha.train.precision import TrainPrecision, resolve_precision
 from vriksha.train.sft_data import SFTExample, load_examples
 from vriksha.train.shared_dir import check_shared_dir
+from vriksha.train.step_loop import checkpoint_at_end, checkpoint_due, progress_bar, stamp, step_range
 from vriksha.train.trainer import build_scheduler
 from vriksha.train.update import Learner, UpdateBatch, policy_update
 
@@ -221,32 +222,21 @@ class SFTTrainer:
         )
 
     def fit(self) -> dict[str, Any]:
-        from tqdm.auto import tqdm
-
         tc = self.cfg.trainer
-        bar = tqdm(
-            total=tc.steps,
-            initial=self.start_step,
-            desc="sft",
-            unit="step",
-            disable=not (self.pd.is_main and tc.progress),
-            dynamic_ncols=True,
-        )
-        stop_at = tc.steps if tc.stop_after is None else min(tc.steps, self.start_step + tc.stop_after)
+        bar = progress_bar(tc, self.start_step, "sft", self.pd.is_main)
+        steps = step_range(tc, self.start_step)
         step = self.start_step
-        for step in range(self.start_step + 1, stop_at + 1):
+        for step in steps:
             row = self._step(step)
-            self._elapsed += row["time/step_s"]
-            row["time/elapsed_s"] = self._elapsed
-            row["precision"] = self.precision.mode
+            self._elapsed = stamp(row, self._elapsed, self.precision.mode)
             self.metrics.log_step(row)
             bar.update(1)
             bar.set_postfix(loss=f"{row['loss']:.4f}", epoch=f"{row['epoch']:.2f}")
-            if tc.checkpoint_interval and step % tc.checkpoint_interval == 0 and step < stop_at:
+            if checkpoint_due(tc, step, steps):
                 self._checkpoint(step)
         bar.close()
         finished = step == tc.steps
-        if (step > self.start_step or not self.resume) and (tc.checkpoint_at_end or not finished):
+        if checkpoint_at_end(tc, step, self.start_step, self.resume):
             self._checkpoint(step)
         summary: dict[str, Any] = {"step": step, "finished": finished, "precision": self.precision.mode}
         if finished:

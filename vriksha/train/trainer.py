@@ -53,6 +53,7 @@ from vriksha.train.precision import TrainPrecision, resolve_precision
 from vriksha.train.rollout import Episode, RolloutWorker, StepRollout, episode_seed
 from vriksha.train.rollout_engine import TrainingEngine, build_engine, colocated_engine
 from vriksha.train.shared_dir import check_shared_dir
+from vriksha.train.step_loop import checkpoint_at_end, checkpoint_due, progress_bar, stamp, step_range
 from vriksha.train.step_metrics import StepMetrics
 from vriksha.train.teacher import RemoteTeacher, is_remote, load_local_teacher
 from vriksha.train.update import Learner, UpdateBatch, policy_update
@@ -247,7 +248,7 @@ class GRPOTrainer:
         self.worker = RolloutWorker(self.llm, self.tokenizer, cfg.env, cfg.rollout)
         if producer_module is not None:
             tc, k = cfg.trainer, cfg.rollout.max_staleness
-            stop_at = tc.steps if tc.stop_after is None else min(tc.steps, self.start_step + tc.stop_after)
+            stop_at = step_range(tc, self.start_step).stop - 1
             make_engine, params = producer_engine(
                 weights, producer_module, engine_over, colocated=cfg.rollout.mode == "colocated"
             )
@@ -480,8 +481,6 @@ class GRPOTrainer:
 
     def _fit(self) -> dict[str, Any]:
         tc = self.cfg.trainer
-        from tqdm.auto import tqdm
-
         profiler = None
         if self.profile_cfg is not None:
             from vriksha.profiling import StepProfiler
@@ -491,21 +490,12 @@ class GRPOTrainer:
         evals = list(self.metrics.evals)
         if tc.eval_episodes and not self.resume:
             evals.append(self.evaluate(0))
-        bar = tqdm(
-            total=tc.steps,
-            initial=self.start_step,
-            desc="grpo",
-            unit="step",
-            disable=not (self.pd.is_main and tc.progress),
-            dynamic_ncols=True,
-        )
-        stop_at = tc.steps if tc.stop_after is None else min(tc.steps, self.start_step + tc.stop_after)
+        bar = progress_bar(tc, self.start_step, "grpo", self.pd.is_main)
+        steps = step_range(tc, self.start_step)
         step = self.start_step
-        for step in range(self.start_step + 1, stop_at + 1):
+        for step in steps:
             row = self._step(step)
-            self._elapsed += row["time/step_s"]
-            row["time/elapsed_s"] = self._elapsed
-            row["precision"] = self.precision.mode
+            self._elapsed = stamp(row, self._elapsed, self.precision.mode)
             self.metrics.log_step(row)
             bar.update(1)
             extra = {}
@@ -522,13 +512,13 @@ class GRPOTrainer:
                 profiler.step()
             if tc.eval_episodes and tc.eval_interval and step % tc.eval_interval == 0 and step < tc.steps:
                 evals.append(self.evaluate(step))
-            if tc.checkpoint_interval and step % tc.checkpoint_interval == 0 and step < stop_at:
+            if checkpoint_due(tc, step, steps):
                 self._checkpoint(step)
         bar.close()
         finished = step == tc.steps
         if finished and tc.eval_episodes and (not evals or evals[-1]["step"] != step):
             evals.append(self.evaluate(step))
-        if (step > self.start_step or not self.resume) and (tc.checkpoint_at_end or not finished):
+        if checkpoint_at_end(tc, step, self.start_step, self.resume):
             self._checkpoint(step)
         if profiler is not None:
             profiler.stop()
