@@ -3,9 +3,9 @@ least recently used dropped first), each for `ttl_s` seconds after it was last u
 
 A stored response keeps its conversation as chat messages (the input it continued, its input, its output),
 so that a follow-up renders the whole conversation through the chat template again: its prefix is then
-found in the engine's prefix cache while it is there. Each stored response also names its conversation (the id
-of the chain's first response): the key an engine session would take, to keep the conversation's K/V resident
-between its turns.
+found in the engine's prefix cache. Each stored response also names its conversation (the id of the chain's
+first response): the engine session the conversation's requests run under, which keeps its K/V pinned between
+turns (`serving_responses.py`).
 """
 
 from __future__ import annotations
