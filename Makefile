@@ -40,7 +40,7 @@ test: install-test
 
 # the edit loop's lane: the unit tests, without `slow` (servers, trainers, torchrun, venv builds, long model loads;
 # tests/lanes.py fails a test outside `slow` that starts one). It installs nothing: run `make install-test` once.
-test-fast:
+test-fast: install-test
 	$(PYTEST) -m "not slow"
 
 # the suite as an AVX2-only CPU (x86-64-v3) runs it, on a wider one: vriksha, torch, oneDNN and MKL each told
