@@ -39,7 +39,8 @@ test: install-test
 	$(PYTEST)
 
 # the edit loop's lane: the unit tests, without `slow` (servers, trainers, torchrun, venv builds, long model loads;
-# tests/lanes.py fails a test outside `slow` that starts one). It installs nothing: run `make install-test` once.
+# tests/lanes.py fails a test outside `slow` that starts one); it installs the test extras first, as `test` does
+# (seconds once they are installed)
 test-fast: install-test
 	$(PYTEST) -m "not slow"
 
