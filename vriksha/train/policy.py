@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 
 from vriksha.errors import ConfigError
-from vriksha.train.config import ModelConfig
+from vriksha.train.config import ModelConfig, TrainConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -16,6 +19,20 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 __all__ = ["load_policy"]
+
+
+def load_run_policy(cfg: TrainConfig, is_main: bool, out_dir: Path) -> tuple[PreTrainedModel, Any]:
+    """The run's start on every rank: the main rank writes `config.json` and converts a GGUF once (before
+    the other ranks look), then each rank loads the policy and its tokenizer."""
+    if is_main:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
+    if is_main and cfg.model.random_init is None:
+        from vriksha.loading import resolve_model_path
+
+        resolve_model_path(cfg.model.path)
+    dist.barrier()
+    return load_policy(cfg.model, cfg.trainer.seed)
 
 
 def load_policy(cfg: ModelConfig, seed: int) -> tuple[PreTrainedModel, Any]:

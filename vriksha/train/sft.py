@@ -35,7 +35,7 @@ from vriksha.train.lora import AdapterSync, apply_lora, check_lora_parallel, exp
 from vriksha.train.losses import TokenNLL
 from vriksha.train.metrics import MetricsWriter
 from vriksha.train.parallelize import check_tp_degree, parallelize
-from vriksha.train.policy import load_policy
+from vriksha.train.policy import load_run_policy
 from vriksha.train.precision import TrainPrecision, resolve_precision
 from vriksha.train.sft_data import SFTExample, load_examples
 from vriksha.train.shared_dir import check_shared_dir
@@ -94,15 +94,7 @@ class SFTTrainer:
 
     def _setup(self) -> None:
         cfg, pd = self.cfg, self.pd
-        if pd.is_main:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-        if pd.is_main and cfg.model.random_init is None:
-            from vriksha.loading import resolve_model_path
-
-            resolve_model_path(cfg.model.path)  # convert a GGUF once, before the other ranks look
-        dist.barrier()
-        model, self.tokenizer = load_policy(cfg.model, cfg.trainer.seed)
+        model, self.tokenizer = load_run_policy(cfg, pd.is_main, self.out_dir)
         self.examples, cut = load_examples(
             self.tokenizer, cfg.sft.data, cfg.sft.only_successful, cfg.sft.max_length
         )

@@ -48,7 +48,7 @@ from vriksha.train.losses import ReverseKL, build_loss
 from vriksha.train.metrics import MetricsWriter, rollout_summary, summary_table, write_plots
 from vriksha.train.offpolicy import OffPolicy
 from vriksha.train.parallelize import check_tp_degree, parallelize
-from vriksha.train.policy import load_policy
+from vriksha.train.policy import load_run_policy
 from vriksha.train.precision import TrainPrecision, resolve_precision
 from vriksha.train.rollout import Episode, RolloutWorker, StepRollout, episode_seed
 from vriksha.train.rollout_engine import TrainingEngine, build_engine, colocated_engine
@@ -112,15 +112,7 @@ class GRPOTrainer:
 
     def _setup(self) -> None:
         cfg, pd = self.cfg, self.pd
-        if pd.is_main:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            (self.out_dir / "config.json").write_text(json.dumps(cfg.to_dict(), indent=2))
-        if pd.is_main and cfg.model.random_init is None:
-            from vriksha.loading import resolve_model_path
-
-            resolve_model_path(cfg.model.path)  # convert a GGUF once, before the other ranks look
-        dist.barrier()
-        model, self.tokenizer = load_policy(cfg.model, cfg.trainer.seed)
+        model, self.tokenizer = load_run_policy(cfg, pd.is_main, self.out_dir)
         check_tp_degree(model.config, pd.tp)
         module: nn.Module = model
         module.to(pd.device)  # in place
