@@ -60,36 +60,21 @@ class ResponseEvents:
     # -- pieces ---------------------------------------------------------------------------------------
 
     def reasoning(self, text: str) -> list[Event]:
-        if not text:
-            return []
-        out = self._switch("reasoning")
-        item = self._current
-        item.text.append(text)
-        out.append(
-            self.event(
-                "response.reasoning_text.delta",
-                item_id=item.id,
-                output_index=item.index,
-                content_index=0,
-                delta=text,
-            )
-        )
-        return out
+        return self._delta("reasoning", "response.reasoning_text.delta", text)
 
     def text(self, text: str) -> list[Event]:
+        return self._delta("message", "response.output_text.delta", text, logprobs=[])
+
+    def _delta(self, kind: str, event_type: str, text: str, **extra: Any) -> list[Event]:
+        """`text` added to the open item of `kind` (opened, and the previous one closed, as needed)."""
         if not text:
             return []
-        out = self._switch("message")
+        out = self._switch(kind)
         item = self._current
         item.text.append(text)
         out.append(
             self.event(
-                "response.output_text.delta",
-                item_id=item.id,
-                output_index=item.index,
-                content_index=0,
-                delta=text,
-                logprobs=[],
+                event_type, item_id=item.id, output_index=item.index, content_index=0, delta=text, **extra
             )
         )
         return out
