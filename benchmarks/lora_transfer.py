@@ -12,6 +12,7 @@ server's sha256 of every adapter tensor equals the trainer's. Bytes: what crosse
     python benchmarks/lora_transfer.py                             # the embedded model, rank 16, every plane
     python benchmarks/lora_transfer.py --models tiny --repeats 2   # a smoke run
     python benchmarks/lora_transfer.py --ranks 8,16,64 --planes shm
+    python benchmarks/lora_transfer.py --models qwen2.5-coder-0.5b-instruct --planes shm,gloo   # after `make models`
 """
 
 from __future__ import annotations
@@ -115,7 +116,9 @@ def run_plane(plane: str, model, model_dir, ranks: list[int], args, tmp: Path) -
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="embedded", help="comma list of embedded, 2gb, tiny")
+    ap.add_argument(
+        "--models", default="embedded", help="comma list of embedded, 2gb, tiny or a packaged model's name"
+    )
     ap.add_argument("--planes", default=",".join(PLANES), help="comma list of " + ", ".join(PLANES))
     ap.add_argument("--ranks", default="16", help="comma list of adapter ranks")
     ap.add_argument("--repeats", type=int, default=3, help="timed updates of each kind (after one warm-up)")

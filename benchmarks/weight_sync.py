@@ -5,6 +5,8 @@ Models:
   embedded  SmolLM2-135M-Instruct in fp32 (about 540 MB)
   2gb       a random Llama of the same family, about 2.1 GB in fp32 (hidden 1536, 18 layers)
   tiny      the test model (hidden 64, 2 layers): a smoke run
+  NAME      a packaged model by its registry name (`vriksha models list`), e.g. qwen2.5-coder-0.5b-instruct
+            (installed with `make models`), in fp32
 
 Data planes: shm (shared memory the engine maps), gloo (a two-member gloo group, packed buckets,
 double-buffered), fs (safetensors + a completion marker), reload (save_pretrained, then a new server process
@@ -69,6 +71,9 @@ def build(name: str, out: Path) -> tuple[torch.nn.Module, Path | None]:
 
     if name == "embedded":
         return load_model(None, dtype=torch.float32).model.eval(), None
+    if name not in MODELS:  # a packaged model: the server loads the same converted directory
+        path = resolve_model_path(name)
+        return load_model(path, dtype=torch.float32).model.eval(), Path(path)
     tok = load_tokenizer(resolve_model_path(None))
     torch.manual_seed(0)
     cfg = LlamaConfig(
@@ -161,7 +166,11 @@ def reload_plane(model, server_args, args, tmp: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="embedded,2gb", help="comma list of embedded, 2gb, tiny")
+    ap.add_argument(
+        "--models",
+        default="embedded,2gb",
+        help="comma list of embedded, 2gb, tiny or a packaged model's name",
+    )
     ap.add_argument("--planes", default=",".join(PLANES), help="comma list of " + ", ".join(PLANES))
     ap.add_argument("--repeats", type=int, default=3, help="timed updates per plane (after one warm-up)")
     ap.add_argument("--bucket-mb", type=float, default=64.0, help="gloo bucket size in MiB")

@@ -72,3 +72,20 @@ def test_a_misshapen_adapter_touches_nothing():
     with pytest.raises(AdapterError, match="layers.9.proj"):
         MergedWeights(weights).merge(adapter)
     assert all(torch.equal(weights[n], base[n]) for n in weights)
+
+
+def test_weights_larger_than_one_block_merge_and_restore(monkeypatch):
+    import vriksha.lora.merge as merge_mod
+
+    monkeypatch.setattr(
+        merge_mod, "_BLOCK_BYTES", 7 * 80 * 4
+    )  # blocks of 7 rows: 48 rows end in a partial one
+    weights, adapter = _case(torch.float32, seed=2, scale=0.2)
+    base = {n: w.clone() for n, w in weights.items()}
+    merged = MergedWeights(weights)
+    merged.merge(adapter)
+    assert merged.fixed_positions > 0
+    for n, w in weights.items():
+        assert torch.allclose(w, base[n] + adapter.delta(n), rtol=0, atol=1e-6)
+    merged.unmerge()
+    assert all(torch.equal(_bits(weights[n]), _bits(base[n])) for n in weights)
