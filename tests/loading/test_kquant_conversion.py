@@ -1,6 +1,7 @@
 """A GGUF in the K-quant and 5-bit formats loads: a tiny Qwen2 whose weights are Q2_K ... Q6_K, Q5_0, Q5_1 and the
 packed formats converts once into the cache, every tensor equal to the `gguf` package's dequantization of its
-blocks, and the packed kernels claim only the layers in their own formats (the others stay dense)."""
+blocks; the packed kernels claim only the layers in their own formats (Q2_K and Q3_K stay dense), and the
+engine serving those layers packed decodes the dense engine's greedy tokens."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType
 # one format per linear weight, in turn: every format the loader dequantizes, the packed ones among them
 FORMATS = ["Q4_K", "Q5_0", "Q6_K", "Q5_K", "Q5_1", "Q3_K", "Q2_K", "Q8_0", "Q4_0", "Q4_1"]
-PACKED = {"Q4_0", "Q4_1", "Q8_0"}
+PACKED = {"Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"}
 
 
 def _config():
@@ -82,3 +83,30 @@ def test_the_packed_router_claims_only_its_own_formats(tmp_path):
     }
     types = sorted(qtype or "dense" for qtype, _, _ in gguf_linear_types(path, tie_word_embeddings=False))
     assert types == sorted(t.lower() if t in PACKED else "dense" for t in linears.values())
+
+
+@pytest.mark.slow
+def test_the_packed_engine_decodes_the_dense_engines_greedy_tokens(tmp_path):
+    from tests.engine.conftest import ENGINE_TEST_OPTIONS
+    from vriksha import LLM, SamplingParams
+    from vriksha.loading import load_model
+
+    path = tmp_path / "tiny-kquant.gguf"
+    expected = _write(path, _config(), tokenizer=True)
+    loaded = load_model(str(path))  # the conversion is cached by the file's content
+    prompts = [[5, 17, 300, 42], [900, 3], list(range(100, 131))]
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = {}
+    for mode in ("none", "gguf"):
+        with LLM.from_module(
+            loaded.model, loaded.tokenizer, model=str(path), quantization=mode, **ENGINE_TEST_OPTIONS
+        ) as llm:
+            choice = llm.engine.quantization
+            assert choice.mode == mode
+            if mode == "gguf":
+                linear = [t for n, (t, w) in expected.items() if w.ndim == 2 and "embed" not in n]
+                assert choice.formats == {t.lower(): linear.count(t) for t in set(linear) if t in PACKED}
+                quant = llm.engine.runner.quant
+                assert len(quant.always_packed()) == len(quant.layers) == sum(choice.formats.values())
+            outs[mode] = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
+    assert outs["gguf"] == outs["none"]
