@@ -85,8 +85,26 @@ def test_the_packed_router_claims_only_its_own_formats(tmp_path):
     assert types == sorted(t.lower() if t in PACKED else "dense" for t in linears.values())
 
 
+def _adapter(model):
+    """A random LoRA adapter on every decoder linear layer (B random too, else a no-op)."""
+    from vriksha.lora import LoraAdapter, LoraWeights
+
+    targets = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    g = torch.Generator().manual_seed(7)
+    modules = {
+        n: LoraWeights(
+            torch.randn(4, m.in_features, generator=g) * 0.3,
+            torch.randn(m.out_features, 4, generator=g) * 0.3,
+        )
+        for n, m in model.named_modules()
+        if isinstance(m, torch.nn.Linear) and n.rsplit(".", 1)[-1] in targets
+    }
+    return LoraAdapter("ad", 4, 8.0, targets, modules)
+
+
 @pytest.mark.slow
 def test_the_packed_engine_decodes_the_dense_engines_greedy_tokens(tmp_path):
+    """With and without a LoRA adapter over the packed layers."""
     from tests.engine.conftest import ENGINE_TEST_OPTIONS
     from vriksha import LLM, SamplingParams
     from vriksha.loading import load_model
@@ -94,12 +112,19 @@ def test_the_packed_engine_decodes_the_dense_engines_greedy_tokens(tmp_path):
     path = tmp_path / "tiny-kquant.gguf"
     expected = _write(path, _config(), tokenizer=True)
     loaded = load_model(str(path))  # the conversion is cached by the file's content
+    adapter = _adapter(loaded.model)
     prompts = [[5, 17, 300, 42], [900, 3], list(range(100, 131))]
     greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     outs = {}
     for mode in ("none", "gguf"):
         with LLM.from_module(
-            loaded.model, loaded.tokenizer, model=str(path), quantization=mode, **ENGINE_TEST_OPTIONS
+            loaded.model,
+            loaded.tokenizer,
+            model=str(path),
+            quantization=mode,
+            enable_lora=True,
+            max_lora_rank=4,
+            **ENGINE_TEST_OPTIONS,
         ) as llm:
             choice = llm.engine.quantization
             assert choice.mode == mode
@@ -108,5 +133,9 @@ def test_the_packed_engine_decodes_the_dense_engines_greedy_tokens(tmp_path):
                 assert choice.formats == {t.lower(): linear.count(t) for t in set(linear) if t in PACKED}
                 quant = llm.engine.runner.quant
                 assert len(quant.always_packed()) == len(quant.layers) == sum(choice.formats.values())
-            outs[mode] = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
+            llm.engine.add_lora(adapter)
+            base = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy)]
+            adapted = [o.outputs[0].token_ids for o in llm.generate(prompts, greedy, lora="ad")]
+            assert adapted != base  # the adapter changes the answer
+            outs[mode] = (base, adapted)
     assert outs["gguf"] == outs["none"]
