@@ -9,9 +9,10 @@ agree to 1e-4 (measured: ~2e-5); the bf16 paths (AMX) round each weight and acti
 its value), so they agree to 1e-2 (measured: ~3e-3); the int8-activation paths (AVX-512 VNNI, vpdpbusd) round
 each activation to int8 within its block (1/254 of the block's largest), so they are held to a matmul on
 activations rounded that way, to 1e-4 (with the activations as they are they agree to ~5e-3).
-The 5-bit and K-quant blocks (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) have no tiled copy: every code path runs its float
-path on them, held to the float tolerance; their random blocks come from `tests.gguf_files` (the `gguf`
-package dequantizes them but does not quantize to them).
+The 5-bit and K-quant blocks (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): Q5_0's tiled copy is a Q8_0 one, so its
+integer paths are Q8_0's (same tolerances); the others have no tiled copy, every code path runs its float path
+on them, held to the float tolerance. Their random blocks come from `tests.gguf_files` (the `gguf` package
+dequantizes them but does not quantize to them).
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ from vriksha.errors import ModelLoadError
 from vriksha.loading.packed import BLOCK_WEIGHTS, PackedWeight, dequantize, quantize_int8
 
 gguf_quants = pytest.importorskip("gguf.quants")
-BLOCK_FORMATS = ["q5_0", "q5_1", "q4_k", "q5_k", "q6_k"]  # served on their float paths alone
+BLOCK_FORMATS = ["q5_0", "q5_1", "q4_k", "q5_k", "q6_k"]
+UNTILED = ["q5_1", "q4_k", "q5_k", "q6_k"]  # served on their float paths alone
 GGML_TYPES = {q: q.upper() for q in ["q4_0", "q4_1", "q8_0", *BLOCK_FORMATS]}
 RTOL = 2e-5
 RTOL_INT = 1e-4
@@ -190,30 +192,55 @@ def test_block_formats_dequantize_to_the_gguf_reference(kernels, qtype):
 @pytest.mark.parametrize("qtype", BLOCK_FORMATS)
 @pytest.mark.parametrize("rows", [1, 3, 8, 13, 40])
 def test_block_formats_match_dequantize_then_matmul(variant, qtype, rows):
-    """Every code path of every variant (the integer and bf16 ones hand these formats to their float path),
-    on rows no tile divides, of two widths: one super-block and a half (the 5-bit blocks: 96 inputs) and
-    several."""
+    """Every code path of every variant (the integer and bf16 ones hand the untiled formats to their float
+    path, on rows no tile divides), of two widths: two super-blocks and several (the 5-bit blocks: three
+    blocks, not a multiple of 256, and several)."""
     k = built(variant)
     widths = (512, 2304) if qtype.endswith("_k") else (96, 2240)
     for in_f in widths:
-        p = packed_random(qtype, 67, in_f, seed=rows)
-        g = torch.Generator().manual_seed(300 + rows)
-        x = torch.randn(rows, in_f, generator=g)
-        bias = torch.randn(67, generator=g)
-        ref = x @ dequantize(p).T + bias
         for path in k.paths:
+            out_f = out_features(path) if qtype == "q5_0" else 67
+            p = packed_random(qtype, out_f, in_f, seed=rows)
+            g = torch.Generator().manual_seed(300 + rows)
+            x = torch.randn(rows, in_f, generator=g)
+            bias = torch.randn(out_f, generator=g)
+            seen = rounded_as(path, qtype, x) if qtype == "q5_0" else x  # the others: float paths
+            ref = seen @ dequantize(p).T + bias
             assert k.runs(p, path)
             y = k.linear(x, p, bias, path=path)
-            assert (y - ref).abs().max() <= RTOL * ref.abs().max(), (path, in_f)
-        assert not p.tiled  # no tiled copy made for them
+            tol = rtol(path) if qtype == "q5_0" else RTOL
+            assert (y - ref).abs().max() <= tol * ref.abs().max(), (path, in_f)
+            assert bool(p.tiled) is (qtype == "q5_0" and path in TILED_PATHS)
 
 
 def test_block_formats_are_timed_on_their_float_path_alone(kernels):
     from vriksha.engine.platform.packed_linear import candidate_paths
 
     widest_float = [p for p in kernels.paths if p in FLOAT_PATHS][-1]
-    for qtype in BLOCK_FORMATS:
+    for qtype in UNTILED:
         assert candidate_paths(kernels, qtype, bf16=True, activations="int8") == [widest_float]
+    assert candidate_paths(kernels, "q5_0", activations="int8") == candidate_paths(
+        kernels, "q8_0", activations="int8"
+    )
+
+
+def test_q5_0_tiles_as_q8_0(kernels):
+    """Q5_0's tiled copy is the Q8_0 copy of the same weights (d, and each code less 16 as an int8)."""
+    from vriksha.engine.platform.native.quant import TILED_PATHS as tiled_paths
+
+    p = packed_random("q5_0", 32, 96, seed=5)
+    blocks = p.data.view(32, 3, 22)
+    codes = torch.round(
+        dequantize(p).view(32, 3, 32) / blocks[..., :2].contiguous().view(torch.float16).float()
+    )
+    q8 = torch.cat([blocks[..., :2], codes.to(torch.int8).view(torch.uint8)], dim=-1).reshape(32, -1)
+    as_q8 = PackedWeight("q8_0", q8.contiguous(), 32, 96)
+    assert torch.equal(dequantize(as_q8), dequantize(p))
+    for path in set(kernels.paths) & set(tiled_paths):
+        kernels.pointer(p, path)
+        kernels.pointer(as_q8, path)
+        assert p.tiled.keys() == as_q8.tiled.keys()
+        assert all(torch.equal(p.tiled[key], as_q8.tiled[key]) for key in p.tiled), path
 
 
 def test_packed_kernels_refuse_other_dtypes(kernels):

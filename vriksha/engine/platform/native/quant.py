@@ -53,9 +53,9 @@ BF16_PATHS = ("amx_bf16",)
 # engine allows it; they read a tiled copy laid out in quads rather than in pairs
 INT8_PATHS = ("avx2_i8", "avx512_vnni_i8")
 KINDS = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "int8": 3, "q5_0": 4, "q5_1": 5, "q4_k": 6, "q5_k": 7, "q6_k": 8}
-# the formats with a tiled copy and integer paths; the others (int8 rows, the 5-bit and K-quant blocks) run
-# their float path on every code path
-TILED_KINDS = ("q4_0", "q4_1", "q8_0")
+# the formats with a tiled copy and integer paths (Q5_0's copy is a Q8_0 one: the same d, each code less 16 as
+# an int8); the others (int8 rows, Q5_1 and the K-quant blocks) run their float path on every code path
+TILED_KINDS = ("q4_0", "q4_1", "q8_0", "q5_0")
 _I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 
 

@@ -6,7 +6,8 @@
  *   Q8_0  34 bytes a block: fp16 d, 32 int8; w = q * d
  *   I8    int8 per weight, one fp32 scale per output row; w = q * scale[o]
  *   Q5_0, Q5_1 (32-weight blocks), Q4_K, Q5_K, Q6_K (256-weight super-blocks): kquant.h, decoded 32 weights at a
- *         time on the float paths alone (every other code path hands them to its float path)
+ *         time on the float paths; Q5_0's tiled copy is a Q8_0 one (below), the others have none (every other
+ *         code path hands them to its float path)
  * In a nibble block, byte j holds element j in its low nibble and element j + 16 in its high one (GGML's order).
  * Activations and outputs are fp32 (`vq_linear`) or bf16 (`vq_linear_bf16`, widened on entry and rounded once
  * on exit); every product and sum is fp32, so the result equals a matmul on the dequantized weights up to the
@@ -66,8 +67,10 @@ static inline uint16_t load_u16(const uint8_t* p) {
 
 #include "kquant.h"
 
-/* Formats with a tiled copy and integer paths; the others take the float path on every code path. */
-static inline int tiled_kind(int kind) { return kind == Q4_0 || kind == Q4_1 || kind == Q8_0; }
+/* Formats with a tiled copy and integer paths; the others take the float path on every code path. Q5_0's
+ * tiled copy is a Q8_0 one (the same d, each code less 16 as an int8: the same weights), read as Q8_0. */
+static inline int tiled_kind(int kind) { return kind == Q4_0 || kind == Q4_1 || kind == Q8_0 || kind == Q5_0; }
+static inline int tile_kind(int kind) { return kind == Q5_0 ? Q8_0 : kind; }
 static inline int block_kind(int kind) { return kind >= Q5_0 && kind <= Q6_K; } /* kquant.h's */
 
 static int64_t row_bytes(int kind, int64_t in) {
@@ -891,6 +894,7 @@ int vq_linear(int variant, int kind, const void* w, const float* scale, const fl
               float* y, int64_t out, int64_t in, int64_t m, int threads) {
   if (kind < Q4_0 || kind > Q6_K || !whole_blocks(kind, in)) return -1;
   const uint8_t* wb = (const uint8_t*)w;
+  int tk = tile_kind(kind); /* the format of the tiled copy the integer and bf16 paths read */
   switch (variant) {
     case VQ_SCALAR:
       if (in > 16384) return -1;
@@ -909,23 +913,23 @@ int vq_linear(int variant, int kind, const void* w, const float* scale, const fl
 #ifdef HAVE_AVX2_I16
     case VQ_AVX2_I16: /* int8 rows and the kquant.h blocks have no tiled copy: the float path serves them */
       if (!tiled_kind(kind)) { linear_avx2(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
-      return linear_avx2_i16(kind, wb, bias, x, y, out, in, m, threads);
+      return linear_avx2_i16(tk, wb, bias, x, y, out, in, m, threads);
     case VQ_AVX2_I8: /* int8 activations on the quad-tiled copy */
       if (!tiled_kind(kind)) { linear_avx2(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
-      return linear_avx2_i8(kind, wb, bias, x, y, out, in, m, threads);
+      return linear_avx2_i8(tk, wb, bias, x, y, out, in, m, threads);
 #endif
 #ifdef HAVE_AVX512_VNNI
     case VQ_AVX512_VNNI:
       if (!tiled_kind(kind)) { linear_avx512(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
-      return linear_avx512_vnni(kind, wb, bias, x, y, out, in, m, threads);
+      return linear_avx512_vnni(tk, wb, bias, x, y, out, in, m, threads);
     case VQ_AVX512_VNNI_I8: /* int8 activations on the quad-tiled copy */
       if (!tiled_kind(kind)) { linear_avx512(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
-      return linear_avx512_vnni_i8(kind, wb, bias, x, y, out, in, m, threads);
+      return linear_avx512_vnni_i8(tk, wb, bias, x, y, out, in, m, threads);
 #endif
 #ifdef HAVE_AMX_BF16
     case VQ_AMX_BF16: /* bf16 arithmetic on the 16-row tiled copy; untiled formats take the float path */
       if (!tiled_kind(kind)) { linear_avx512(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
-      return linear_amx_bf16(kind, wb, bias, x, y, out, in, m, threads);
+      return linear_amx_bf16(tk, wb, bias, x, y, out, in, m, threads);
 #endif
     default:
       return -1;
@@ -978,6 +982,8 @@ int vq_tile(int kind, int64_t t, int quads, const void* src, void* dst, int64_t 
   const uint8_t* w = (const uint8_t*)src;
   uint8_t* tile = (uint8_t*)dst;
   int64_t rb = row_bytes(kind, in), nb = in / QK, block = rb / nb;
+  int from = kind;
+  kind = tile_kind(kind);
   int64_t tb = (kind == Q8_0 ? 34 : kind == Q4_1 ? 20 : 18) * t, head = (kind == Q4_1 ? 4 : 2) * t;
   int64_t qs = kind == Q4_1 ? 4 : 2; /* where a GGML block's weights start */
   for (int64_t g = 0; g < out / t; g++)
@@ -986,6 +992,14 @@ int vq_tile(int kind, int64_t t, int quads, const void* src, void* dst, int64_t 
       uint8_t* body = tile + head;
       for (int64_t j = 0; j < t; j++) {
         const uint8_t* blk = w + (g * t + j) * rb + b * block;
+        uint8_t as_q8[34];
+        if (from == Q5_0) { /* the block as Q8_0: d, then each code less 16 */
+          int codes[QK];
+          kq_codes(Q5_0, w + (g * t + j) * rb, b, codes);
+          memcpy(as_q8, blk, 2);
+          for (int e = 0; e < QK; e++) as_q8[2 + e] = (uint8_t)(int8_t)(codes[e] - 16);
+          blk = as_q8;
+        }
         memcpy(tile + 2 * j, blk, 2);                              /* d */
         if (kind == Q4_1) memcpy(tile + 2 * t + 2 * j, blk + 2, 2); /* min */
         const uint8_t* q = blk + qs;
@@ -1014,5 +1028,6 @@ int vq_tile(int kind, int64_t t, int quads, const void* src, void* dst, int64_t 
 
 int64_t vq_tile_bytes(int kind, int64_t t, int64_t out, int64_t in) {
   if (!tiled_kind(kind) || (t != 8 && t != 16) || out % t != 0 || in % QK != 0) return -1;
+  kind = tile_kind(kind);
   return out / t * (in / QK) * (kind == Q8_0 ? 34 : kind == Q4_1 ? 20 : 18) * t;
 }
