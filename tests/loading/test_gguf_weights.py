@@ -58,7 +58,7 @@ def _weights(untied: bool) -> dict[str, np.ndarray]:
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0])
+@pytest.mark.parametrize("qtype", [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0, Q.Q5_1])
 @pytest.mark.parametrize("untied", [False, True])
 def test_blocks_come_back_as_the_transformers_weights(tmp_path, arch, qtype, untied):
     weights = _weights(untied)

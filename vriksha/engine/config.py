@@ -189,9 +189,9 @@ class EngineConfig(Options):
         choices=("auto", "float32", "bfloat16", "float16"),
     )  # fmt: skip
     quantization: str = option(
-        "auto", "linear weights served packed: gguf (the GGUF file's Q4_0/Q4_1/Q8_0 blocks), int8 (weight-only, "
-        "per output channel, any model), none (fp32), auto (the GGUF's blocks where measured faster on this "
-        "CPU, else none)", choices=("none", "gguf", "int8", "auto"),
+        "auto", "linear weights served packed: gguf (the GGUF file's Q4_0/Q4_1/Q8_0/Q5_0/Q5_1/Q4_K/Q5_K/Q6_K "
+        "blocks), int8 (weight-only, per output channel, any model), none (fp32), auto (the GGUF's blocks where "
+        "measured faster on this CPU, else none)", choices=("none", "gguf", "int8", "auto"),
     )  # fmt: skip
     lpm_max_queue: int = option(
         128,

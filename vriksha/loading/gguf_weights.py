@@ -4,8 +4,8 @@ The tensors are read from the file's tensor table (`gguf_index`, no dequantisati
 converted from the same file names its modules (`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj`).
 llama.cpp's converter stores a Llama model's query and key rows in an interleaved rotary order; those rows are
 put back in Transformers' order, so each packed weight dequantizes to exactly the converted module's weight.
-A tied `lm_head` is served from the token embedding's blocks. Tensors of other types (F32, F16, K-quants) are
-not returned: their modules keep the fp32 path.
+A tied `lm_head` is served from the token embedding's blocks. Tensors of other types (F32, F16, Q2_K, Q3_K, the
+IQ formats) are not returned: their modules keep the fp32 path.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ _LAYER_TENSORS = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
-_PACKABLE = {"Q4_0": "q4_0", "Q4_1": "q4_1", "Q8_0": "q8_0"}
+_PACKABLE = {t: t.lower() for t in ("Q4_0", "Q4_1", "Q8_0", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")}
 _ROTARY_PERMUTED = {"llama"}  # architectures whose q/k rows llama.cpp's converter interleaves
 _BLK = re.compile(r"blk\.(\d+)\.(\w+)\.weight")
 

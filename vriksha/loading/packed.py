@@ -1,7 +1,8 @@
-"""Packed weight formats the engine serves as they are: GGUF Q4_0, Q4_1, Q8_0 blocks and per-channel int8.
+"""Packed weight formats the engine serves as they are: GGUF Q4_0, Q4_1, Q8_0, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K
+blocks and per-channel int8.
 
 A `PackedWeight` holds one linear layer's weight [out, in] in its packed bytes, one row of blocks per output
-feature (GGML's layout: blocks of 32 along the input dimension):
+feature (GGML's layout: blocks of 32, or the K-quants' super-blocks of 256, along the input dimension):
 
 | qtype | bytes / 32 weights | block                                  | weight            |
 |-------|-------------------:|----------------------------------------|-------------------|
@@ -9,9 +10,16 @@ feature (GGML's layout: blocks of 32 along the input dimension):
 | q4_1  | 20                 | fp16 d, fp16 m, 16 bytes of 4-bit q    | q * d + m         |
 | q8_0  | 34                 | fp16 d, 32 int8 q                      | q * d             |
 | int8  | 32 (+4 per row)    | int8 q; one fp32 scale per output row  | q * scale[row]    |
+| q5_0  | 22                 | fp16 d, 32 high bits, 16 bytes of low nibbles | (q - 16) * d |
+| q5_1  | 24                 | fp16 d, fp16 m, 32 high bits, 16 bytes of low nibbles | q * d + m |
+| q4_k  | 144 / 256          | fp16 d, fp16 dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles | d sc q - dmin m |
+| q5_k  | 176 / 256          | as q4_k with 32 bytes of high bits     | d sc q - dmin m   |
+| q6_k  | 210 / 256          | 128 bytes low nibbles, 64 of high pairs, 16 int8 scales, fp16 d | d sc (q - 32) |
 
-Byte j of a 4-bit block holds element j in its low nibble and element j + 16 in its high one.
-`dequantize` is the torch reference every kernel is tested against.
+Byte j of a 4-bit block holds element j in its low nibble and element j + 16 in its high one; the 5-bit and
+K-quant layouts are written out in `ggml_blocks.py` and `native/kquant.h`.
+`dequantize` is the torch reference every kernel is tested against (for the 5-bit and K-quant blocks,
+`ggml_blocks`, bit-identical to the `gguf` package).
 """
 
 from __future__ import annotations
@@ -23,7 +31,18 @@ import torch
 from vriksha.errors import ModelLoadError
 
 BLOCK = 32
-BLOCK_BYTES = {"q4_0": 18, "q4_1": 20, "q8_0": 34}
+BLOCK_BYTES = {
+    "q4_0": 18,
+    "q4_1": 20,
+    "q8_0": 34,
+    "q5_0": 22,
+    "q5_1": 24,
+    "q4_k": 144,
+    "q5_k": 176,
+    "q6_k": 210,
+}
+# weights a block (a K-quant's super-block) holds along the input dimension
+BLOCK_WEIGHTS = {qtype: 256 if qtype.endswith("_k") else BLOCK for qtype in BLOCK_BYTES}
 QTYPES = (*BLOCK_BYTES, "int8")
 
 
@@ -40,9 +59,9 @@ class PackedWeight:
     def __post_init__(self) -> None:
         if self.qtype not in QTYPES:
             raise ModelLoadError(f"unknown packed weight type {self.qtype!r}; known: {', '.join(QTYPES)}")
-        if self.qtype != "int8" and self.in_features % BLOCK:
+        if self.qtype != "int8" and self.in_features % BLOCK_WEIGHTS[self.qtype]:
             raise ModelLoadError(
-                f"{self.qtype} rows need a multiple of {BLOCK} inputs, got {self.in_features}"
+                f"{self.qtype} rows need a multiple of {BLOCK_WEIGHTS[self.qtype]} inputs, got {self.in_features}"
             )
         want = (self.out_features, row_bytes(self.qtype, self.in_features))
         if tuple(self.data.shape) != want or not self.data.is_contiguous():
@@ -57,7 +76,7 @@ class PackedWeight:
 def row_bytes(qtype: str, in_features: int) -> int:
     if qtype == "int8":
         return in_features
-    return in_features // BLOCK * BLOCK_BYTES[qtype]
+    return in_features // BLOCK_WEIGHTS[qtype] * BLOCK_BYTES[qtype]
 
 
 def quantize_int8(weight: torch.Tensor) -> PackedWeight:
@@ -83,6 +102,10 @@ def dequantize(packed: PackedWeight) -> torch.Tensor:
     """The fp32 weight [out, in] (the reference the native kernels are held to)."""
     if packed.qtype == "int8":
         return packed.data.float() * packed.scale[:, None]
+    if packed.qtype not in ("q4_0", "q4_1", "q8_0"):
+        from vriksha.loading.ggml_blocks import dequantize_blocks
+
+        return dequantize_blocks(packed.qtype.upper(), packed.data)
     blocks = packed.data.view(packed.out_features, -1, BLOCK_BYTES[packed.qtype])
     d = _f16(blocks, 0)
     if packed.qtype == "q8_0":
@@ -95,7 +118,8 @@ def dequantize(packed: PackedWeight) -> torch.Tensor:
 
 
 def permute_rows(packed: PackedWeight, order: torch.Tensor) -> PackedWeight:
-    """The same weight with its output rows reordered: row i of the result is row order[i] of `packed`."""
+    """The same weight with its output rows reordered: row i of the result is row order[i] of `packed` (every
+    format keeps a row's blocks in its own bytes, so rows move whole)."""
     scale = packed.scale[order].contiguous() if packed.scale is not None else None
     return PackedWeight(
         packed.qtype, packed.data[order].contiguous(), packed.out_features, packed.in_features, scale

@@ -9,6 +9,10 @@ agree to 1e-4 (measured: ~2e-5); the bf16 paths (AMX) round each weight and acti
 its value), so they agree to 1e-2 (measured: ~3e-3); the int8-activation paths (AVX-512 VNNI, vpdpbusd) round
 each activation to int8 within its block (1/254 of the block's largest), so they are held to a matmul on
 activations rounded that way, to 1e-4 (with the activations as they are they agree to ~5e-3).
+The 5-bit and K-quant blocks (Q5_0, Q5_1, Q4_K, Q5_K, Q6_K): Q5_0's tiled copy is a Q8_0 one, so its
+integer paths are Q8_0's (same tolerances); the others have no tiled copy, every code path runs its float path
+on them, held to the float tolerance. Their random blocks come from `tests.gguf_files` (the `gguf` package
+dequantizes them but does not quantize to them).
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ from vriksha.engine.platform.native.quant import (
     quant_kernels,
 )
 from vriksha.errors import ModelLoadError
-from vriksha.loading.packed import PackedWeight, dequantize, quantize_int8
+from vriksha.loading.packed import BLOCK_WEIGHTS, PackedWeight, dequantize, quantize_int8
 
 gguf_quants = pytest.importorskip("gguf.quants")
-GGML_TYPES = {"q4_0": "Q4_0", "q4_1": "Q4_1", "q8_0": "Q8_0"}
+BLOCK_FORMATS = ["q5_0", "q5_1", "q4_k", "q5_k", "q6_k"]
+UNTILED = ["q5_1", "q4_k", "q5_k", "q6_k"]  # served on their float paths alone
+GGML_TYPES = {q: q.upper() for q in ["q4_0", "q4_1", "q8_0", *BLOCK_FORMATS]}
 RTOL = 2e-5
 RTOL_INT = 1e-4
 RTOL_BF16 = 1e-2
@@ -70,6 +76,11 @@ def packed_random(qtype: str, out_f: int, in_f: int, seed: int = 0) -> PackedWei
     w = torch.randn(out_f, in_f, generator=g) * 0.05
     if qtype == "int8":
         return quantize_int8(w)
+    if qtype in BLOCK_FORMATS:
+        from tests.gguf_files import random_blocks
+
+        raw = random_blocks(GGML_TYPES[qtype], out_f, in_f // BLOCK_WEIGHTS[qtype], seed=seed)
+        return PackedWeight(qtype, torch.from_numpy(raw), out_f, in_f)
     from gguf import GGMLQuantizationType
 
     raw = gguf_quants.quantize(w.numpy(), getattr(GGMLQuantizationType, GGML_TYPES[qtype]))
@@ -140,14 +151,14 @@ def test_linear_matches_dequantize_then_matmul(variant, qtype, rows):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("qtype", ["q4_1", "q8_0", "int8"])
+@pytest.mark.parametrize("qtype", ["q4_1", "q8_0", "int8", "q4_k", "q5_0"])
 @pytest.mark.parametrize("rows", [1, 5, 16])
 def test_bf16_linear_is_the_fp32_sum_rounded_once(variant, qtype, rows):
     """bf16 activations are widened exactly, so the bf16 entry is the fp32 kernel on the same values with each
     output (bias added in fp32) rounded once to bf16."""
     k = built(variant)
     for path in k.paths:
-        out_f, in_f = out_features(path), 192
+        out_f, in_f = out_features(path), 512 if qtype == "q4_k" else 192
         p = packed_random(qtype, out_f, in_f, seed=rows)
         g = torch.Generator().manual_seed(200 + rows)
         x = torch.randn(rows, in_f, generator=g).bfloat16()
@@ -160,6 +171,79 @@ def test_bf16_linear_is_the_fp32_sum_rounded_once(variant, qtype, rows):
         assert torch.equal(
             k.linear(x, p, None, path=path), k.linear(x.float(), p, None, path=path).bfloat16()
         )
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("qtype", BLOCK_FORMATS)
+def test_block_formats_dequantize_to_the_gguf_reference(variant, qtype):
+    """The torch reference (`ggml_blocks`) and every build's native dequantizer give the `gguf` package's
+    values, bit for bit (no product and sum fused into one rounding)."""
+    from gguf import GGMLQuantizationType
+
+    kernels = built(variant)
+
+    in_f = 512 if qtype.endswith("_k") else 96
+    p = packed_random(qtype, 24, in_f, seed=3)
+    ref = gguf_quants.dequantize(p.data.numpy(), getattr(GGMLQuantizationType, GGML_TYPES[qtype]))
+    want = torch.from_numpy(ref.reshape(24, in_f))
+    assert torch.equal(dequantize(p), want)
+    assert torch.equal(kernels.dequantize(p), want)
+    assert torch.equal(kernels.dequantize(p, 7, 5), want[7:12])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("qtype", BLOCK_FORMATS)
+@pytest.mark.parametrize("rows", [1, 3, 8, 13, 40])
+def test_block_formats_match_dequantize_then_matmul(variant, qtype, rows):
+    """Every code path of every variant (the integer and bf16 ones hand the untiled formats to their float
+    path, on rows no tile divides), of two widths: two super-blocks and several (the 5-bit blocks: three
+    blocks, not a multiple of 256, and several)."""
+    k = built(variant)
+    widths = (512, 2304) if qtype.endswith("_k") else (96, 2240)
+    for in_f in widths:
+        for path in k.paths:
+            out_f = out_features(path) if qtype == "q5_0" else 67
+            p = packed_random(qtype, out_f, in_f, seed=rows)
+            g = torch.Generator().manual_seed(300 + rows)
+            x = torch.randn(rows, in_f, generator=g)
+            bias = torch.randn(out_f, generator=g)
+            seen = rounded_as(path, qtype, x) if qtype == "q5_0" else x  # the others: float paths
+            ref = seen @ dequantize(p).T + bias
+            assert k.runs(p, path)
+            y = k.linear(x, p, bias, path=path)
+            tol = rtol(path) if qtype == "q5_0" else RTOL
+            assert (y - ref).abs().max() <= tol * ref.abs().max(), (path, in_f)
+            assert bool(p.tiled) is (qtype == "q5_0" and path in TILED_PATHS)
+
+
+def test_block_formats_are_timed_on_their_float_path_alone(kernels):
+    from vriksha.engine.platform.packed_linear import candidate_paths
+
+    widest_float = [p for p in kernels.paths if p in FLOAT_PATHS][-1]
+    for qtype in UNTILED:
+        assert candidate_paths(kernels, qtype, bf16=True, activations="int8") == [widest_float]
+    assert candidate_paths(kernels, "q5_0", activations="int8") == candidate_paths(
+        kernels, "q8_0", activations="int8"
+    )
+
+
+def test_q5_0_tiles_as_q8_0(kernels):
+    """Q5_0's tiled copy is the Q8_0 copy of the same weights (d, and each code less 16 as an int8)."""
+    from vriksha.engine.platform.native.quant import TILED_PATHS as tiled_paths
+
+    p = packed_random("q5_0", 32, 96, seed=5)
+    blocks = p.data.view(32, 3, 22)
+    codes = torch.round(
+        dequantize(p).view(32, 3, 32) / blocks[..., :2].contiguous().view(torch.float16).float()
+    )
+    q8 = torch.cat([blocks[..., :2], codes.to(torch.int8).view(torch.uint8)], dim=-1).reshape(32, -1)
+    as_q8 = PackedWeight("q8_0", q8.contiguous(), 32, 96)
+    assert torch.equal(dequantize(as_q8), dequantize(p))
+    for path in set(kernels.paths) & set(tiled_paths):
+        kernels.pointer(p, path)
+        kernels.pointer(as_q8, path)
+        assert p.tiled.keys() == as_q8.tiled.keys()
+        assert all(torch.equal(p.tiled[key], as_q8.tiled[key]) for key in p.tiled), path
 
 
 def test_packed_kernels_refuse_other_dtypes(kernels):
@@ -201,7 +285,9 @@ def test_bad_packed_shapes_are_refused():
     with pytest.raises(ModelLoadError, match="contiguous"):
         PackedWeight("q8_0", torch.zeros(4, 33, dtype=torch.uint8), 4, 32)
     with pytest.raises(ModelLoadError, match="unknown packed weight type"):
-        PackedWeight("q5_k", torch.zeros(4, 4, dtype=torch.uint8), 4, 32)
+        PackedWeight("q2_k", torch.zeros(4, 4, dtype=torch.uint8), 4, 32)
+    with pytest.raises(ModelLoadError, match="q6_k rows need a multiple of 256 inputs, got 96"):
+        PackedWeight("q6_k", torch.zeros(4, 0, dtype=torch.uint8), 4, 96)
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

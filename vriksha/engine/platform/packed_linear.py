@@ -41,7 +41,15 @@ from vriksha.engine.platform.linear_path_choice import (
 )
 from vriksha.engine.platform.module_installation import ModuleInstallation
 from vriksha.engine.platform.native import Kernels
-from vriksha.engine.platform.native.quant import BF16_PATHS, FLOAT_PATHS, INT8_PATHS, SOURCE, QuantKernels
+from vriksha.engine.platform.native.quant import (
+    BF16_PATHS,
+    FLOAT_PATHS,
+    HEADERS,
+    INT8_PATHS,
+    SOURCE,
+    TILED_KINDS,
+    QuantKernels,
+)
 from vriksha.loading.packed import BLOCK_BYTES, PackedWeight, requantize_int8_, row_bytes
 
 logger = logging.getLogger(__name__)
@@ -50,6 +58,8 @@ logger = logging.getLogger(__name__)
 BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 # above it the float packed paths are not timed (they decode each weight once per 8 rows)
 FLOAT_PATH_ROWS = 64
+# the byte offsets of each block's fp16 fields (scales and mins)
+HALVES = {"q6_k": (208,)} | {q: (0, 2) for q in ("q4_1", "q5_1", "q4_k", "q5_k")}
 # the dense paths timed beside the packed ones
 DENSE_TORCH, DENSE_NATIVE, DENSE_BF16 = "dense:torch", "dense:native", "dense:bf16"
 DENSE_PATHS = (DENSE_TORCH, DENSE_NATIVE, DENSE_BF16)
@@ -63,9 +73,8 @@ def _random_packed(qtype: str, out_f: int, in_f: int) -> PackedWeight:
     data = torch.randint(0, 256, (out_f, row_bytes(qtype, in_f)), dtype=torch.uint8)
     blocks = data.view(out_f, -1, BLOCK_BYTES[qtype])
     half = torch.tensor([0.01], dtype=torch.float16).view(torch.uint8)
-    blocks[..., 0:2] = half
-    if qtype == "q4_1":
-        blocks[..., 2:4] = half
+    for at in HALVES.get(qtype, (0,)):
+        blocks[..., at : at + 2] = half
     return PackedWeight(qtype, data, out_f, in_f)
 
 
@@ -86,11 +95,11 @@ def candidate_paths(
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations must be one of {', '.join(ACTIVATIONS)}, got {activations!r}")
     floats = [p for p in kernels.paths if p in FLOAT_PATHS]
-    gguf = qtype != "int8"
-    rounded = activations != "float32" and gguf
+    tiled = qtype in TILED_KINDS  # the others run their float path on every code path
+    rounded = activations != "float32" and tiled
     ints = [p for p in kernels.paths if p not in FLOAT_PATHS + BF16_PATHS + INT8_PATHS] if rounded else []
-    bf16s = [p for p in kernels.paths if p in BF16_PATHS] if bf16 and gguf else []
-    int8s = [p for p in kernels.paths if p in INT8_PATHS] if activations == "int8" and gguf else []
+    bf16s = [p for p in kernels.paths if p in BF16_PATHS] if bf16 and tiled else []
+    int8s = [p for p in kernels.paths if p in INT8_PATHS] if activations == "int8" and tiled else []
     return floats[-1:] + ints[-1:] + bf16s + int8s[-1:]
 
 
@@ -151,7 +160,8 @@ def measure(
 
 
 def source_digest() -> str:
-    return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    source = b"".join(p.read_bytes() for p in (SOURCE, *HEADERS))
+    return hashlib.sha256(source).hexdigest()[:12]
 
 
 class PackedShape(NamedTuple):

@@ -1,7 +1,8 @@
 """The engine's `quantization` option: which linear weights are served packed, decided once at load.
 
 - `none`: the dense weights (the engine's dtype, fp32 or bf16).
-- `gguf`: the GGUF file's own Q4_0 / Q4_1 / Q8_0 blocks (the embedded model or `--model FILE.gguf`).
+- `gguf`: the GGUF file's own Q4_0 / Q4_1 / Q8_0 / Q5_0 / Q5_1 / Q4_K / Q5_K / Q6_K blocks (the embedded model
+  or `--model FILE.gguf`).
 - `int8`: weight-only int8 with one scale per output channel, quantized at load from any model's weights.
 - `auto` (the default): the GGUF blocks where the model came from a GGUF file and the packed layers of one
   decode step (one row) were measured faster than their dense path on this CPU, else `none`. The timings are

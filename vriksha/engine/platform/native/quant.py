@@ -31,6 +31,7 @@ from vriksha.profiling.annotate import native_call
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("quant_kernels.c")
+HEADERS = (SOURCE.with_name("amx.h"), SOURCE.with_name("kquant.h"))
 # the bits of vq_variants(), in order of preference: the widest a build has runs
 PATHS = {
     "scalar": 1,
@@ -51,7 +52,10 @@ BF16_PATHS = ("amx_bf16",)
 # int8 activations (each block of 32 rounded to 1/254 of its largest, llama.cpp's Q8 numerics): only where the
 # engine allows it; they read a tiled copy laid out in quads rather than in pairs
 INT8_PATHS = ("avx2_i8", "avx512_vnni_i8")
-KINDS = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "int8": 3}
+KINDS = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "int8": 3, "q5_0": 4, "q5_1": 5, "q4_k": 6, "q5_k": 7, "q6_k": 8}
+# the formats with a tiled copy and integer paths (Q5_0's copy is a Q8_0 one: the same d, each code less 16 as
+# an int8); the others (int8 rows, Q5_1 and the K-quant blocks) run their float path on every code path
+TILED_KINDS = ("q4_0", "q4_1", "q8_0", "q5_0")
 _I64, _PTR, _INT = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
 
 
@@ -129,13 +133,15 @@ class QuantKernels:
         if path not in self.paths:
             return False
         return (
-            path not in TILED_PATHS or weight.qtype == "int8" or weight.out_features % TILED_PATHS[path] == 0
+            path not in TILED_PATHS
+            or weight.qtype not in TILED_KINDS
+            or weight.out_features % TILED_PATHS[path] == 0
         )
 
     def pointer(self, weight: PackedWeight, path: str) -> int:
         """The address of the bytes `path` reads for `weight`: its tiled copy on a tiled path (made on first
         use and kept with the weight), else its packed rows."""
-        if path not in TILED_PATHS or weight.qtype == "int8":
+        if path not in TILED_PATHS or weight.qtype not in TILED_KINDS:
             return weight.data.data_ptr()
         rows, quads = TILED_PATHS[path], path in INT8_PATHS
         layout = (rows, "quads" if quads else "pairs")
@@ -200,9 +206,7 @@ def _extra(variant: isa.Variant) -> dict[str, str]:
 
 def build_variant(compiler: str, variant: isa.Variant) -> Path:
     """The quantized kernels' library of `variant` (compiles whether or not this CPU runs it)."""
-    return build(
-        compiler, variant, (SOURCE,), (SOURCE.with_name("amx.h"),), "quant_kernels", tuple(_extra(variant))
-    )
+    return build(compiler, variant, (SOURCE,), HEADERS, "quant_kernels", tuple(_extra(variant)))
 
 
 def missing_flags(variant: isa.Variant) -> list[str]:

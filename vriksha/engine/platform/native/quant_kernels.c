@@ -5,6 +5,9 @@
  *   Q4_1  20 bytes a block: fp16 d, fp16 m, 16 bytes of nibbles; w = q * d + m
  *   Q8_0  34 bytes a block: fp16 d, 32 int8; w = q * d
  *   I8    int8 per weight, one fp32 scale per output row; w = q * scale[o]
+ *   Q5_0, Q5_1 (32-weight blocks), Q4_K, Q5_K, Q6_K (256-weight super-blocks): kquant.h, decoded 32 weights at a
+ *         time on the float paths; Q5_0's tiled copy is a Q8_0 one (below), the others have none (every other
+ *         code path hands them to its float path)
  * In a nibble block, byte j holds element j in its low nibble and element j + 16 in its high one (GGML's order).
  * Activations and outputs are fp32 (`vq_linear`) or bf16 (`vq_linear_bf16`, widened on entry and rounded once
  * on exit); every product and sum is fp32, so the result equals a matmul on the dequantized weights up to the
@@ -34,7 +37,7 @@
 #define VQ_AVX2_I8 128
 #define TILE 8
 
-enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, I8 = 3 };
+enum { Q4_0 = 0, Q4_1 = 1, Q8_0 = 2, I8 = 3, Q5_0 = 4, Q5_1 = 5, Q4_K = 6, Q5_K = 7, Q6_K = 8 };
 
 static inline float f16_to_f32(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
@@ -62,13 +65,28 @@ static inline uint16_t load_u16(const uint8_t* p) {
   return v;
 }
 
+#include "kquant.h"
+
+/* Formats with a tiled copy and integer paths; the others take the float path on every code path. Q5_0's
+ * tiled copy is a Q8_0 one (the same d, each code less 16 as an int8: the same weights), read as Q8_0. */
+static inline int tiled_kind(int kind) { return kind == Q4_0 || kind == Q4_1 || kind == Q8_0 || kind == Q5_0; }
+static inline int tile_kind(int kind) { return kind == Q5_0 ? Q8_0 : kind; }
+static inline int block_kind(int kind) { return kind >= Q5_0 && kind <= Q6_K; } /* kquant.h's */
+
 static int64_t row_bytes(int kind, int64_t in) {
   switch (kind) {
     case Q4_0: return in / QK * 18;
     case Q4_1: return in / QK * 20;
     case Q8_0: return in / QK * 34;
-    default: return in;
+    case I8: return in;
+    default: return in / kq_block_weights(kind) * kq_block_bytes(kind);
   }
+}
+
+/* Whether `in` inputs make whole blocks of `kind` (any width for int8). */
+static int whole_blocks(int kind, int64_t in) {
+  if (kind == I8) return 1;
+  return in % (block_kind(kind) ? kq_block_weights(kind) : QK) == 0;
 }
 
 /* ---- scalar: every build has it; the reference the vector variants are tested against -------------------- */
@@ -79,6 +97,10 @@ static void dequant_row(int kind, const uint8_t* w, float scale, int64_t in, flo
   }
   for (int64_t b = 0; b < in / QK; b++) {
     float* o = out + b * QK;
+    if (block_kind(kind)) {
+      kq_dequant_block(kind, w, b, o);
+      continue;
+    }
     if (kind == Q8_0) {
       const uint8_t* blk = w + b * 34;
       float d = f16_to_f32(load_u16(blk));
@@ -146,6 +168,10 @@ static inline float hsum8(__m256 v) {
 
 /* The 32 weights of block b of row w as four vectors of eight (elements 0-7, 8-15, 16-23, 24-31). */
 static inline __attribute__((always_inline)) void decode8x4(int kind, const uint8_t* w, int64_t b, __m256* v) {
+  if (block_kind(kind)) {
+    kq_decode8x4(kind, w, b, v);
+    return;
+  }
   if (kind == I8) {
     const int8_t* q = (const int8_t*)w + b * QK;
     for (int k = 0; k < 4; k++) v[k] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(q + 8 * k))));
@@ -205,6 +231,11 @@ DEFINE_LINEAR(avx2, Q4_0, AVX2_TAIL(Q4_0))
 DEFINE_LINEAR(avx2, Q4_1, AVX2_TAIL(Q4_1))
 DEFINE_LINEAR(avx2, Q8_0, AVX2_TAIL(Q8_0))
 DEFINE_LINEAR(avx2, I8, AVX2_TAIL(I8))
+DEFINE_LINEAR(avx2, Q5_0, AVX2_TAIL(Q5_0))
+DEFINE_LINEAR(avx2, Q5_1, AVX2_TAIL(Q5_1))
+DEFINE_LINEAR(avx2, Q4_K, AVX2_TAIL(Q4_K))
+DEFINE_LINEAR(avx2, Q5_K, AVX2_TAIL(Q5_K))
+DEFINE_LINEAR(avx2, Q6_K, AVX2_TAIL(Q6_K))
 
 static void linear_avx2(int kind, const uint8_t* w, const float* scale, const float* bias, const float* x,
                         float* y, int64_t out, int64_t in, int64_t m, int threads) {
@@ -212,6 +243,11 @@ static void linear_avx2(int kind, const uint8_t* w, const float* scale, const fl
     case Q4_0: linear_avx2_Q4_0(w, scale, bias, x, y, out, in, m, threads); break;
     case Q4_1: linear_avx2_Q4_1(w, scale, bias, x, y, out, in, m, threads); break;
     case Q8_0: linear_avx2_Q8_0(w, scale, bias, x, y, out, in, m, threads); break;
+    case Q5_0: linear_avx2_Q5_0(w, scale, bias, x, y, out, in, m, threads); break;
+    case Q5_1: linear_avx2_Q5_1(w, scale, bias, x, y, out, in, m, threads); break;
+    case Q4_K: linear_avx2_Q4_K(w, scale, bias, x, y, out, in, m, threads); break;
+    case Q5_K: linear_avx2_Q5_K(w, scale, bias, x, y, out, in, m, threads); break;
+    case Q6_K: linear_avx2_Q6_K(w, scale, bias, x, y, out, in, m, threads); break;
     default: linear_avx2_I8(w, scale, bias, x, y, out, in, m, threads);
   }
 }
@@ -222,6 +258,10 @@ static void linear_avx2(int kind, const uint8_t* w, const float* scale, const fl
 #define HAVE_AVX512 1
 /* The 32 weights of block b as two vectors of sixteen (elements 0-15, 16-31). */
 static inline __attribute__((always_inline)) void decode16x2(int kind, const uint8_t* w, int64_t b, __m512* v) {
+  if (block_kind(kind)) {
+    kq_decode16x2(kind, w, b, v);
+    return;
+  }
   if (kind == I8) {
     const int8_t* q = (const int8_t*)w + b * QK;
     for (int k = 0; k < 2; k++) v[k] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(q + 16 * k))));
@@ -271,6 +311,11 @@ DEFINE_LINEAR(avx512, Q4_0, AVX512_TAIL(Q4_0))
 DEFINE_LINEAR(avx512, Q4_1, AVX512_TAIL(Q4_1))
 DEFINE_LINEAR(avx512, Q8_0, AVX512_TAIL(Q8_0))
 DEFINE_LINEAR(avx512, I8, AVX512_TAIL(I8))
+DEFINE_LINEAR(avx512, Q5_0, AVX512_TAIL(Q5_0))
+DEFINE_LINEAR(avx512, Q5_1, AVX512_TAIL(Q5_1))
+DEFINE_LINEAR(avx512, Q4_K, AVX512_TAIL(Q4_K))
+DEFINE_LINEAR(avx512, Q5_K, AVX512_TAIL(Q5_K))
+DEFINE_LINEAR(avx512, Q6_K, AVX512_TAIL(Q6_K))
 
 static void linear_avx512(int kind, const uint8_t* w, const float* scale, const float* bias, const float* x,
                           float* y, int64_t out, int64_t in, int64_t m, int threads) {
@@ -278,6 +323,11 @@ static void linear_avx512(int kind, const uint8_t* w, const float* scale, const 
     case Q4_0: linear_avx512_Q4_0(w, scale, bias, x, y, out, in, m, threads); break;
     case Q4_1: linear_avx512_Q4_1(w, scale, bias, x, y, out, in, m, threads); break;
     case Q8_0: linear_avx512_Q8_0(w, scale, bias, x, y, out, in, m, threads); break;
+    case Q5_0: linear_avx512_Q5_0(w, scale, bias, x, y, out, in, m, threads); break;
+    case Q5_1: linear_avx512_Q5_1(w, scale, bias, x, y, out, in, m, threads); break;
+    case Q4_K: linear_avx512_Q4_K(w, scale, bias, x, y, out, in, m, threads); break;
+    case Q5_K: linear_avx512_Q5_K(w, scale, bias, x, y, out, in, m, threads); break;
+    case Q6_K: linear_avx512_Q6_K(w, scale, bias, x, y, out, in, m, threads); break;
     default: linear_avx512_I8(w, scale, bias, x, y, out, in, m, threads);
   }
 }
@@ -800,7 +850,7 @@ AMX_TARGET static void linear_amx_groups(int kind, const uint8_t* w, const float
 
 static int linear_amx_bf16(int kind, const uint8_t* w, const float* bias, const float* x, float* y, int64_t out,
                            int64_t in, int64_t m, int threads) {
-  if (kind == I8 || out % 16 != 0 || !amx_usable()) return -1;
+  if (!tiled_kind(kind) || out % 16 != 0 || !amx_usable()) return -1;
   int64_t mp = (m + 15) / 16 * 16;
   uint16_t* xb = (uint16_t*)aligned_alloc(64, (size_t)((mp * in * 2 + 63) / 64 * 64));
   if (xb == NULL) return -1;
@@ -842,8 +892,9 @@ int vq_variants(void) {
 /* Returns 0, or -1 when the variant is not in this build or the shape is unsupported. */
 int vq_linear(int variant, int kind, const void* w, const float* scale, const float* bias, const float* x,
               float* y, int64_t out, int64_t in, int64_t m, int threads) {
-  if (kind < Q4_0 || kind > I8 || (kind != I8 && in % QK != 0)) return -1;
+  if (kind < Q4_0 || kind > Q6_K || !whole_blocks(kind, in)) return -1;
   const uint8_t* wb = (const uint8_t*)w;
+  int tk = tile_kind(kind); /* the format of the tiled copy the integer and bf16 paths read */
   switch (variant) {
     case VQ_SCALAR:
       if (in > 16384) return -1;
@@ -860,25 +911,25 @@ int vq_linear(int variant, int kind, const void* w, const float* scale, const fl
       return 0;
 #endif
 #ifdef HAVE_AVX2_I16
-    case VQ_AVX2_I16: /* per-channel int8 rows need not be whole blocks: the float path serves them */
-      if (kind == I8) { linear_avx2(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
-      return linear_avx2_i16(kind, wb, bias, x, y, out, in, m, threads);
+    case VQ_AVX2_I16: /* int8 rows and the kquant.h blocks have no tiled copy: the float path serves them */
+      if (!tiled_kind(kind)) { linear_avx2(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
+      return linear_avx2_i16(tk, wb, bias, x, y, out, in, m, threads);
     case VQ_AVX2_I8: /* int8 activations on the quad-tiled copy */
-      if (kind == I8) { linear_avx2(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
-      return linear_avx2_i8(kind, wb, bias, x, y, out, in, m, threads);
+      if (!tiled_kind(kind)) { linear_avx2(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
+      return linear_avx2_i8(tk, wb, bias, x, y, out, in, m, threads);
 #endif
 #ifdef HAVE_AVX512_VNNI
     case VQ_AVX512_VNNI:
-      if (kind == I8) { linear_avx512(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
-      return linear_avx512_vnni(kind, wb, bias, x, y, out, in, m, threads);
+      if (!tiled_kind(kind)) { linear_avx512(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
+      return linear_avx512_vnni(tk, wb, bias, x, y, out, in, m, threads);
     case VQ_AVX512_VNNI_I8: /* int8 activations on the quad-tiled copy */
-      if (kind == I8) { linear_avx512(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
-      return linear_avx512_vnni_i8(kind, wb, bias, x, y, out, in, m, threads);
+      if (!tiled_kind(kind)) { linear_avx512(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
+      return linear_avx512_vnni_i8(tk, wb, bias, x, y, out, in, m, threads);
 #endif
 #ifdef HAVE_AMX_BF16
-    case VQ_AMX_BF16: /* bf16 arithmetic on the 16-row tiled copy; int8 rows take the float path */
-      if (kind == I8) { linear_avx512(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
-      return linear_amx_bf16(kind, wb, bias, x, y, out, in, m, threads);
+    case VQ_AMX_BF16: /* bf16 arithmetic on the 16-row tiled copy; untiled formats take the float path */
+      if (!tiled_kind(kind)) { linear_avx512(kind, wb, scale, bias, x, y, out, in, m, threads); return 0; }
+      return linear_amx_bf16(tk, wb, bias, x, y, out, in, m, threads);
 #endif
     default:
       return -1;
@@ -887,7 +938,7 @@ int vq_linear(int variant, int kind, const void* w, const float* scale, const fl
 
 /* W dequantized to fp32, rows [row0, row0 + rows). */
 int vq_dequantize(int kind, const void* w, const float* scale, float* out, int64_t row0, int64_t rows, int64_t in) {
-  if (kind < Q4_0 || kind > I8 || (kind != I8 && in % QK != 0)) return -1;
+  if (kind < Q4_0 || kind > Q6_K || !whole_blocks(kind, in)) return -1;
   int64_t rb = row_bytes(kind, in);
   for (int64_t o = row0; o < row0 + rows; o++)
     dequant_row(kind, (const uint8_t*)w + o * rb, scale ? scale[o] : 1.f, in, out + (o - row0) * in);
@@ -927,10 +978,12 @@ int vq_linear_bf16(int variant, int kind, const void* w, const float* scale, con
  * (`quads` 0: the int16 paths) or in quads (`quads` 1: the int8 paths; a Q8_0 body offset by 128);
  * `dst` holds out / t * (in / 32) tiles. Returns 0, or -1 for int8 weights or rows that do not tile. */
 int vq_tile(int kind, int64_t t, int quads, const void* src, void* dst, int64_t out, int64_t in) {
-  if (kind == I8 || (t != 8 && t != 16) || out % t != 0 || in % QK != 0) return -1;
+  if (!tiled_kind(kind) || (t != 8 && t != 16) || out % t != 0 || in % QK != 0) return -1;
   const uint8_t* w = (const uint8_t*)src;
   uint8_t* tile = (uint8_t*)dst;
   int64_t rb = row_bytes(kind, in), nb = in / QK, block = rb / nb;
+  int from = kind;
+  kind = tile_kind(kind);
   int64_t tb = (kind == Q8_0 ? 34 : kind == Q4_1 ? 20 : 18) * t, head = (kind == Q4_1 ? 4 : 2) * t;
   int64_t qs = kind == Q4_1 ? 4 : 2; /* where a GGML block's weights start */
   for (int64_t g = 0; g < out / t; g++)
@@ -939,6 +992,14 @@ int vq_tile(int kind, int64_t t, int quads, const void* src, void* dst, int64_t 
       uint8_t* body = tile + head;
       for (int64_t j = 0; j < t; j++) {
         const uint8_t* blk = w + (g * t + j) * rb + b * block;
+        uint8_t as_q8[34];
+        if (from == Q5_0) { /* the block as Q8_0: d, then each code less 16 */
+          int codes[QK];
+          kq_codes(Q5_0, w + (g * t + j) * rb, b, codes);
+          memcpy(as_q8, blk, 2);
+          for (int e = 0; e < QK; e++) as_q8[2 + e] = (uint8_t)(int8_t)(codes[e] - 16);
+          blk = as_q8;
+        }
         memcpy(tile + 2 * j, blk, 2);                              /* d */
         if (kind == Q4_1) memcpy(tile + 2 * t + 2 * j, blk + 2, 2); /* min */
         const uint8_t* q = blk + qs;
@@ -966,6 +1027,7 @@ int vq_tile(int kind, int64_t t, int quads, const void* src, void* dst, int64_t 
 }
 
 int64_t vq_tile_bytes(int kind, int64_t t, int64_t out, int64_t in) {
-  if (kind == I8 || (t != 8 && t != 16) || out % t != 0 || in % QK != 0) return -1;
+  if (!tiled_kind(kind) || (t != 8 && t != 16) || out % t != 0 || in % QK != 0) return -1;
+  kind = tile_kind(kind);
   return out / t * (in / QK) * (kind == Q8_0 ? 34 : kind == Q4_1 ? 20 : 18) * t;
 }
