@@ -71,6 +71,28 @@ def test_each_episode_is_an_engine_session_closed_at_its_end(tiny_llm):
     assert [r.completions for r in plain.records] == [r.completions for r in res.records]
 
 
+def test_a_pass_through_engine_passes_sessions_on(tiny_llm):
+    from vriksha.envs.eval import evaluate
+    from vriksha.envs.rollout_engine import PassThroughEngine, SessionEngine
+
+    wrapped = PassThroughEngine(tiny_llm)
+    wrapped.tokenizer = tiny_llm.tokenizer  # what `evaluate` formats prompts with
+    assert isinstance(wrapped, SessionEngine)
+    counters = tiny_llm.engine.cache.sessions.counters
+    opened, closed = counters.opened, counters.closed
+    res = evaluate("calculator_tools", wrapped, episodes=2, max_tokens=6, progress=False, seed=3)
+    assert counters.opened - opened >= 2  # the wrapped engine opened them
+    assert counters.closed - closed == counters.opened - opened and tiny_llm.stats().open_sessions == 0
+    # over an engine without sessions: requests go without them, and closing reports nothing closed
+    bare = PassThroughEngine(_NoSessions(tiny_llm))
+    bare.tokenizer = tiny_llm.tokenizer
+    before = counters.opened
+    again = evaluate("calculator_tools", bare, episodes=2, max_tokens=6, progress=False, seed=3)
+    assert counters.opened == before
+    assert [r.completions for r in again.records] == [r.completions for r in res.records]
+    assert bare.close_session("anything") is False
+
+
 @pytest.mark.slow
 def test_cli_eval_on_the_embedded_model(capsys):
     from vriksha.cli import main

@@ -9,9 +9,10 @@ The engine is any `RolloutEngine` (`envs/rollout_engine.py`): the colocated `LLM
 client of `vriksha serve` processes. Each finished episode becomes one `Episode`, the record the
 trainer collates, checkpoints and updates on as it is.
 
-On an engine with sessions (one that has `close_session`, as the `LLM` has), every episode is a session: its
-K/V stays pinned in the prefix cache while the environment answers, and the session closes when the episode
-ends (a group's first turn, one request for the whole group, is a session of the group).
+On an engine with sessions (a `SessionEngine`: the `LLM`, the trainer's server client), every episode is a session:
+its K/V stays pinned in the prefix cache while the environment answers, and the session closes when the episode
+ends (a group's first turn, one request for the whole group, is a session of the group; its episodes' sessions
+are named `group/member`, of the group's family).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from vriksha.envs.core import EpisodeStateError
 from vriksha.envs.episode import ActionShape, EpisodeDriver, EpisodeEnv
-from vriksha.envs.rollout_engine import RolloutEngine
+from vriksha.envs.rollout_engine import RolloutEngine, SessionEngine
 from vriksha.envs.transcript import PromptFormat, Transcript
 from vriksha.toolcalls import DEFAULT_PARSER
 
@@ -226,29 +227,29 @@ def play_groups(
 
 
 class _Sessions:
-    """One engine session per episode when the engine has them (`close_session`); else plain requests."""
+    """One engine session per episode when the engine has them (a `SessionEngine`); else plain requests."""
 
     def __init__(self, llm: RolloutEngine) -> None:
         self.llm = llm
-        self.close_session: Callable[[str], bool] | None = getattr(llm, "close_session", None)
+        self.engine: SessionEngine | None = llm if isinstance(llm, SessionEngine) else None
         self.prefix = uuid.uuid4().hex[:12]
         self.open: set[str] = set()
 
     def of(self, live: _Live, whole_group: bool = False) -> str:
-        return f"episode-{self.prefix}-{live.group}" + ("" if whole_group else f"-{live.member}")
+        return f"episode-{self.prefix}-{live.group}" + ("" if whole_group else f"/{live.member}")
 
     def generate(
         self, prompts: list[dict[str, list[int]]], params: list[SamplingParams], ids: list[str]
     ) -> list[RequestOutput]:
-        if self.close_session is None:
+        if self.engine is None:
             return self.llm.generate(prompts, params, use_tqdm=False)
         self.open.update(ids)
-        return self.llm.generate(prompts, params, use_tqdm=False, session_id=ids)  # type: ignore[call-arg]
+        return self.engine.generate(prompts, params, use_tqdm=False, session_id=ids)
 
     def close(self, session: str) -> None:
-        if self.close_session is not None and session in self.open:
+        if self.engine is not None and session in self.open:
             self.open.discard(session)
-            self.close_session(session)
+            self.engine.close_session(session)
 
     def close_all(self) -> None:
         for session in list(self.open):

@@ -5,6 +5,10 @@ Versions: the weights a trainer holds after its step k are version k (the initia
 the version of the step they come from). Every /generate answer names the version it was computed under;
 an answer from any other version (a server behind, or ahead after a trainer restart) makes the trainer
 push its weights again and repeat the request, so no episode is ever trained on from other weights.
+
+Sessions: a request of a session sends its `session_id`, and every session of one family (an episode and its
+group's first turn, `session_family`) goes to one server, chosen by hashing the family over the server list (or
+to the router, which keeps a session on the replica that holds it); `close_session` posts /close_session there.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -29,7 +34,7 @@ import torch.distributed as dist
 from vriksha.engine.config import EngineConfig
 from vriksha.engine.core.outputs import CompletionOutput, RequestOutput
 from vriksha.engine.core.sampling_params import SamplingParams
-from vriksha.envs.rollout_engine import TokenPrompt
+from vriksha.envs.rollout_engine import SessionIds, TokenPrompt, session_family
 from vriksha.errors import VrikshaError
 from vriksha.lora import LoraAdapter
 from vriksha.net.health import wait_healthy
@@ -182,7 +187,7 @@ def eos_token_ids(module: torch.nn.Module, tokenizer: Any) -> frozenset[int]:
 
 
 class ServerRollout:
-    """A `TrainingEngine` (`rollout_engine.py`) on servers: `generate` like `LLM.generate`;
+    """A `TrainingEngine` (`rollout_engine.py`) with sessions on servers: `generate` like `LLM.generate`;
     `weights_updated()` and `set_weight_version()` push the engine module to them, or with LoRA
     (`adapter` given) the current adapter alone: the servers keep their base weights and take the adapter's
     tensors in its place (`WeightSyncClient.push_adapter`)."""
@@ -352,20 +357,35 @@ class ServerRollout:
 
     # -- generation -------------------------------------------------------
 
-    def _request(self, url: str, prompt: TokenPrompt, params: SamplingParams) -> dict[str, Any]:
-        body = {
+    def server_of(self, session_id: str | None, i: int = 0) -> str:
+        """Where a request goes: the router when there is one; else the server of the session's family, or
+        (no session) the next in turn."""
+        if self.cfg.router:
+            return self.cfg.router.rstrip("/")
+        if session_id is None:
+            return self.urls[(self._next + i) % len(self.urls)]
+        return self.urls[zlib.crc32(session_family(session_id).encode()) % len(self.urls)]
+
+    def _request(
+        self, url: str, prompt: TokenPrompt, params: SamplingParams, session_id: str | None
+    ) -> dict[str, Any]:
+        body: dict[str, Any] = {
             "input_ids": list(prompt["prompt_token_ids"]),
             "sampling_params": native_sampling(params),
             "return_text": True,
         }
+        if session_id is not None:
+            body["session_id"] = session_id
         r = post_until_answered(self.http, f"{url}/generate", body, self.cfg.recovery_timeout_s)
         if r.status_code != 200:
             raise VrikshaError(f"{url}/generate answered {r.status_code}: {r.text[:500]}")
         return r.json()
 
-    def _one(self, i: int, prompt: TokenPrompt, params: SamplingParams) -> RequestOutput:
-        url = self.cfg.router or self.urls[(self._next + i) % len(self.urls)]
-        body = self._request(url, prompt, params)
+    def _one(
+        self, i: int, prompt: TokenPrompt, params: SamplingParams, session_id: str | None
+    ) -> RequestOutput:
+        url = self.server_of(session_id, i)
+        body = self._request(url, prompt, params, session_id)
         if int(body.get("weight_version", -1)) != self.version:
             raise WeightVersionError(
                 f"{url} answered under weight version {body.get('weight_version')} but the trainer is at "
@@ -397,11 +417,21 @@ class ServerRollout:
         prompts: Sequence[TokenPrompt],
         sampling_params: Sequence[SamplingParams],
         use_tqdm: bool = False,
+        session_id: SessionIds = None,
     ) -> list[RequestOutput]:
+        """`session_id`: the session every prompt (or each) continues, as `LLM.generate` takes it."""
+        if session_id is None or isinstance(session_id, str):
+            sessions: list[str | None] = [session_id] * len(prompts)
+        else:
+            sessions = list(session_id)
+            if len(sessions) != len(prompts):
+                raise VrikshaError(
+                    f"got {len(prompts)} prompts but {len(sessions)} session ids; pass one or one each"
+                )
         for attempt in range(2):
             futures = [
-                self._pool.submit(self._one, i, p, sp)
-                for i, (p, sp) in enumerate(zip(prompts, sampling_params, strict=True))
+                self._pool.submit(self._one, i, p, sp, s)
+                for i, (p, sp, s) in enumerate(zip(prompts, sampling_params, sessions, strict=True))
             ]
             try:
                 outs = [f.result() for f in futures]
@@ -415,6 +445,24 @@ class ServerRollout:
                 logger.warning("%s: re-syncing the weights and repeating the rollout", exc)
                 self._resync()
         raise AssertionError("unreachable")
+
+    def close_session(self, session_id: str) -> bool:
+        """POST /close_session to the session's server (or the router); False when it was not open there or
+        the server did not answer (logged: an unclosed session only idles out on the server)."""
+        import httpx
+
+        url = self.server_of(session_id)
+        try:
+            r = self.http.post(f"{url}/close_session", json={"session_id": session_id}, timeout=30)
+        except httpx.HTTPError as exc:
+            logger.warning("closing session %s on %s failed: %s", session_id, url, exc)
+            return False
+        if r.status_code != 200:
+            logger.warning(
+                "closing session %s on %s: answered %d: %s", session_id, url, r.status_code, r.text[:200]
+            )
+            return False
+        return bool(r.json().get("closed", False))
 
     def close(self) -> None:
         for c in self.clients:

@@ -8,6 +8,7 @@ import torch
 
 import vriksha.device as devices
 from vriksha.engine.core.kv_layout import KVLayout
+from vriksha.engine.platform.host_pages import drop_pages
 from vriksha.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -65,6 +66,12 @@ class SlotAllocator:
         return set(self._free[: self._num_free].tolist())
 
 
+def _untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    t = torch.empty(shape, dtype=dtype, device=device)
+    drop_pages(t)
+    return t
+
+
 class KVPool:
     """K and V for every layer as [num_slots, kv_heads, k_dim] / [num_slots, kv_heads, v_dim] tensors, written in
     place by slot index; each layer shaped as its `LayerKV` says."""
@@ -77,29 +84,43 @@ class KVPool:
         self.num_slots = num_slots
         self.dtype = dtype
         self.device = devices.resolve_or_host(device)
+        # on the host, zero without touching: only the pages of slots that get written become resident
+        make = _untouched_zeros if devices.is_host(self.device) else torch.zeros
         self.k = [
-            torch.zeros((num_slots, x.kv_heads, x.k_dim), dtype=dtype, device=self.device)
-            for x in layout.layers
+            make((num_slots, x.kv_heads, x.k_dim), dtype=dtype, device=self.device) for x in layout.layers
         ]
         self.v = [
-            torch.zeros((num_slots, x.kv_heads, x.v_dim), dtype=dtype, device=self.device)
-            for x in layout.layers
+            make((num_slots, x.kv_heads, x.v_dim), dtype=dtype, device=self.device) for x in layout.layers
         ]
+        self._released = False
 
     @property
     def released(self) -> bool:
-        return self.k[0].untyped_storage().nbytes() == 0 and self.k[0].numel() > 0
+        return self._released
+
+    @property
+    def moves_on_release(self) -> bool:
+        """Whether `reacquire` puts the pool at new addresses (on an accelerator; on the host it stays)."""
+        return not devices.is_host(self.device)
 
     def release(self) -> None:
-        """Free every layer's K and V memory; the tensors (and views of them) stay, with empty storage."""
+        """Give every layer's K and V memory back: on an accelerator the storage is freed (the tensors, and views
+        of them, stay with empty storage); on the host its pages are dropped (`drop_pages`), the addresses kept."""
         for t in (*self.k, *self.v):
-            t.untyped_storage().resize_(0)
+            if self.moves_on_release:
+                t.untyped_storage().resize_(0)
+            else:
+                drop_pages(t)
+        self._released = True
 
     def reacquire(self) -> None:
-        """Allocate (and zero) the memory `release` freed: the same shapes, at new addresses."""
-        for t in (*self.k, *self.v):
-            t.untyped_storage().resize_(t.numel() * t.element_size())
-            t.zero_()
+        """The memory `release` gave back, zeroed: allocated again at new addresses on an accelerator; on the
+        host the dropped pages already read as zero and come back as slots are written."""
+        if self.moves_on_release:
+            for t in (*self.k, *self.v):
+                t.untyped_storage().resize_(t.numel() * t.element_size())
+                t.zero_()
+        self._released = False
 
     @property
     def nbytes(self) -> int:

@@ -562,7 +562,8 @@ class LLMEngine:
 
     def sleep(self) -> None:
         """Release the KV pool's memory (vLLM's sleep mode; the weights stay: they are the module's): the prefix
-        cache is dropped and the pool's tensors freed, and on an accelerator its allocator's cache emptied.
+        cache is dropped and the pool's memory given back (on an accelerator its tensors freed and the
+        allocator's cache emptied; on the host its pages dropped and the free heap trimmed).
         Nothing may run meanwhile; `wake_up` takes the memory back."""
         if self.sleeping:
             return
@@ -581,11 +582,13 @@ class LLMEngine:
         logger.debug("engine asleep: KV pool of %.2f GiB released", self.pool.nbytes / 2**30)
 
     def wake_up(self) -> None:
-        """Take the KV pool's memory back after `sleep` (zeroed, at new addresses); the cache starts empty."""
+        """Take the KV pool's memory back after `sleep` (zeroed; on an accelerator at new addresses, on the host
+        resident again as slots are written); the cache starts empty."""
         if not self.sleeping:
             return
         self.pool.reacquire()
-        self.runner.pool_reallocated()
+        if self.pool.moves_on_release:
+            self.runner.pool_reallocated()
         self.sleeping = False
 
     def set_weight_version(self, version: int) -> None:
