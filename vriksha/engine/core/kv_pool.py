@@ -8,8 +8,8 @@ import torch
 
 import vriksha.device as devices
 from vriksha.engine.core.kv_layout import KVLayout
-from vriksha.engine.platform.host_pages import drop_pages
 from vriksha.errors import ConfigError
+from vriksha.host_pages import drop_pages
 
 if TYPE_CHECKING:
     from vriksha.engine.config import EngineConfig

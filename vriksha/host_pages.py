@@ -15,6 +15,8 @@ import sys
 
 import torch
 
+import vriksha.device as devices
+
 __all__ = ["drop_pages"]
 
 MADV_DONTNEED = 4
@@ -33,7 +35,7 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
 def drop_pages(t: torch.Tensor) -> None:
     """Zero a contiguous host tensor's whole storage, leaving only its first and last partial pages resident:
     its whole pages are dropped (read as zero when touched again), the partial ones zeroed in place."""
-    if t.device.type != "cpu" or not t.is_contiguous():
+    if not devices.is_host(t.device) or not t.is_contiguous():
         raise ValueError(f"drop_pages takes a contiguous host tensor, not one on {t.device}")
     start, end = _span(t)
     inner_start = -(-start // PAGE) * PAGE
