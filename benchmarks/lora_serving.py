@@ -11,15 +11,20 @@ Systems, each one engine over the embedded model (or --model) with its defaults,
   mixed       --enable-lora on, requests round-robin over 4 adapters and the base model (one engine step
               mixes them: one base matmul per layer, each adapter's x A B on its own rows)
   adapter     --enable-lora on, every request on one adapter
+  mixed-torch, adapter-torch
+              the same with the native decode step's LoRA deltas off: steps with adapter rows take the lean
+              forward, which adds the deltas with torch matmuls (how every such step ran before the native
+              step took them)
 
 The adapters are random, rank --rank (default 16), on every linear layer of the decoder (q, k, v, o, gate, up,
-down), so each adds its full low-rank cost. Steps with adapter rows leave the native decode loop (which cannot
-add the deltas) for the lean forward: that cost is part of what `mixed` and `adapter` measure. Systems take
+down), so each adds its full low-rank cost. Decode steps with adapter rows run in the native decode step, which
+adds the deltas in C after each base matmul (`runner/native_lora.py`). Systems take
 turns run by run (--repeat, default 3) so that every one meets the machine's slow and fast minutes alike; the
 table gives each median run and the ratio to `base` (target for mixed: at least 0.7x).
 
     python benchmarks/lora_serving.py                      # b, d and a, 3 runs each
     python benchmarks/lora_serving.py --workloads b --scale 0.25 --repeat 1 --out lora.json
+    python benchmarks/lora_serving.py --workloads bda --scale 0.25 --repeat 1 --native-decode on
 """
 
 from __future__ import annotations
@@ -38,10 +43,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from engine_throughput import Workload, make_workloads  # noqa: E402
 
+from vriksha.engine.runner.native_decode import NativeDecode  # noqa: E402
 from vriksha.lora import LoraAdapter, LoraWeights  # noqa: E402
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-SYSTEMS = ("base", "base-lora", "mixed", "adapter")
+SYSTEMS = ("base", "base-lora", "mixed", "adapter", "mixed-torch", "adapter-torch")
 NUM_ADAPTERS = 4
 
 
@@ -65,15 +71,19 @@ def build(system: str, args: argparse.Namespace):
 
     lora = system != "base"
     options = dict(enable_lora=True, max_loras=NUM_ADAPTERS, max_lora_rank=args.rank) if lora else {}
-    llm = LLM(model=args.model, **options)
+    llm = LLM(model=args.model, native_decode=args.native_decode, **options)
     if lora:
         for adapter in random_adapters(llm.engine.model, args.rank, NUM_ADAPTERS):
             llm.engine.add_lora(adapter)
+    native = llm.engine.runner.path(NativeDecode)
+    if system.endswith("-torch") and native is not None:
+        native.lora_deltas = False
     print(f"  {system}: native decode {llm.engine.runner.native_decode_choice}", flush=True)
     return llm
 
 
 def adapters_for(system: str, n: int) -> list[str | None]:
+    system = system.removesuffix("-torch")
     if system in ("base", "base-lora"):
         return [None] * n
     if system == "adapter":
@@ -88,7 +98,7 @@ def run(llm, system: str, wl: Workload) -> float:
     llm.flush_cache()
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in wl.new_tokens]
     loras = adapters_for(system, len(wl.prompts))
-    if wl.name == "a" and system == "mixed":
+    if wl.name == "a" and system.startswith("mixed"):
         loras = ["adapter0"]
     start = time.perf_counter()
     outs = llm.generate([{"prompt_token_ids": p} for p in wl.prompts], params, lora=loras)
@@ -103,6 +113,13 @@ def main() -> None:
     p.add_argument("--model", default=None, help="model path (default: the embedded SmolLM2-135M-Instruct)")
     p.add_argument("--workloads", default="bda", help="which of b, d, a (default: bda)")
     p.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated of {', '.join(SYSTEMS)}")
+    p.add_argument(
+        "--native-decode",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="the engines' native decode choice (default auto; on: every decode batch up to 64 natively, so a "
+        "choice measured on a busy machine does not decide the comparison)",
+    )
     p.add_argument("--rank", type=int, default=16, help="the adapters' rank (default: 16)")
     p.add_argument("--scale", type=float, default=1.0, help="scale the request counts of b and d")
     p.add_argument("--repeat", type=int, default=3, help="runs per system and workload (median kept)")

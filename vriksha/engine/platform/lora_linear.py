@@ -10,8 +10,8 @@ its own rows only:
 The adapted layers' `forward`s are wrapped once at load (recorded in the engine's `ModuleInstallation`, so the
 model is handed back as it came); the wrapper adds nothing outside a step that has adapter rows, so base-only
 steps and training forwards run exactly as before. Rows of one adapter that sit together in the step are a
-slice (no copy); scattered rows are gathered and scattered back with `index_add_`. The native decode loop
-(every layer in one C call) cannot add the deltas: steps with adapter rows take the lean forward instead.
+slice (no copy); scattered rows are gathered and scattered back with `index_add_`. The native decode step
+(every layer in one C call) adds the same deltas in C from these very tensors (`runner/native_lora.py`).
 """
 
 from __future__ import annotations
@@ -81,6 +81,8 @@ class LoraLinears:
         # adapter id -> module name -> (A^T [in, r], scaling * B^T [r, out]) in the engine's dtype
         self.weights: dict[int, dict[str, tuple[torch.Tensor, torch.Tensor]]] = {}
         self.rows: LoraRows | None = None
+        # called with an adapter's id as its weights are dropped (what holds pointers into them forgets them)
+        self.removal_hooks: list[Callable[[int], None]] = []
         for name, module in self.linears.items():
             installation.replace_forward(module, self._forward(name, module.forward))
 
@@ -102,6 +104,8 @@ class LoraLinears:
             }
 
     def remove(self, lora_id: int) -> None:
+        for forget in self.removal_hooks:
+            forget(lora_id)
         self.weights.pop(lora_id, None)
 
     @contextlib.contextmanager

@@ -9,7 +9,10 @@ packed kernel, else on its float32 weight with the native linear kernel.
 
 It takes a step only when every token is a decode row (no draft run), at most `max_batch` of them (short
 prefill chunks become decode rows: `StepBuilder.chunks_as_decode_rows`); every other step, and every model
-or setting it does not cover, takes the lean forward. Up to which batch size it runs is decided at load
+or setting it does not cover, takes the lean forward. Rows on LoRA adapters stay in the call: it adds each
+adapter's delta after the base matmul of each adapted projection (`native_lora.py`), for the float32 and the
+packed base weights alike; a step with an adapter it cannot add (one adapting a layer it does not run) takes
+the lean forward. Up to which batch size it runs is decided at load
 (`native_decode_choice.py`).
 """
 
@@ -32,12 +35,14 @@ from vriksha.engine.platform.native.quant import KINDS, PATHS
 from vriksha.engine.platform.packed_linear import BUCKETS, PackedLinear, bucket_index
 from vriksha.engine.runner.forward_path import ForwardScope
 from vriksha.engine.runner.lean_forward import decoder_layers, unsupported_reason
+from vriksha.engine.runner.native_lora import NativeLoras, StepLora
 from vriksha.engine.runner.step import ForwardStep
 from vriksha.profiling.annotate import native_call
 
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(native.__file__).with_name("layers.c")
+LORA_SOURCE, LORA_HEADER = SOURCE.with_name("lora_delta.c"), SOURCE.with_name("lora_delta.h")
 MAX_BATCH = 64  # the most decode tokens one native step takes
 
 
@@ -82,13 +87,13 @@ class _Model(ctypes.Structure):
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     def build(compiler: str, variant: isa.Variant) -> Path:
-        return native.build(compiler, variant, (SOURCE,), (), "layers")
+        return native.build(compiler, variant, (SOURCE, LORA_SOURCE), (LORA_HEADER,), "layers")
 
     loaded = native.load_variant(None, build, "decode steps run the lean Python forward")
     if loaded is None:
         return None
     lib = ctypes.CDLL(str(loaded[0]))
-    lib.vl_decode.argtypes = [_PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, ctypes.c_int]
+    lib.vl_decode.argtypes = [_PTR, _PTR, _I64, _PTR, _PTR, _PTR, _PTR, _PTR, _I64, _PTR, _I64, ctypes.c_int]
     lib.vl_decode.restype = ctypes.c_int
     return lib
 
@@ -170,23 +175,31 @@ class NativeDecode:
         attention = "decode_attention_f32" if pool.dtype == torch.float32 else "decode_attention_f32q_bf16kv"
         self._fns["attention"] = _address(kernels.lib._lib, attention)
         self._plans: dict[int, tuple[_Model, ctypes.Array, tuple]] = {}  # per packed-kernel bucket
+        lora = self.scope.lora
+        self.loras = NativeLoras(lora, self.layers) if lora is not None else None
+        self.lora_deltas = True  # False: steps with LoRA rows take the lean forward (for measurements)
 
     def weights_updated(self) -> None:
         """After a weight update: the packed routes may have changed (`PackedLinear.refresh`)."""
         self._plans.clear()
 
     def accepts(self, step: ForwardStep) -> bool:
-        attn = step.inputs.attn
+        attn, lora = step.inputs.attn, step.inputs.lora
         return (
             not attn.prefills
             and 0 < step.inputs.num_tokens == attn.num_decode <= self.max_batch
-            and step.inputs.lora is None  # the one native call cannot add LoRA deltas
+            and (lora is None or (self.lora_deltas and self.loras is not None and self.loras.covers(lora)))
         )
 
     def __call__(self, step: ForwardStep) -> torch.Tensor:
         i = step.inputs
+        lora = None
+        if i.lora is not None:
+            if self.loras is None:
+                raise RuntimeError("a step with LoRA rows reached an engine built without --enable-lora")
+            lora = self.loras.step(i.lora, i.num_tokens)
         with self.scope(i.attn):
-            return self.logits(i.input_ids, i.position_ids, i.attn, i.sample_index)
+            return self.logits(i.input_ids, i.position_ids, i.attn, i.sample_index, lora=lora)
 
     def _linear(self, module: nn.Linear, rows: int) -> _Linear:
         packed = self.quant.packed_for(module, rows, native=True) if self.quant is not None else None
@@ -260,7 +273,9 @@ class NativeDecode:
         position_ids: torch.Tensor,
         batch: AttentionBatch,
         sample_index: torch.Tensor,
+        lora: StepLora | None = None,
     ) -> torch.Tensor:
+        """`lora`: the step's rows on LoRA adapters (`NativeLoras.step`), None when every row is the base's."""
         inner = self.model.model
         h = inner.embed_tokens.forward(input_ids)[0].contiguous()  # [B, hidden], updated in place
         cos, sin = inner.rotary_emb(h[None], position_ids=position_ids)
@@ -278,6 +293,8 @@ class NativeDecode:
             slots.data_ptr(),
             batch.decode_kv_lens.data_ptr(),
             slots.shape[1],
+            lora.rows if lora is not None else None,
+            lora.rank if lora is not None else 0,
             torch.get_num_threads(),
         )
         if done != 0:

@@ -9,11 +9,14 @@
  * same buffers, so its results equal that forward's bit for bit where it picks the same linear kernels. What it
  * removes is the per-operation cost around them: ctypes calls, tensor views and allocations, dispatch.
  * The weights' pointers are prepared once per model (`native_decode.py`); every buffer is float32 but the KV
- * pool, which may hold bf16 (a float32 engine's `kv_cache_dtype`).
+ * pool, which may hold bf16 (a float32 engine's `kv_cache_dtype`). Rows on a LoRA adapter get its delta added
+ * after each adapted linear layer's base matmul (`lora_delta.c`), the adapters' pointers prepared once per load.
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "lora_delta.h"
 
 typedef void (*linear_fn)(const float*, const float*, const float*, float*, int64_t, int64_t, int64_t, int);
 typedef int (*vq_linear_fn)(int, int, const void*, const float*, const float*, const float*, float*, int64_t,
@@ -77,27 +80,50 @@ static int run_linear(const vl_model* m, const vl_linear* l, const float* x, flo
                       threads);
 }
 
+typedef struct { /* a step's LoRA rows; lora NULL: none */
+  const vl_lora_layer* const* lora;
+  float* scratch;
+  int64_t scratch_row;
+} lora_rows;
+
+/* The base matmul, then the LoRA delta of every adapted row. */
+static int adapted_linear(const vl_model* m, const vl_linear* l, const lora_rows* r, int64_t layer, int which,
+                          const float* x, float* y, int64_t rows, int threads) {
+  int failed = run_linear(m, l, x, y, rows, threads);
+  if (r->lora != NULL && !failed)
+    vl_lora_delta(r->lora, layer, which, x, y, rows, l->in, l->out, r->scratch, r->scratch_row, threads);
+  return failed;
+}
+
 /* h [batch, hidden]: the embedded tokens in, the last layer's output (residual included) out. One decode token
  * per request: cos, sin [batch, head_dim]; slot_mapping [batch] where each token's K/V go; kv_slots
- * [batch, max_len], kv_lens [batch] what each attends to. Returns 0, -1 when out of memory, -2 when a
- * quantized kernel refused its weight. */
+ * [batch, max_len], kv_lens [batch] what each attends to. lora [batch]: each row's adapter (NULL: a base
+ * row), or NULL when no row has one; lora_rank: the largest rank among them. Returns 0, -1 when out of
+ * memory, -2 when a quantized kernel refused its weight. */
 int vl_decode(const vl_model* m, float* h, int64_t batch, const float* cos, const float* sin,
               const int64_t* slot_mapping, const int64_t* kv_slots, const int64_t* kv_lens, int64_t max_len,
-              int threads) {
+              const vl_lora_layer* const* lora, int64_t lora_rank, int threads) {
   const int64_t hid = m->hidden, qd = m->heads * m->head_dim, kd = m->kv_heads * m->head_dim;
   const int64_t vd = m->kv_heads * m->v_dim, od = m->heads * m->v_dim, inter = m->intermediate;
-  float* work = (float*)malloc(sizeof(float) * batch * (2 * hid + qd + kd + vd + od + hid + 3 * inter));
+  int64_t widest = hid > inter ? hid : inter;
+  widest = widest > qd ? widest : qd;
+  widest = widest > kd ? widest : kd;
+  widest = widest > vd ? widest : vd;
+  const int64_t scratch_row = lora != NULL ? lora_rank + widest : 0;
+  float* work =
+      (float*)malloc(sizeof(float) * batch * (2 * hid + qd + kd + vd + od + hid + 3 * inter + scratch_row));
   if (work == NULL) return -1;
   float *x = work, *delta = x + batch * hid, *q = delta + batch * hid, *k = q + batch * qd, *v = k + batch * kd;
   float *attn = v + batch * vd, *o = attn + batch * od, *gate = o + batch * hid, *up = gate + batch * inter;
   float* act = up + batch * inter;
+  const lora_rows r = {lora, act + batch * inter, scratch_row};
   int failed = 0;
   for (int64_t i = 0; i < m->num_layers && !failed; i++) {
     const vl_layer* L = m->layers + i;
     m->rms_norm(h, i > 0 ? delta : NULL, L->input_norm, x, batch, hid, L->input_eps, threads);
-    failed |= run_linear(m, &L->q, x, q, batch, threads);
-    failed |= run_linear(m, &L->k, x, k, batch, threads);
-    failed |= run_linear(m, &L->v, x, v, batch, threads);
+    failed |= adapted_linear(m, &L->q, &r, i, VL_Q, x, q, batch, threads);
+    failed |= adapted_linear(m, &L->k, &r, i, VL_K, x, k, batch, threads);
+    failed |= adapted_linear(m, &L->v, &r, i, VL_V, x, v, batch, threads);
     if (L->q_norm != NULL) { /* in place: each row's sum of squares is taken before it is written */
       m->rms_norm(q, NULL, L->q_norm, q, batch * m->heads, m->head_dim, L->q_eps, threads);
       m->rms_norm(k, NULL, L->k_norm, k, batch * m->kv_heads, m->head_dim, L->k_eps, threads);
@@ -110,12 +136,12 @@ int vl_decode(const vl_model* m, float* h, int64_t batch, const float* cos, cons
     }
     m->attention(q, L->k_pool, L->v_pool, kv_slots, kv_lens, attn, batch, m->heads, m->kv_heads, m->head_dim,
                  m->v_dim, max_len, L->scale, L->window, threads);
-    failed |= run_linear(m, &L->o, attn, o, batch, threads);
+    failed |= adapted_linear(m, &L->o, &r, i, VL_O, attn, o, batch, threads);
     m->rms_norm(h, o, L->post_norm, x, batch, hid, L->post_eps, threads);
-    failed |= run_linear(m, &L->gate, x, gate, batch, threads);
-    failed |= run_linear(m, &L->up, x, up, batch, threads);
+    failed |= adapted_linear(m, &L->gate, &r, i, VL_GATE, x, gate, batch, threads);
+    failed |= adapted_linear(m, &L->up, &r, i, VL_UP, x, up, batch, threads);
     m->silu_mul(gate, up, act, batch * inter, threads);
-    failed |= run_linear(m, &L->down, act, delta, batch, threads);
+    failed |= adapted_linear(m, &L->down, &r, i, VL_DOWN, act, delta, batch, threads);
   }
   if (!failed && m->num_layers > 0)
     for (int64_t e = 0; e < batch * hid; e++) h[e] += delta[e];
