@@ -35,7 +35,7 @@ from vriksha.engine.platform.native.quant import KINDS, PATHS
 from vriksha.engine.platform.packed_linear import BUCKETS, PackedLinear, bucket_index
 from vriksha.engine.runner.forward_path import ForwardScope
 from vriksha.engine.runner.lean_forward import decoder_layers, unsupported_reason
-from vriksha.engine.runner.native_lora import NativeLoras, StepLora
+from vriksha.engine.runner.native_lora import NativeLoras, StepLora, layer_projections
 from vriksha.engine.runner.step import ForwardStep
 from vriksha.profiling.annotate import native_call
 
@@ -118,16 +118,8 @@ def unsupported(model: nn.Module, kernels, pool: KVPool) -> str | None:
     if reason is not None:
         return reason
     for layer in decoder_layers(model):
-        attn, mlp = layer.self_attn, layer.mlp
-        for m in (
-            attn.q_proj,
-            attn.k_proj,
-            attn.v_proj,
-            attn.o_proj,
-            mlp.gate_proj,
-            mlp.up_proj,
-            mlp.down_proj,
-        ):
+        attn = layer.self_attn
+        for m in layer_projections(layer):
             if type(m) is not nn.Linear or m.weight.dtype != torch.float32 or not m.weight.is_contiguous():
                 return f"a projection of layer {attn.layer_idx} is not a plain float32 nn.Linear"
         norms = [layer.input_layernorm, layer.post_attention_layernorm]

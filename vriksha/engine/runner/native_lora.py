@@ -47,21 +47,17 @@ class StepLora:
     rank: int
 
 
+def layer_projections(layer: nn.Module) -> tuple[nn.Module, ...]:
+    """A decoder layer's seven projections, in the order of the native step's slots (`vl_lora_layer`)."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+
+
 def projections(layers: list[nn.Module]) -> dict[nn.Module, tuple[int, int]]:
     """Each projection module of the decoder layers -> (layer index, its slot in `vl_lora_layer`)."""
     out = {}
     for i, layer in enumerate(layers):
-        attn, mlp = layer.self_attn, layer.mlp
-        modules = (
-            attn.q_proj,
-            attn.k_proj,
-            attn.v_proj,
-            attn.o_proj,
-            mlp.gate_proj,
-            mlp.up_proj,
-            mlp.down_proj,
-        )
-        for which, module in enumerate(modules):
+        for which, module in enumerate(layer_projections(layer)):
             out[module] = (i, which)
     return out
 
