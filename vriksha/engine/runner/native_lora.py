@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+import vriksha.device as devices
 from vriksha.engine.platform.lora_linear import LoraLinears, LoraRows
 
 _PTR, _I64 = ctypes.c_void_p, ctypes.c_int64
@@ -99,7 +100,7 @@ class NativeLoras:
             slot = self.slots.get(name)
             if slot is None or a.dtype != torch.float32 or not (a.is_contiguous() and b.is_contiguous()):
                 return None
-            if not (a.device.type == b.device.type == "cpu"):
+            if not (devices.is_host(a.device) and devices.is_host(b.device)):
                 return None
             layer, which = slot
             layers[layer].w[which] = _Lora(a.data_ptr(), b.data_ptr(), a.shape[1])
