@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from tests.tiny_llama import embedded_tokenizer, tiny_llama
+from tests.tiny_llama import tiny_llama
 from vriksha.lora import (
     CONFIG_FILE,
     WEIGHTS_FILE,
@@ -21,11 +21,6 @@ from vriksha.lora import (
 )
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return embedded_tokenizer()
 
 
 def _linear_shapes(model) -> dict[str, tuple[int, int]]:

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tests.lora.test_serving_engine import GREEDY, OPTIONS, peft_adapter, prompt, random_adapter
-from tests.tiny_llama import embedded_tokenizer, tiny_llama
+from tests.tiny_llama import embedded_tokenizer
 from vriksha import LLM, SamplingParams
 from vriksha.engine.platform import native
 from vriksha.engine.platform.lora_linear import LoraRows
@@ -25,16 +25,6 @@ from vriksha.lora import load_peft_dir
 
 pytestmark = pytest.mark.skipif(native.kernels() is None, reason="no C compiler: no native kernels")
 TEXTS = ["Hello there, my name is", "1 2 3 4 5", "The quick brown fox", "Paris is", "Once upon a time"]
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return embedded_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def base(tok):
-    return tiny_llama(tok, initializer_range=0.2).eval()
 
 
 def engine(base, *adapters, native_decode: str = "on", **changed):

@@ -27,16 +27,6 @@ OPTIONS = dict(
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True, logprobs=0)
 
 
-@pytest.fixture(scope="module")
-def tok():
-    return embedded_tokenizer()
-
-
-@pytest.fixture(scope="module")
-def base(tok):
-    return tiny_llama(tok, initializer_range=0.2).eval()
-
-
 def peft_adapter(base, path, seed: int, rank: int = 8, targets=TARGETS):
     """An adapter written by PEFT itself: `get_peft_model`, B drawn at random (else a no-op), saved."""
     from peft import LoraConfig, get_peft_model
